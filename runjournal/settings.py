@@ -1,0 +1,172 @@
+"""One frozen settings object, read from ``RUNJOURNAL_*`` environment variables.
+
+Precedence: environment variable > the running local stack's state file (written by
+``runjournal stack up``) > built-in default. So after ``runjournal stack up`` every
+other command finds the broker and Redis without any variable set.
+
+| variable | meaning | default |
+|---|---|---|
+| ``RUNJOURNAL_BOOTSTRAP`` | Kafka bootstrap servers, ``host:port[,host:port]`` | the stack's, else ``127.0.0.1:9092`` |
+| ``RUNJOURNAL_REDIS_URL`` | Redis URL (a password in it is masked when printed) | the stack's, else ``redis://127.0.0.1:6379/0`` |
+| ``RUNJOURNAL_QDRANT_PATH`` | directory of Qdrant's embedded local mode | ``$RUNJOURNAL_STACK_DIR/qdrant`` |
+| ``RUNJOURNAL_QDRANT_URL`` | a Qdrant server instead of local mode | unset |
+| ``RUNJOURNAL_QDRANT_API_KEY`` | its API key (secret) | unset |
+| ``RUNJOURNAL_SCHEMA_REGISTRY_URL`` | Confluent Schema Registry; switches the wire format | unset (single-object encoding) |
+| ``RUNJOURNAL_TOPIC_PREFIX`` | topics are ``{prefix}.events``, ``{prefix}.events.dlq``, ``{prefix}.memory.dlq`` | ``runjournal`` |
+| ``RUNJOURNAL_STACK_DIR`` | the local stack's data, logs and state file | ``$XDG_STATE_HOME/runjournal`` (``~/.local/state/runjournal``) |
+| ``RUNJOURNAL_CACHE_DIR`` | Maven-resolved broker jars, one directory per Kafka version | ``$XDG_CACHE_HOME/runjournal`` (``~/.cache/runjournal``) |
+| ``RUNJOURNAL_PARTITIONS`` | partition count used by ``topics create`` | ``6`` |
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from runjournal.errors import ConfigError
+
+__all__ = ["Settings", "default_cache_dir", "default_stack_dir", "mask_url"]
+
+STATE_FILE = "stack.json"
+
+
+def default_stack_dir() -> Path:
+    """``$XDG_STATE_HOME/runjournal``, i.e. ``~/.local/state/runjournal`` by default."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "runjournal"
+
+
+def default_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/runjournal``, i.e. ``~/.cache/runjournal`` by default."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "runjournal"
+
+
+_USERINFO = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:@/]*)(?::[^@/]*)?@", re.I)
+
+
+def mask_url(url: str | None) -> str | None:
+    """Return ``url`` with any password replaced by ``***`` (``redis://u:***@host:6379/0``)."""
+    if url is None:
+        return None
+    return _USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}:***@" if m["user"] or "@" in m[0] else m[0], url)
+
+
+class Settings(BaseSettings):
+    """Connection and naming settings for every runjournal command and service.
+
+    Construct with :meth:`load` (env + stack state file). Unknown ``RUNJOURNAL_*``
+    variables are an error, not ignored, so a typo cannot silently fall back to a default.
+
+    Raises:
+        ConfigError: a variable is invalid or unknown; the message names it.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="RUNJOURNAL_", extra="forbid", frozen=True)
+
+    bootstrap: str = "127.0.0.1:9092"
+    """Kafka bootstrap servers, comma separated ``host:port``."""
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    """Redis URL; may carry a password (masked by :meth:`masked`)."""
+    qdrant_path: Path | None = None
+    """Embedded Qdrant directory; None means ``<stack_dir>/qdrant``."""
+    qdrant_url: str | None = None
+    """Qdrant server URL; when set, local mode is not used."""
+    qdrant_api_key: SecretStr | None = None
+    """Qdrant server API key."""
+    schema_registry_url: str | None = None
+    """Confluent Schema Registry URL (``mock://…`` in tests); None means single-object encoding."""
+    topic_prefix: str = "runjournal"
+    """Prefix of every topic name."""
+    stack_dir: Path = Field(default_factory=default_stack_dir)
+    """Local stack directory (data, logs, ``stack.json``)."""
+    cache_dir: Path = Field(default_factory=default_cache_dir)
+    """Cache of Maven-resolved broker jars."""
+    partitions: int = Field(default=6, ge=1, le=10_000)
+    """Partition count for ``topics create`` (fixed at creation: the run-to-partition map depends on it)."""
+
+    @field_validator("topic_prefix")
+    @classmethod
+    def _legal_topic(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9._-]{1,200}", v):
+            raise ValueError("topic prefix may hold only letters, digits, '.', '_' and '-'")
+        return v
+
+    @classmethod
+    def load(cls, **overrides: Any) -> Settings:
+        """Read the environment, fill unset endpoints from the local stack's state file, apply overrides.
+
+        Raises:
+            ConfigError: an invalid or unknown ``RUNJOURNAL_*`` variable (named in the message).
+        """
+        known = {f"RUNJOURNAL_{name.upper()}" for name in cls.model_fields}
+        unknown = sorted(k for k in os.environ if k.startswith("RUNJOURNAL_") and k not in known)
+        if unknown:
+            raise ConfigError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        try:
+            base = cls(**overrides)
+        except ValidationError as exc:
+            raise ConfigError(_explain(exc)) from exc
+        state_path = base.stack_dir / STATE_FILE
+        fill: dict[str, Any] = {}
+        if state_path.exists():
+            try:
+                state = json.loads(state_path.read_text())
+            except (OSError, ValueError):
+                state = {}
+            if "RUNJOURNAL_BOOTSTRAP" not in os.environ and "bootstrap" not in overrides:
+                if bs := state.get("kafka", {}).get("bootstrap"):
+                    fill["bootstrap"] = bs
+            if "RUNJOURNAL_REDIS_URL" not in os.environ and "redis_url" not in overrides:
+                if url := state.get("redis", {}).get("url"):
+                    fill["redis_url"] = url
+        return base.model_copy(update=fill) if fill else base
+
+    # -- derived names -----------------------------------------------------------------
+    @property
+    def events_topic(self) -> str:
+        """``{prefix}.events``: the compacted journal topic."""
+        return f"{self.topic_prefix}.events"
+
+    @property
+    def events_dlq_topic(self) -> str:
+        """``{prefix}.events.dlq``: quarantined undecodable events, with their source offset."""
+        return f"{self.topic_prefix}.events.dlq"
+
+    @property
+    def memory_dlq_topic(self) -> str:
+        """``{prefix}.memory.dlq``: memory items that could not be written to Qdrant."""
+        return f"{self.topic_prefix}.memory.dlq"
+
+    @property
+    def effective_qdrant_path(self) -> Path:
+        """The embedded Qdrant directory actually used (``qdrant_path`` or ``<stack_dir>/qdrant``)."""
+        return self.qdrant_path or (self.stack_dir / "qdrant")
+
+    def masked(self) -> dict[str, Any]:
+        """All settings as a JSON-able dict with secrets masked (for logs and ``--json`` output)."""
+        out = self.model_dump(mode="json")
+        out["redis_url"] = mask_url(self.redis_url)
+        out["qdrant_url"] = mask_url(self.qdrant_url)
+        out["schema_registry_url"] = mask_url(self.schema_registry_url)
+        out["qdrant_api_key"] = "***" if self.qdrant_api_key else None
+        return out
+
+    def __repr__(self) -> str:
+        return f"Settings({self.masked()!r})"
+
+    __str__ = __repr__
+
+
+def _explain(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        name = "_".join(str(p) for p in err.get("loc", ())) or "?"
+        parts.append(f"RUNJOURNAL_{name.upper()}: {err.get('msg')}")
+    return "invalid settings: " + "; ".join(parts)

@@ -1,0 +1,192 @@
+"""The decoded shape of a journal event: the contract between codec, producers and consumers.
+
+Every service works on :class:`Event` (the *current* shape, after upcasting). The Avro
+schemas under ``schemas/avro/`` are the wire form of the same thing; ``schemas.codec``
+converts between the two. Nothing here does I/O.
+
+Rules (``DESIGN.md`` § Events):
+
+* ``event_id`` is fixed before the first send attempt, so a retried send is the same event.
+* ``seq`` is per run, starts at 1, strictly increasing, and continues across resumes.
+* ``epoch`` is the run's ownership epoch: 1 at RUN_STARTED, bumped by every RUN_RESUMED.
+* ``occurred_at`` is timezone-aware; a naive datetime is refused (:class:`NaiveDatetimeError`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+__all__ = [
+    "CONTROL_FLOW_TYPES",
+    "DURABLE_TYPES",
+    "PAYLOAD_FIELDS",
+    "Event",
+    "EventType",
+    "NaiveDatetimeError",
+    "new_event_id",
+    "utcnow",
+]
+
+
+class EventType(StrEnum):
+    """Past-tense facts a run can publish. Order is the Avro enum's symbol order (append only)."""
+
+    RUN_STARTED = "RUN_STARTED"
+    PLAN_COMPILED = "PLAN_COMPILED"
+    NODE_STARTED = "NODE_STARTED"
+    NODE_SUCCEEDED = "NODE_SUCCEEDED"
+    NODE_FAILED = "NODE_FAILED"
+    TOOL_CALL_INTENDED = "TOOL_CALL_INTENDED"
+    TOOL_CALL_COMMITTED = "TOOL_CALL_COMMITTED"
+    TOOL_CALL_FAILED = "TOOL_CALL_FAILED"
+    TOOL_CALL_RECONCILED = "TOOL_CALL_RECONCILED"
+    APPROVAL_REQUESTED = "APPROVAL_REQUESTED"
+    APPROVAL_GRANTED = "APPROVAL_GRANTED"
+    APPROVAL_DENIED = "APPROVAL_DENIED"
+    RUN_RESUMED = "RUN_RESUMED"
+    RUN_SUCCEEDED = "RUN_SUCCEEDED"
+    RUN_FAILED = "RUN_FAILED"
+    RUN_CANCELLED = "RUN_CANCELLED"
+    USER_CORRECTION = "USER_CORRECTION"
+    MESSAGE = "MESSAGE"
+
+
+#: Events whose publish is always awaited (broker ack) before the program moves on:
+#: the two around a side effect (DESIGN.md § The side-effect protocol) plus approval
+#: decisions and the run's terminal events.
+DURABLE_TYPES: frozenset[EventType] = frozenset(
+    {
+        EventType.TOOL_CALL_INTENDED,
+        EventType.TOOL_CALL_COMMITTED,
+        EventType.TOOL_CALL_FAILED,
+        EventType.TOOL_CALL_RECONCILED,
+        EventType.APPROVAL_REQUESTED,
+        EventType.APPROVAL_GRANTED,
+        EventType.APPROVAL_DENIED,
+        EventType.RUN_RESUMED,
+        EventType.RUN_SUCCEEDED,
+        EventType.RUN_FAILED,
+        EventType.RUN_CANCELLED,
+    }
+)
+
+#: Events that steer a run. After RUN_RESUMED(epoch n) these are rejected from a lower
+#: epoch (a zombie). TOOL_CALL_COMMITTED / TOOL_CALL_FAILED / TOOL_CALL_RECONCILED are
+#: *not* control flow: they report an effect that happened and are always recorded.
+CONTROL_FLOW_TYPES: frozenset[EventType] = frozenset(
+    set(EventType)
+    - {
+        EventType.TOOL_CALL_COMMITTED,
+        EventType.TOOL_CALL_FAILED,
+        EventType.TOOL_CALL_RECONCILED,
+        EventType.MESSAGE,
+        EventType.USER_CORRECTION,
+    }
+)
+
+# Payload fields of the current schema version, per type: name -> (python type, required).
+# Optional fields default to None. JSON-bearing fields are strings holding JSON text.
+_S, _I, _B = str, int, bool
+_TOOL = {"call_id": (_S, True), "tool": (_S, True), "idempotency_key": (_S, True), "args_digest": (_S, True)}
+PAYLOAD_FIELDS: dict[EventType, dict[str, tuple[type, bool]]] = {
+    EventType.RUN_STARTED: {"agent": (_S, True), "input_json": (_S, True), "user_id": (_S, False)},
+    EventType.PLAN_COMPILED: {"plan_hash": (_S, True), "code_version": (_S, True), "nodes": (list, True)},
+    EventType.NODE_STARTED: {"node_path": (_S, True), "attempt": (_I, True)},
+    EventType.NODE_SUCCEEDED: {"node_path": (_S, True), "output_digest": (_S, False)},
+    EventType.NODE_FAILED: {"node_path": (_S, True), "error": (_S, True), "retryable": (_B, True)},
+    EventType.TOOL_CALL_INTENDED: {
+        **_TOOL,
+        "side_effect": (_B, True),
+        "attempt": (_I, True),
+        "timeout_ms": (_I, True),
+        "args_json": (_S, False),
+    },
+    EventType.TOOL_CALL_COMMITTED: {
+        **_TOOL,
+        "result_json": (_S, False),
+        "result_ref": (_S, False),
+        "result_digest": (_S, True),
+    },
+    EventType.TOOL_CALL_FAILED: {**_TOOL, "error": (_S, True), "retryable": (_B, True)},
+    EventType.TOOL_CALL_RECONCILED: {
+        **_TOOL,
+        "outcome": (_S, True),  # "COMMITTED" | "NOT_EXECUTED" | "FAILED"
+        "result_json": (_S, False),
+        "result_ref": (_S, False),
+        "result_digest": (_S, False),
+    },
+    EventType.APPROVAL_REQUESTED: {"call_id": (_S, True), "reason": (_S, True), "tool": (_S, False)},
+    EventType.APPROVAL_GRANTED: {"call_id": (_S, True), "approver": (_S, True), "comment": (_S, False)},
+    EventType.APPROVAL_DENIED: {"call_id": (_S, True), "approver": (_S, True), "reason": (_S, False)},
+    EventType.RUN_RESUMED: {
+        "previous_epoch": (_I, True),
+        "recovered_by": (_S, True),
+        "plan_json": (_S, True),
+        "assigned_to": (_S, False),
+    },
+    EventType.RUN_SUCCEEDED: {"output_json": (_S, False)},
+    EventType.RUN_FAILED: {"error": (_S, True)},
+    EventType.RUN_CANCELLED: {"reason": (_S, True)},
+    EventType.USER_CORRECTION: {"subject": (_S, True), "text": (_S, True), "user_id": (_S, False)},
+    EventType.MESSAGE: {"role": (_S, True), "content": (_S, True), "user_id": (_S, False)},
+}
+
+
+class NaiveDatetimeError(ValueError):
+    """``occurred_at`` had no tzinfo; it would be read in the host's zone. Pass an aware datetime."""
+
+
+def utcnow() -> datetime:
+    """Now, timezone-aware UTC, truncated to milliseconds (Avro timestamp-millis)."""
+    now = datetime.now(UTC)
+    return now.replace(microsecond=now.microsecond // 1000 * 1000)
+
+
+def new_event_id() -> str:
+    """A fresh event id: a uuid4 in canonical text form (36 chars)."""
+    return str(uuid.uuid4())
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One immutable journal fact, in the current schema's shape."""
+
+    event_id: str
+    """uuid4 text; fixed before the first send attempt (a retry is the same event)."""
+    run_id: str
+    """The run this fact belongs to; also the partitioning key."""
+    tenant_id: str
+    """Owning tenant; memory and every search are scoped by it."""
+    seq: int
+    """Per-run sequence number, 1-based, strictly increasing across resumes."""
+    epoch: int
+    """Run ownership epoch: 1 at start, +1 per RUN_RESUMED."""
+    producer_id: str
+    """The agent instance that wrote it (also the base of its transactional.id)."""
+    type: EventType
+    """What happened."""
+    occurred_at: datetime
+    """When, timezone-aware (stored as timestamp-millis UTC)."""
+    payload: dict[str, Any] = field(default_factory=dict)
+    """Typed fields for ``type``; see :data:`PAYLOAD_FIELDS`. Absent optional fields are None."""
+    node_id: str | None = None
+    """Node path within the run's plan, when the event belongs to a node."""
+    traceparent: str | None = None
+    """W3C trace context of the writer, when one was active (envelope v2+)."""
+
+    def __post_init__(self) -> None:
+        if self.occurred_at.tzinfo is None or self.occurred_at.utcoffset() is None:
+            raise NaiveDatetimeError(
+                f"occurred_at must be timezone-aware (got naive {self.occurred_at!r}) for event {self.event_id}"
+            )
+        if not isinstance(self.type, EventType):
+            object.__setattr__(self, "type", EventType(self.type))
+
+    @property
+    def key(self) -> str:
+        """The Kafka record key: ``{run_id}:{epoch}:{seq}`` (unique per event; DESIGN.md § Topic layout)."""
+        return f"{self.run_id}:{self.epoch}:{self.seq}"
