@@ -1,0 +1,68 @@
+# runjournal — every target installs what it needs first (system packages via apt-get when root).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+INPUT ?=
+DEMO_ARGS ?=
+
+.PHONY: help deps venv install test test-fast lint schemas-check demo stack-up stack-down stack-status topics bench clean
+
+help: ## List targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
+
+deps: ## Install java, mvn and redis-server from Debian's packages when missing (needs root)
+	@missing=""; \
+	command -v java >/dev/null || missing="$$missing openjdk-17-jre-headless"; \
+	command -v mvn >/dev/null || missing="$$missing maven"; \
+	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing:$$missing"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else echo "missing:$$missing — run: sudo apt-get install -y$$missing" >&2; exit 1; fi; \
+	fi
+
+$(BIN)/runjournal: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+venv: $(BIN)/runjournal ## Create .venv and install runjournal with dev extras
+
+install: deps venv ## deps + venv
+
+lint: venv ## ruff, import-linter contracts
+	$(BIN)/ruff check .
+	$(BIN)/lint-imports
+
+schemas-check: venv ## Compatibility gate over every published schema version
+	$(BIN)/runjournal schemas check
+
+test: install ## Install everything, start a private real stack, run the whole suite, stop the stack
+	$(BIN)/lint-imports
+	$(BIN)/pytest -q
+
+demo: install ## The main job end to end (INPUT=path/to/trajectories.json for real runs)
+	$(BIN)/runjournal stack up
+	$(BIN)/runjournal topics create
+	$(BIN)/runjournal demo $(if $(INPUT),--input $(INPUT),) $(DEMO_ARGS)
+
+stack-up: install ## Start Kafka + Redis (+ Qdrant local path)
+	$(BIN)/runjournal stack up
+
+stack-down: ## Stop what stack-up started
+	@if [ -x $(BIN)/runjournal ]; then $(BIN)/runjournal stack down; fi
+
+stack-status: venv
+	$(BIN)/runjournal stack status
+
+topics: venv ## Create the topics on the running stack
+	$(BIN)/runjournal topics create
+
+bench: install ## Benchmarks side by side (see bench/README.md)
+	$(BIN)/runjournal stack up
+	$(BIN)/runjournal bench
+
+clean: stack-down
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,1 @@
+"""Memory extraction: events -> advisory long-term memory in Qdrant, off the critical path."""

@@ -1,0 +1,139 @@
+"""``runjournal stack …`` and ``runjournal topics …`` commands."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from deploy.errors import StackError, TopicConfigError
+from deploy.stack import Stack, StackPorts
+from runjournal.settings import Settings
+
+__all__ = ["stack_app", "topics_app"]
+
+stack_app = typer.Typer(help="Start, stop and check the local stack (Kafka, Redis, Qdrant).", no_args_is_help=True)
+topics_app = typer.Typer(help="Create and check runjournal's Kafka topics.", no_args_is_help=True)
+console = Console()
+err_console = Console(stderr=True)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")]
+
+
+def _stack(settings: Settings, ports: StackPorts | None = None) -> Stack:
+    return Stack(settings.stack_dir, settings.cache_dir, ports=ports or StackPorts(), qdrant_url=settings.qdrant_url)
+
+
+def _fail(exc: Exception) -> typer.Exit:
+    err_console.print(f"[bold red]error:[/] {exc}")
+    return typer.Exit(code=1)
+
+
+@stack_app.command("up")
+def stack_up(
+    kafka_port: Annotated[int, typer.Option(help="Kafka PLAINTEXT port on 127.0.0.1.")] = 9092,
+    controller_port: Annotated[int, typer.Option(help="KRaft controller port on 127.0.0.1.")] = 9093,
+    redis_port: Annotated[int, typer.Option(help="Redis port on 127.0.0.1.")] = 6379,
+    timeout_s: Annotated[float, typer.Option("--timeout", help="Readiness timeout per component, seconds.")] = 120.0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Start Kafka and Redis (and set up Qdrant's local path). Idempotent."""
+    settings = Settings.load()
+    try:
+        report = _stack(settings, StackPorts(kafka_port, controller_port, redis_port)).up(timeout_s=timeout_s)
+    except StackError as exc:
+        raise _fail(exc) from exc
+    if as_json:
+        print(json.dumps(report))
+        return
+    for name in ("kafka", "redis", "qdrant"):
+        info = report[name]
+        where = info.get("bootstrap") or info.get("url") or info.get("path")
+        console.print(f"[green]✓[/] {name:<6} {info['action']:<16} {where}")
+    console.print(f"stack up in {report['elapsed_s']} s; state in {settings.stack_dir / 'stack.json'}")
+
+
+@stack_app.command("down")
+def stack_down(as_json: JsonOpt = False) -> None:
+    """Stop the processes 'stack up' started (graceful, then forceful). Harmless when nothing runs."""
+    result = _stack(Settings.load()).down()
+    if as_json:
+        print(json.dumps(result))
+        return
+    for name, what in result.items():
+        console.print(f"{name:<6} {what}")
+
+
+@stack_app.command("status")
+def stack_status(as_json: JsonOpt = False) -> None:
+    """Report each component's health; exit code 1 when any is unhealthy."""
+    report = _stack(Settings.load()).status()
+    healthy = all(c.get("healthy") for c in report.values())
+    if as_json:
+        print(json.dumps({**report, "healthy": healthy}))
+    else:
+        table = Table("component", "healthy", "endpoint", "detail")
+        for name, info in report.items():
+            endpoint = info.get("bootstrap") or info.get("url") or info.get("path") or ""
+            detail = info.get("detail") or _status_detail(info)
+            table.add_row(name, "[green]yes[/]" if info.get("healthy") else "[red]no[/]", str(endpoint), detail)
+        console.print(table)
+    if not healthy:
+        raise typer.Exit(code=1)
+
+
+def _status_detail(info: dict[str, Any]) -> str:
+    parts = []
+    if info.get("version"):
+        parts.append(f"v{info['version']}")
+    if info.get("pid"):
+        parts.append(f"pid {info['pid']}")
+    if info.get("rss_bytes"):
+        parts.append(f"rss {info['rss_bytes'] / 2**20:.0f} MiB")
+    if "aof_enabled" in info:
+        parts.append(f"aof {'on' if info['aof_enabled'] else 'off'}")
+    return ", ".join(parts)
+
+
+@topics_app.command("create")
+def topics_create(
+    partitions: Annotated[int | None, typer.Option(help="Events topic partitions (default RUNJOURNAL_PARTITIONS).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Create runjournal.events (compacted) and the two DLQs. Idempotent; refuses a mismatched events topic."""
+    from confluent_kafka import KafkaException
+
+    settings = Settings.load()
+    try:
+        reports = _create(settings, partitions)
+    except (TopicConfigError, KafkaException) as exc:
+        raise _fail(exc) from exc
+    _print_topics(reports, as_json)
+
+
+def _create(settings: Settings, partitions: int | None) -> list[Any]:
+    from deploy.topics import create_topics
+
+    return create_topics(settings, partitions)
+
+
+@topics_app.command("describe")
+def topics_describe(as_json: JsonOpt = False) -> None:
+    """Show partition counts and the configs runjournal relies on."""
+    from deploy.topics import describe_topics
+
+    _print_topics(describe_topics(Settings.load()), as_json)
+
+
+def _print_topics(reports: list[Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps([asdict(r) for r in reports]))
+        return
+    table = Table("topic", "action", "partitions", "config")
+    for r in reports:
+        table.add_row(r.name, r.action, str(r.partitions), ", ".join(f"{k}={v}" for k, v in sorted(r.config.items())))
+    console.print(table)

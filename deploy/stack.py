@@ -1,0 +1,267 @@
+"""The local stack: Apache Kafka (KRaft, from Maven Central), Redis (Debian's redis-server), Qdrant (embedded).
+
+``Stack(stack_dir, cache_dir).up()`` is idempotent: components whose recorded process is
+still alive and healthy are left alone. ``down()`` stops only processes ``up()`` started,
+identified by pid *and* start time, SIGTERM first, SIGKILL after a grace period.
+The state file ``<stack_dir>/stack.json`` records endpoints and processes; ``Settings.load``
+reads it so other commands find the stack without environment variables.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from deploy.errors import StackError
+from deploy.kafka_node import KafkaNode, ensure_jars, kafka_version, require_tool
+from deploy.procs import Proc, port_in_use, read_tail, spawn
+
+__all__ = ["Stack", "StackPorts"]
+
+STATE_FILE = "stack.json"
+
+
+@dataclass(frozen=True)
+class StackPorts:
+    """TCP ports on 127.0.0.1 used by the stack."""
+
+    kafka: int = 9092
+    """Kafka PLAINTEXT listener."""
+    controller: int = 9093
+    """KRaft controller listener."""
+    redis: int = 6379
+    """Redis."""
+
+
+@dataclass
+class Stack:
+    """Launcher for one local stack rooted at ``stack_dir``; jars cached under ``cache_dir``."""
+
+    stack_dir: Path
+    """Data, logs and ``stack.json``."""
+    cache_dir: Path
+    """Maven-resolved broker jars (shared by all stacks of this user)."""
+    ports: StackPorts = field(default_factory=StackPorts)
+    """Ports to use when starting; a running stack keeps the ports in its state file."""
+    qdrant_url: str | None = None
+    """A Qdrant server URL; when None Qdrant runs embedded under ``<stack_dir>/qdrant``."""
+
+    # -- state file -------------------------------------------------------------------
+    @property
+    def state_path(self) -> Path:
+        """``<stack_dir>/stack.json``."""
+        return self.stack_dir / STATE_FILE
+
+    def read_state(self) -> dict[str, Any]:
+        """The state file's content, ``{}`` when there is none."""
+        try:
+            return json.loads(self.state_path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _write_state(self, state: dict[str, Any]) -> None:
+        self.stack_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2, sort_keys=True))
+        tmp.replace(self.state_path)
+
+    # -- up ---------------------------------------------------------------------------
+    def up(self, *, timeout_s: float = 120.0) -> dict[str, Any]:
+        """Start what is not running; return a report with timings in seconds.
+
+        Returns:
+            ``{"kafka": {...}, "redis": {...}, "qdrant": {...}, "elapsed_s": float}``.
+
+        Raises:
+            MissingToolError: java, mvn or redis-server missing (message names the package).
+            StackError: a port is taken by another program, or a component failed to start
+                (the message carries its log tail).
+        """
+        started = time.monotonic()
+        state = self.read_state()
+        report: dict[str, Any] = {}
+        report["kafka"] = self._up_kafka(state, timeout_s)
+        self._write_state(state)
+        report["redis"] = self._up_redis(state, timeout_s)
+        self._write_state(state)
+        report["qdrant"] = self._up_qdrant(state)
+        self._write_state(state)
+        report["elapsed_s"] = round(time.monotonic() - started, 2)
+        return report
+
+    def _up_kafka(self, state: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        entry = state.get("kafka", {})
+        proc = Proc.from_json(entry.get("process"))
+        if proc and proc.alive():
+            return {"action": "already running", "bootstrap": entry["bootstrap"], "pid": proc.pid}
+        require_tool("java")
+        ports = StackPorts(**entry["ports"]) if entry.get("ports") else self.ports
+        for port in (ports.kafka, ports.controller):
+            if port_in_use(port):
+                raise StackError(f"port {port} on 127.0.0.1 is in use by another program; stop it or pick other ports")
+        lib, resolve_s = ensure_jars(self.cache_dir)
+        node = KafkaNode(self.stack_dir / "kafka", port=ports.kafka, controller_port=ports.controller)
+        node.prepare(lib)
+        proc = node.start(lib)
+        state["kafka"] = {
+            "bootstrap": node.bootstrap,
+            "version": kafka_version(),
+            "process": proc.to_json(),
+            "ports": {"kafka": ports.kafka, "controller": ports.controller},
+            "log": str(node.log_path),
+            "lib": str(lib),
+        }
+        ready_s = node.wait_ready(proc, timeout_s=timeout_s)
+        return {"action": "started", "bootstrap": node.bootstrap, "pid": proc.pid,
+                "resolve_s": round(resolve_s, 2), "ready_s": round(ready_s, 2)}
+
+    def _up_redis(self, state: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        entry = state.get("redis", {})
+        proc = Proc.from_json(entry.get("process"))
+        if proc and proc.alive():
+            return {"action": "already running", "url": entry["url"], "pid": proc.pid}
+        server = require_tool("redis-server")
+        port = int(entry.get("port") or self.ports.redis)
+        if port_in_use(port):
+            raise StackError(f"port {port} on 127.0.0.1 is in use by another program; stop it or pick another port")
+        data = self.stack_dir / "redis"
+        data.mkdir(parents=True, exist_ok=True)
+        log = data / "redis.log"
+        argv = [server, "--bind", "127.0.0.1", "--port", str(port), "--dir", str(data),
+                "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
+                "--daemonize", "no", "--protected-mode", "yes", "--logfile", str(log)]
+        proc = spawn(argv, log_path=data / "redis.stdout", cwd=data)
+        url = f"redis://127.0.0.1:{port}/0"
+        state["redis"] = {"url": url, "port": port, "process": proc.to_json(), "log": str(log)}
+        waited = _wait_redis(url, proc, log, timeout_s)
+        return {"action": "started", "url": url, "pid": proc.pid, "ready_s": round(waited, 2)}
+
+    def _up_qdrant(self, state: dict[str, Any]) -> dict[str, Any]:
+        if self.qdrant_url:
+            state["qdrant"] = {"mode": "server", "url": self.qdrant_url}
+            return {"action": "server", "url": self.qdrant_url}
+        path = self.stack_dir / "qdrant"
+        path.mkdir(parents=True, exist_ok=True)
+        state["qdrant"] = {"mode": "local", "path": str(path)}
+        return {"action": "local", "path": str(path)}
+
+    # -- down -------------------------------------------------------------------------
+    def down(self, *, grace_s: float = 30.0) -> dict[str, str]:
+        """Stop the processes ``up`` started (Redis first, then Kafka). Harmless when nothing runs.
+
+        Returns:
+            ``{"kafka": "stopped" | "killed" | "not running", "redis": ...}``.
+        """
+        state = self.read_state()
+        result: dict[str, str] = {}
+        for name in ("redis", "kafka"):
+            entry = state.get(name, {})
+            proc = Proc.from_json(entry.get("process"))
+            result[name] = proc.stop(grace_s=grace_s) if proc else "not running"
+            if entry:
+                entry.pop("process", None)
+        if state:
+            self._write_state(state)
+        return result
+
+    # -- status -----------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        """Health of each component: ``{"kafka": {"healthy": bool, ...}, "redis": {...}, "qdrant": {...}}``."""
+        state = self.read_state()
+        return {
+            "kafka": _kafka_health(state.get("kafka", {})),
+            "redis": _redis_health(state.get("redis", {})),
+            "qdrant": _qdrant_health(state.get("qdrant", {}), self.qdrant_url),
+        }
+
+
+def _wait_redis(url: str, proc: Proc, log: Path, timeout_s: float) -> float:
+    import redis
+
+    started = time.monotonic()
+    client = redis.Redis.from_url(url, socket_timeout=1)
+    while True:
+        if not proc.alive():
+            raise StackError(f"redis-server exited during startup. Log tail ({log}):\n{read_tail(log)}")
+        try:
+            if client.ping():
+                return time.monotonic() - started
+        except redis.RedisError:
+            pass
+        if time.monotonic() - started > timeout_s:
+            raise StackError(f"Redis not ready after {timeout_s:.0f} s. Log tail ({log}):\n{read_tail(log)}")
+        time.sleep(0.1)
+
+
+def _kafka_health(entry: dict[str, Any]) -> dict[str, Any]:
+    if not entry:
+        return {"healthy": False, "detail": "not started by this stack"}
+    proc = Proc.from_json(entry.get("process"))
+    out = {"bootstrap": entry.get("bootstrap"), "version": entry.get("version"),
+           "pid": proc.pid if proc else None, "running": bool(proc and proc.alive())}
+    if not out["running"]:
+        return {**out, "healthy": False, "detail": "process not running"}
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        meta = AdminClient({"bootstrap.servers": entry["bootstrap"]}).list_topics(timeout=5)
+        return {**out, "healthy": bool(meta.brokers), "brokers": len(meta.brokers), "topics": len(meta.topics),
+                "rss_bytes": _rss_bytes(proc.pid)}
+    except Exception as exc:  # noqa: BLE001 - reported, not raised
+        return {**out, "healthy": False, "detail": f"metadata request failed: {exc}"}
+
+
+def _redis_health(entry: dict[str, Any]) -> dict[str, Any]:
+    if not entry:
+        return {"healthy": False, "detail": "not started by this stack"}
+    import redis
+
+    proc = Proc.from_json(entry.get("process"))
+    out = {"url": entry.get("url"), "pid": proc.pid if proc else None, "running": bool(proc and proc.alive())}
+    try:
+        info = redis.Redis.from_url(entry["url"], socket_timeout=2).info()
+        return {**out, "healthy": True, "version": info.get("redis_version"),
+                "aof_enabled": bool(info.get("aof_enabled")), "used_memory_bytes": info.get("used_memory")}
+    except redis.RedisError as exc:
+        return {**out, "healthy": False, "detail": str(exc)}
+
+
+def _qdrant_health(entry: dict[str, Any], url: str | None) -> dict[str, Any]:
+    if url or entry.get("mode") == "server":
+        target = url or entry.get("url")
+        try:
+            from qdrant_client import QdrantClient
+
+            QdrantClient(url=target, timeout=3).get_collections()
+            return {"healthy": True, "mode": "server", "url": target}
+        except Exception as exc:  # noqa: BLE001 - reported, not raised
+            return {"healthy": False, "mode": "server", "url": target, "detail": str(exc)}
+    path = Path(entry["path"]) if entry.get("path") else None
+    if path is None:
+        return {"healthy": False, "mode": "local", "detail": "not set up by this stack"}
+    ok = path.is_dir() and _writable(path)
+    return {"healthy": ok, "mode": "local", "path": str(path),
+            **({} if ok else {"detail": "path missing or not writable"})}
+
+
+def _writable(path: Path) -> bool:
+    probe = path / ".probe"
+    try:
+        probe.write_text("ok")
+        probe.unlink()
+        return True
+    except OSError:
+        return False
+
+
+def _rss_bytes(pid: int) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None

@@ -1,0 +1,142 @@
+"""Create and check runjournal's topics through Kafka's AdminClient (idempotent).
+
+``{prefix}.events`` — the journal — is compacted. Its keys are unique per event
+(``{run_id}:{epoch}:{seq}``), so compaction only removes a retried duplicate of the same
+key and the records of an erased (tombstoned) run; all other history is kept forever.
+Choices, each a topic-level config:
+
+* ``cleanup.policy=compact`` — history kept forever except erasures and duplicates.
+* ``min.compaction.lag.ms=3600000`` (1 h) — the newest hour is never compacted, so a
+  projector or recovery job reading the tail sees the log exactly as written.
+* ``delete.retention.ms=604800000`` (7 d) — a tombstone stays readable a week: a projector
+  down for less than that still sees the erase and deletes the run's Redis state; after a
+  longer outage, rebuild (``runjournal projector --rebuild``).
+* ``segment.ms=86400000`` (1 d) — the active segment is never cleaned; rolling daily lets an
+  erasure actually remove bytes within about a day instead of at the 1 GiB segment size.
+* ``min.insync.replicas`` — 1 on a 1-broker stack, 2 where replication is 3 (``acks=all``).
+
+Dead-letter topics keep everything (``retention.ms=-1``): a quarantined event is never lost.
+The partition count is fixed at creation: the run-to-partition mapping (murmur2 of run_id
+mod count) depends on it, so an existing events topic with another count is refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from deploy.errors import TopicConfigError
+from runjournal.settings import Settings
+
+__all__ = ["EVENTS_TOPIC_CONFIG", "TopicReport", "create_topics", "describe_topics"]
+
+EVENTS_TOPIC_CONFIG: dict[str, str] = {
+    "cleanup.policy": "compact",
+    "min.compaction.lag.ms": "3600000",
+    "delete.retention.ms": "604800000",
+    "segment.ms": "86400000",
+}
+DLQ_TOPIC_CONFIG: dict[str, str] = {"cleanup.policy": "delete", "retention.ms": "-1"}
+
+
+@dataclass(frozen=True)
+class TopicReport:
+    """What ``create_topics`` found or did for one topic."""
+
+    name: str
+    """Topic name."""
+    action: str
+    """``"created"`` or ``"exists"``."""
+    partitions: int
+    """Partition count."""
+    config: dict[str, str]
+    """The topic's effective value of each config runjournal sets."""
+
+
+def _admin(settings: Settings) -> Any:
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient({"bootstrap.servers": settings.bootstrap})
+
+
+def create_topics(settings: Settings, partitions: int | None = None, *, timeout_s: float = 30.0) -> list[TopicReport]:
+    """Create the events topic and both DLQs unless present; verify an existing events topic.
+
+    Args:
+        settings: bootstrap servers and topic prefix.
+        partitions: events topic partition count (default ``settings.partitions``).
+        timeout_s: admin request timeout, seconds.
+
+    Raises:
+        TopicConfigError: the events topic exists with another partition count or a
+            cleanup policy other than ``compact``.
+        confluent_kafka.KafkaException: the broker refused or could not be reached.
+    """
+    from confluent_kafka.admin import NewTopic
+
+    count = partitions or settings.partitions
+    admin = _admin(settings)
+    meta = admin.list_topics(timeout=timeout_s)
+    brokers = max(1, len(meta.brokers))
+    rf = min(3, brokers)
+    isr = "2" if rf >= 3 else "1"
+    wanted = {
+        settings.events_topic: (count, {**EVENTS_TOPIC_CONFIG, "min.insync.replicas": isr}),
+        settings.events_dlq_topic: (1, DLQ_TOPIC_CONFIG),
+        settings.memory_dlq_topic: (1, DLQ_TOPIC_CONFIG),
+    }
+    missing = [NewTopic(name, num_partitions=n, replication_factor=rf, config=cfg)
+               for name, (n, cfg) in wanted.items() if name not in meta.topics]
+    created = set()
+    for name, fut in (admin.create_topics(missing, request_timeout=timeout_s) if missing else {}).items():
+        try:
+            fut.result()
+            created.add(name)
+        except Exception as exc:  # TOPIC_ALREADY_EXISTS from a concurrent creator is fine
+            if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                raise
+    reports = describe_topics(settings, list(wanted), timeout_s=timeout_s)
+    for rep in reports:
+        object.__setattr__(rep, "action", "created" if rep.name in created else "exists")
+    _check_events_topic(next(r for r in reports if r.name == settings.events_topic), count)
+    return reports
+
+
+def _check_events_topic(report: TopicReport, count: int) -> None:
+    if report.partitions != count:
+        raise TopicConfigError(
+            f"topic {report.name} exists with {report.partitions} partitions, not {count}. The run-to-partition "
+            "mapping depends on the count, so runjournal will not use it: pass --partitions "
+            f"{report.partitions} (or RUNJOURNAL_PARTITIONS={report.partitions}), or use another RUNJOURNAL_TOPIC_PREFIX."
+        )
+    if report.config.get("cleanup.policy") != "compact":
+        raise TopicConfigError(
+            f"topic {report.name} exists with cleanup.policy={report.config.get('cleanup.policy')}, not compact: "
+            "the journal must keep history forever. Recreate it or use another RUNJOURNAL_TOPIC_PREFIX."
+        )
+
+
+def describe_topics(settings: Settings, names: list[str] | None = None, *, timeout_s: float = 30.0) -> list[TopicReport]:
+    """Partition count and runjournal-relevant configs of each topic (default: runjournal's three).
+
+    Raises:
+        confluent_kafka.KafkaException: a topic does not exist or the broker is unreachable.
+    """
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    names = names or [settings.events_topic, settings.events_dlq_topic, settings.memory_dlq_topic]
+    admin = _admin(settings)
+    meta = admin.list_topics(timeout=timeout_s)
+    keys = set(EVENTS_TOPIC_CONFIG) | set(DLQ_TOPIC_CONFIG) | {"min.insync.replicas"}
+    resources = [ConfigResource(ResourceType.TOPIC, n) for n in names if n in meta.topics]
+    configs: dict[str, dict[str, str]] = {}
+    for res, fut in (admin.describe_configs(resources, request_timeout=timeout_s) if resources else {}).items():
+        configs[res.name] = {k: v.value for k, v in fut.result().items() if k in keys}
+    out = []
+    for name in names:
+        if name not in meta.topics:
+            out.append(TopicReport(name=name, action="missing", partitions=0, config={}))
+        else:
+            out.append(TopicReport(name=name, action="exists", partitions=len(meta.topics[name].partitions),
+                                   config=configs.get(name, {})))
+    return out

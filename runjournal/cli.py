@@ -1,0 +1,37 @@
+"""The ``runjournal`` command line (typer). Each package contributes its own sub-app."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from deploy.cli import stack_app, topics_app
+from runjournal.errors import ConfigError
+from runjournal.settings import Settings
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="runjournal",
+    help="Durable execution journal for AI agent runs, on Apache Kafka.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+)
+app.add_typer(stack_app, name="stack")
+app.add_typer(topics_app, name="topics")
+
+
+@app.command("settings")
+def show_settings() -> None:
+    """Print the effective settings as JSON (secrets masked)."""
+    print(json.dumps(Settings.load().masked(), indent=2))
+
+
+def main() -> None:
+    """Console-script entry point: runs the typer app; a ConfigError exits 2 with its message."""
+    try:
+        app()
+    except ConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise SystemExit(2) from exc

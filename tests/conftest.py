@@ -1,0 +1,109 @@
+"""Session fixtures: the real Kafka broker and Redis, and per-test isolation.
+
+* ``RUNJOURNAL_BOOTSTRAP`` and ``RUNJOURNAL_REDIS_URL`` set → use those services.
+* ``RJ_TEST_DOCKER=1`` and a Docker engine → testcontainers (optional, never required).
+* otherwise → start a private stack with ``deploy.stack.Stack`` (the launcher behind
+  ``runjournal stack up``) in a temp directory on free ports, and stop it at session end.
+
+Each test gets uuid-named topics (a fresh ``topic_prefix``), so tests never see each
+other's data; consumer groups and Redis keys derive from the same prefix.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from deploy.procs import free_port
+from deploy.stack import Stack, StackPorts
+from runjournal.settings import Settings, default_cache_dir
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """Where the session's real services listen."""
+
+    bootstrap: str
+    redis_url: str
+    stack_dir: Path
+
+
+def _docker_endpoints() -> tuple[Endpoints, list[object]] | None:
+    if os.environ.get("RJ_TEST_DOCKER") != "1":
+        return None
+    from testcontainers.kafka import KafkaContainer
+    from testcontainers.redis import RedisContainer
+
+    kafka = KafkaContainer("apache/kafka:4.2.0").with_kraft()
+    redis_c = RedisContainer("redis:7")
+    kafka.start()
+    redis_c.start()
+    url = f"redis://{redis_c.get_container_host_ip()}:{redis_c.get_exposed_port(6379)}/0"
+    return Endpoints(kafka.get_bootstrap_server(), url, Path("/tmp")), [kafka, redis_c]
+
+
+@pytest.fixture(scope="session")
+def endpoints(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints]:
+    """The real broker and Redis for this test session (see module docstring)."""
+    given_bs, given_redis = os.environ.get("RUNJOURNAL_BOOTSTRAP"), os.environ.get("RUNJOURNAL_REDIS_URL")
+    if given_bs and given_redis:
+        yield Endpoints(given_bs, given_redis, tmp_path_factory.mktemp("stack"))
+        return
+    docker = _docker_endpoints()
+    if docker:
+        eps, containers = docker
+        yield eps
+        for c in containers:
+            c.stop()
+        return
+    stack_dir = tmp_path_factory.mktemp("stack")
+    cache = Path(os.environ.get("RUNJOURNAL_CACHE_DIR") or default_cache_dir())
+    stack = Stack(stack_dir, cache, ports=StackPorts(free_port(), free_port(), free_port()))
+    try:
+        stack.up()
+        state = stack.read_state()
+        yield Endpoints(state["kafka"]["bootstrap"], state["redis"]["url"], stack_dir)
+    finally:
+        stack.down()
+
+
+@pytest.fixture
+def settings(endpoints: Endpoints, tmp_path: Path) -> Settings:
+    """Settings pointing at the session's services with a fresh uuid topic prefix (3 partitions)."""
+    return Settings.load(
+        bootstrap=endpoints.bootstrap,
+        redis_url=endpoints.redis_url,
+        topic_prefix=f"t{uuid.uuid4().hex[:12]}",
+        stack_dir=tmp_path / "stack",
+        qdrant_path=tmp_path / "qdrant",
+        partitions=3,
+    )
+
+
+@pytest.fixture
+def topics(settings: Settings) -> Settings:
+    """``settings`` with its events topic and DLQs created."""
+    from deploy.topics import create_topics
+
+    create_topics(settings)
+    return settings
+
+
+@pytest.fixture
+def service_env(settings: Settings) -> dict[str, str]:
+    """Environment for a subprocess that must reach the same services and topics as the test."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNJOURNAL_")}
+    env.update(
+        RUNJOURNAL_BOOTSTRAP=settings.bootstrap,
+        RUNJOURNAL_REDIS_URL=settings.redis_url,
+        RUNJOURNAL_TOPIC_PREFIX=settings.topic_prefix,
+        RUNJOURNAL_STACK_DIR=str(settings.stack_dir),
+        RUNJOURNAL_QDRANT_PATH=str(settings.effective_qdrant_path),
+        RUNJOURNAL_PARTITIONS=str(settings.partitions),
+    )
+    return env
