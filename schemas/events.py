@@ -20,6 +20,8 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+from schemas.errors import SchemaError
+
 __all__ = [
     "CONTROL_FLOW_TYPES",
     "DURABLE_TYPES",
@@ -33,7 +35,12 @@ __all__ = [
 
 
 class EventType(StrEnum):
-    """Past-tense facts a run can publish. Order is the Avro enum's symbol order (append only)."""
+    """Past-tense facts a run can publish. Order is the Avro enum's symbol order (append only).
+
+    The wire enum (``runjournal.EventType`` in ``schemas/avro/envelope/v*.avsc``) also has a
+    wire-only ``UNKNOWN`` symbol, its Avro ``default``: a reader maps a symbol it does not know
+    to it, and the codec then raises ``UnsupportedSchemaError``. It is never a member here.
+    """
 
     RUN_STARTED = "RUN_STARTED"
     PLAN_COMPILED = "PLAN_COMPILED"
@@ -136,8 +143,11 @@ PAYLOAD_FIELDS: dict[EventType, dict[str, tuple[type, bool]]] = {
 }
 
 
-class NaiveDatetimeError(ValueError):
-    """``occurred_at`` had no tzinfo; it would be read in the host's zone. Pass an aware datetime."""
+class NaiveDatetimeError(SchemaError, ValueError):
+    """``occurred_at`` had no tzinfo; it would be read in the host's zone. Pass an aware datetime.
+
+    A :class:`~schemas.errors.SchemaError` (so a codec caller catches one base) and still a ValueError.
+    """
 
 
 def utcnow() -> datetime:
@@ -181,7 +191,8 @@ class Event:
     def __post_init__(self) -> None:
         if self.occurred_at.tzinfo is None or self.occurred_at.utcoffset() is None:
             raise NaiveDatetimeError(
-                f"occurred_at must be timezone-aware (got naive {self.occurred_at!r}) for event {self.event_id}"
+                f"occurred_at must be timezone-aware (got naive {self.occurred_at!r}) "
+                f"for event {self.event_id}"
             )
         if not isinstance(self.type, EventType):
             object.__setattr__(self, "type", EventType(self.type))
