@@ -1,5 +1,20 @@
-"""Versioned Avro event contract: the .avsc files of every published version, the codec and upcasters."""
+"""Versioned Avro event contract: the .avsc files of every published version, the codec and upcasters.
 
+Public API (see ``schemas/README.md``): the :class:`Event` shape, :class:`EventCodec` and
+:func:`codec_from_settings`, the schema versions, and the named errors.
+"""
+
+from schemas.codec import DEFAULT_MAX_EVENT_BYTES, EventCodec, codec_from_settings, is_tombstone
+from schemas.errors import (
+    CorruptEventError,
+    DecodeError,
+    EventTooLargeError,
+    InvalidEventError,
+    RegistryError,
+    SchemaError,
+    TombstoneError,
+    UnsupportedSchemaError,
+)
 from schemas.events import (
     CONTROL_FLOW_TYPES,
     DURABLE_TYPES,
@@ -10,14 +25,30 @@ from schemas.events import (
     new_event_id,
     utcnow,
 )
+from schemas.versions import SchemaVersion, current_version, load_versions
 
 __all__ = [
     "CONTROL_FLOW_TYPES",
+    "DEFAULT_MAX_EVENT_BYTES",
     "DURABLE_TYPES",
     "PAYLOAD_FIELDS",
+    "CorruptEventError",
+    "DecodeError",
     "Event",
+    "EventCodec",
+    "EventTooLargeError",
     "EventType",
+    "InvalidEventError",
     "NaiveDatetimeError",
+    "RegistryError",
+    "SchemaError",
+    "SchemaVersion",
+    "TombstoneError",
+    "UnsupportedSchemaError",
+    "codec_from_settings",
+    "current_version",
+    "is_tombstone",
+    "load_versions",
     "new_event_id",
     "utcnow",
 ]
