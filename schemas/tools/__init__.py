@@ -1,0 +1,1 @@
+"""One-off maintenance scripts for the schema contract (publish, fixture generation)."""
