@@ -22,10 +22,10 @@ from __future__ import annotations
 from io import BytesIO
 from typing import TYPE_CHECKING, Any
 
-from fastavro import schemaless_reader, schemaless_writer
-from fastavro.read import SchemaResolutionError
+from fastavro import schemaless_writer
 from fastavro.validation import ValidationError, validate
 
+from schemas._avro_body import read_body
 from schemas.errors import (
     CorruptEventError,
     EventTooLargeError,
@@ -59,9 +59,6 @@ _FIELDS: dict[EventType, tuple[tuple[str, type, bool], ...]] = {
     for t, fields in PAYLOAD_FIELDS.items()
 }
 _FIELD_NAMES: dict[EventType, frozenset[str]] = {t: frozenset(f) for t, f in PAYLOAD_FIELDS.items()}
-# Errors fastavro raises on bytes that are not a valid body (EOFError: truncated; IndexError: bad
-# union/enum index; ValueError incl. UnicodeDecodeError: bad UTF-8 or out-of-range timestamp).
-_BAD_BODY = (EOFError, IndexError, ValueError, OverflowError, KeyError, TypeError, MemoryError)
 _BAD_RECORD = (TypeError, ValueError, AttributeError, OverflowError, KeyError)
 
 
@@ -82,7 +79,7 @@ class EventCodec:
             None (default) means Avro single-object encoding. ``mock://<name>`` is an in-memory
             registry shared per URL within the process (tests).
         schema_registry_client: an existing registry client (overrides ``schema_registry_url``).
-        topic: topic whose ``{topic}-value`` subject is used when ``encode``/``decode`` get none.
+        topic: registry framing: the topic whose ``{topic}-value`` subject ``encode`` uses when given none.
 
     Raises:
         SchemaError: the published ``.avsc`` files cannot be loaded.
@@ -178,7 +175,7 @@ class EventCodec:
 
         Args:
             value: the Kafka record value. Check :func:`is_tombstone` first.
-            topic, partition, offset: where it was read; only carried into errors (and the registry subject).
+            topic, partition, offset: where it was read; only carried into errors.
 
         Returns:
             The event; ``occurred_at`` is an aware UTC datetime.
@@ -195,7 +192,7 @@ class EventCodec:
         if value is None:
             raise TombstoneError("tombstone (None value) has no event; check is_tombstone() first", **where)
         if self._registry is not None:
-            record, version = self._registry.loads(value, topic or self._topic, where)
+            record, version = self._registry.loads(value, where)
         else:
             record, version = self._read_single_object(value, where)
         return self._to_event(record, version, where)
@@ -217,29 +214,7 @@ class EventCodec:
                 f"unknown writer schema fingerprint {fingerprint:#018x}", fingerprint=fingerprint, **where
             )
         version, reader = known
-        buf = BytesIO(value)
-        buf.seek(_HEADER_BYTES)
-        try:
-            record = schemaless_reader(buf, version.parsed, reader, return_record_name=True)
-        except SchemaResolutionError as exc:
-            raise UnsupportedSchemaError(
-                f"cannot resolve writer {version.label} to the current schema: {exc}",
-                fingerprint=fingerprint,
-                **where,
-            ) from exc
-        except _BAD_BODY as exc:
-            raise CorruptEventError(
-                f"unreadable {version.label} body: {type(exc).__name__}: {exc}",
-                fingerprint=fingerprint,
-                **where,
-            ) from exc
-        if buf.tell() != len(value):
-            raise CorruptEventError(
-                f"{len(value) - buf.tell()} trailing bytes after the {version.label} body",
-                fingerprint=fingerprint,
-                **where,
-            )
-        return record, version
+        return read_body(value, _HEADER_BYTES, version, reader, where), version
 
     # -- converter --------------------------------------------------------------------------
     def _to_record(self, event: Event) -> dict[str, Any]:

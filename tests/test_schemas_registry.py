@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
-from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from fastavro import parse_schema
 
@@ -20,6 +20,7 @@ from schemas import (
     EventCodec,
     EventTooLargeError,
     EventType,
+    RegistryError,
     UnsupportedSchemaError,
     codec_from_settings,
     load_versions,
@@ -178,3 +179,22 @@ def test_codec_from_settings(url: str) -> None:
     assert registry.wire_format == "confluent"
     registry.encode(_event())
     assert registry_client(url).get_subjects() == ["p2.events-value"]
+
+
+def test_stock_avro_deserializer_reads_our_bytes(url: str) -> None:
+    event = _event()
+    value = EventCodec(schema_registry_url=url).encode(event)
+    stock = AvroDeserializer(registry_client(url), Schema(V2.text, "AVRO"), return_record_name=True)
+    record = stock(value, SerializationContext(TOPIC, MessageField.VALUE))
+    assert record["event_id"] == event.event_id and record["producer_id"] == "agent-a"
+    assert record["payload"] == (payload_record_name("NODE_STARTED"), {"node_path": "plan/a", "attempt": 1})
+
+
+def test_unreachable_registry_is_a_registry_error() -> None:
+    client = SchemaRegistryClient.new_client({"url": "http://127.0.0.1:1", "max.retries": 0})
+    codec = EventCodec(schema_registry_client=client)
+    with pytest.raises(RegistryError) as info:
+        codec.encode(_event())
+    assert info.value.__cause__ is not None
+    with pytest.raises(RegistryError):
+        codec.decode(b"\x00\x00\x00\x00\x07\x02\x00", topic=TOPIC)
