@@ -85,14 +85,7 @@ def check_all(
     problems += [
         Problem("-", versions[-1].label, f, m) for f, m in contract_findings(_expanded(versions[-1]))
     ]
-    for path in candidates:
-        try:
-            candidate = load_version(Path(path), version=len(versions) + 1)
-        except SchemaError as exc:
-            problems.append(Problem("-", f"candidate:{Path(path).name}", "-", str(exc)))
-            continue
-        labels[id(candidate)] = f"candidate:{Path(path).name}"
-        versions.append(candidate)
+    problems += _add_candidates(candidates, versions, labels)
     for version in versions:
         problems += _guarded("-", labels[id(version)], lambda v=version: check_schema(v, label=labels[id(v)]))
     for j, reader in enumerate(versions):
@@ -102,6 +95,22 @@ def check_all(
                 labels[id(reader)],
                 lambda w=writer, r=reader: check_pair(w, r, samples=samples, seed=seed, labels=labels),
             )
+    return problems
+
+
+def _add_candidates(
+    paths: Sequence[Path], versions: list[SchemaVersion], labels: dict[int, str]
+) -> list[Problem]:
+    """Append each loadable candidate to ``versions`` as the next version; unloadable ones are Problems."""
+    problems = []
+    for path in map(Path, paths):
+        try:
+            candidate = load_version(path, version=len(versions) + 1)
+        except SchemaError as exc:
+            problems.append(Problem("-", f"candidate:{path.name}", "-", str(exc)))
+            continue
+        labels[id(candidate)] = f"candidate:{path.name}"
+        versions.append(candidate)
     return problems
 
 
