@@ -1,4 +1,4 @@
-"""EventCodec, single-object wire format: exact bytes, failures, round-trip properties, caps."""
+"""EventCodec, single-object wire format: exact bytes, failure tables, byte caps, tombstones."""
 
 from __future__ import annotations
 
