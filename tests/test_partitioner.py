@@ -1,0 +1,92 @@
+"""murmur2 partitioning: Kafka's own test vectors, then the real broker path (librdkafka murmur2_random)."""
+
+from __future__ import annotations
+
+import random
+import string
+import uuid
+from collections import Counter
+
+import pytest
+from confluent_kafka import Consumer, Producer
+
+from producers.partitioner import murmur2, partition_for, to_positive
+from runjournal.settings import Settings
+
+# org.apache.kafka.common.utils.UtilsTest#testMurmur2 (apache/kafka, clients/src/test/java/...)
+KAFKA_UTILS_TEST = [
+    (b"21", -973932308),
+    (b"foobar", -790332482),
+    (b"a-little-bit-long-string", -985981536),
+    (b"a-little-bit-longer-string", -1486304829),
+    (b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8", -58897971),
+    (b"abc", 479470107),
+]
+# Kafka murmur2 values quoted by akka-cluster-sharding's Murmur2Spec (lengths 1-5: every tail case).
+SHORT_KEYS = [
+    (b"1", -1993445489),
+    (b"12", 126087238),
+    (b"123", -267702483),
+    (b"1234", -1614185708),
+    (b"12345", -1188365604),
+]
+
+
+@pytest.mark.parametrize(("data", "expected"), KAFKA_UTILS_TEST + SHORT_KEYS)
+def test_murmur2_matches_kafka_vectors(data: bytes, expected: int) -> None:
+    assert murmur2(data) == expected
+
+
+def test_to_positive_clears_sign_bit_only() -> None:
+    assert to_positive(-(2**31)) == 0
+    assert to_positive(-1) == 0x7FFFFFFF
+    assert to_positive(12345) == 12345
+
+
+def test_partition_for_hashes_utf8_and_rejects_zero_partitions() -> None:
+    run_id = "rün-☃"
+    assert partition_for(run_id, 7) == to_positive(murmur2(run_id.encode("utf-8"))) % 7
+    with pytest.raises(ValueError):
+        partition_for("r", 0)
+
+
+@pytest.mark.integration
+def test_partition_for_equals_librdkafka_murmur2_random_on_real_broker(topics: Settings) -> None:
+    """Produce with NO explicit partition through librdkafka's Java-compatible partitioner, read back."""
+    rng = random.Random(4)
+    alphabet = string.ascii_letters + string.digits + "-_:é☃"
+    run_ids = [str(uuid.uuid4()) for _ in range(150)]
+    run_ids += ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40))) for _ in range(50)]
+    producer = Producer(
+        {"bootstrap.servers": topics.bootstrap, "partitioner": "murmur2_random", "linger.ms": 5}
+    )
+    for run_id in run_ids:
+        producer.produce(topics.events_topic, key=run_id.encode("utf-8"), value=b"x")
+    assert producer.flush(30) == 0
+    consumer = Consumer(
+        {
+            "bootstrap.servers": topics.bootstrap,
+            "group.id": f"g-{uuid.uuid4()}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.subscribe([topics.events_topic])
+    landed: dict[str, int] = {}
+    try:
+        for _ in range(200):
+            for msg in consumer.consume(500, timeout=0.5):
+                assert msg.error() is None, msg.error()
+                landed[msg.key().decode("utf-8")] = msg.partition()
+            if len(landed) == len(set(run_ids)):
+                break
+    finally:
+        consumer.close()
+    assert len(landed) == len(set(run_ids))
+    mismatches = {
+        r: (p, partition_for(r, topics.partitions))
+        for r, p in landed.items()
+        if p != partition_for(r, topics.partitions)
+    }
+    assert mismatches == {}
+    assert len(Counter(landed.values())) == topics.partitions  # the sample really spread over all partitions
