@@ -1,0 +1,251 @@
+"""The contract between the recovery job and an agent instance that resumes a run.
+
+The recovery job (``consumers/recovery``, DESIGN.md § Recovery job) decides, per tool call,
+what is done, unknown or may run, publishes RUN_RESUMED (epoch + 1) and hands the run to a
+live instance. Producers must not import consumers, so the hand-over shape lives here:
+
+* :class:`RecoveryPlan` / :class:`PlannedCall` — frozen, JSON round-trippable (``to_json`` /
+  ``from_json``; the JSON carries ``"v": 1``).
+* :class:`PlanStore` — Redis: the plan under ``{prefix}:plan:{run_id}`` and one assignment list
+  per instance, ``{prefix}:assign:{producer_id}``.
+
+Hand-over protocol (numbered, so both sides agree):
+
+1. The recovery job fences the dead instance, reads, classifies (DESIGN.md § Zombies).
+2. It publishes RUN_RESUMED with ``seq = last + 1`` and ``epoch + 1``.
+3. ``PlanStore.put(plan)`` with ``plan.last_seq`` = that RUN_RESUMED's seq and ``plan.epoch`` = the new epoch.
+4. ``PlanStore.assign(run_id, producer_id)``: one MULTI/EXEC that RPUSHes the run id onto the
+   instance's assignment list *and* SADDs it to the instance's owned set
+   (``{prefix}:owned:{producer_id}``), so the run is owned by the assignee from that moment —
+   if the assignee dies before claiming, recovering the assignee finds the run.
+5. The instance's ``PlanStore.claim_assignment(producer_id, timeout_s)`` (BLPOP) pops the run id;
+   ``Journal.resume(run_id)`` reads the plan and continues at ``seq = last_seq + 1``.
+
+Running steps 3-4 twice is harmless except for a duplicate list entry; ``resume`` of a run
+already open on the instance returns a second handle, so the caller should de-duplicate.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+__all__ = ["ApprovalStatus", "CallStatus", "PlanStore", "PlannedCall", "RecoveryPlan"]
+
+_PLAN_JSON_VERSION = 1
+
+
+class CallStatus(StrEnum):
+    """How the recovery job classified one tool call (DESIGN.md § Recovery job)."""
+
+    COMMITTED = "COMMITTED"
+    """TOOL_CALL_COMMITTED recorded: never re-run; the recorded result is returned."""
+    OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"
+    """INTENDED without an outcome: reconcile by idempotency key, or hold for approval."""
+    FAILED = "FAILED"
+    """TOOL_CALL_FAILED recorded: may be retried (attempt + 1, same idempotency key)."""
+    RECONCILED_COMMITTED = "RECONCILED_COMMITTED"
+    """The provider confirmed it executed: treated like COMMITTED."""
+    RECONCILED_NOT_EXECUTED = "RECONCILED_NOT_EXECUTED"
+    """The provider confirmed it did not execute: safe to run (same idempotency key)."""
+    NOT_STARTED = "NOT_STARTED"
+    """No intent recorded: safe to run."""
+
+
+class ApprovalStatus(StrEnum):
+    """A human decision about re-running an unknown-outcome call."""
+
+    GRANTED = "GRANTED"
+    """Re-run it (same idempotency key)."""
+    DENIED = "DENIED"
+    """Do not re-run it; ``call`` raises ``ApprovalDeniedError``."""
+    PENDING = "PENDING"
+    """Requested, not decided; ``call`` raises ``OutcomeUnknownError``."""
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedCall:
+    """One tool call of a run as the recovery job classified it, keyed in the plan by idempotency key."""
+
+    call_id: str
+    """The call's id as published in its TOOL_CALL_* events."""
+    tool: str
+    """Tool name; a resumed step that calls another tool raises ``PlanMismatchError``."""
+    status: CallStatus
+    """The classification."""
+    result_json: str | None = None
+    """Recorded result as canonical JSON text (COMMITTED / RECONCILED_COMMITTED), when inline."""
+    result_ref: str | None = None
+    """Recorded result by reference (``sha256:<hex>``, stored in Redis), when too large to inline."""
+    attempts: int = 0
+    """How many TOOL_CALL_INTENDED were published for it so far; the next attempt is ``attempts + 1``."""
+    side_effect: bool = True
+    """From the intent; a read-only call (False) of unknown outcome is simply run again."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able dict (status as its string)."""
+        return {
+            "call_id": self.call_id,
+            "tool": self.tool,
+            "status": self.status.value,
+            "result_json": self.result_json,
+            "result_ref": self.result_ref,
+            "attempts": self.attempts,
+            "side_effect": self.side_effect,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PlannedCall:
+        """Inverse of :meth:`to_dict`. Raises ValueError on an unknown status."""
+        return cls(
+            call_id=str(data["call_id"]),
+            tool=str(data["tool"]),
+            status=CallStatus(data["status"]),
+            result_json=data.get("result_json"),
+            result_ref=data.get("result_ref"),
+            attempts=int(data.get("attempts", 0)),
+            side_effect=bool(data.get("side_effect", True)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryPlan:
+    """What the recovery job decided for one run; ``Journal.resume`` continues the run from it."""
+
+    run_id: str
+    """The run."""
+    tenant_id: str
+    """Its tenant."""
+    agent: str
+    """Its agent (from RUN_STARTED)."""
+    epoch: int
+    """The NEW ownership epoch (the one RUN_RESUMED carries); the resumed handle writes with it."""
+    last_seq: int
+    """The seq of the RUN_RESUMED event the recovery job published; the handle continues at +1."""
+    calls: Mapping[str, PlannedCall] = field(default_factory=dict)
+    """idempotency_key -> classified call."""
+    approvals: Mapping[str, ApprovalStatus] = field(default_factory=dict)
+    """call_id -> approval decision, for calls that had an approval requested."""
+    created_at_ms: int = 0
+    """When the plan was made, Unix epoch milliseconds."""
+    node_attempts: Mapping[str, int] = field(default_factory=dict)
+    """node path -> how many NODE_STARTED it had so far; a re-entered node starts at attempt + 1."""
+    assigned_to: str | None = None
+    """producer_id of the instance the run was handed to, when assigned."""
+
+    def to_json(self) -> str:
+        """The plan as JSON text (``"v": 1``; keys sorted, so equal plans give equal text)."""
+        return json.dumps(
+            {
+                "v": _PLAN_JSON_VERSION,
+                "run_id": self.run_id,
+                "tenant_id": self.tenant_id,
+                "agent": self.agent,
+                "epoch": self.epoch,
+                "last_seq": self.last_seq,
+                "calls": {k: c.to_dict() for k, c in self.calls.items()},
+                "approvals": {k: ApprovalStatus(v).value for k, v in self.approvals.items()},
+                "created_at_ms": self.created_at_ms,
+                "node_attempts": dict(self.node_attempts),
+                "assigned_to": self.assigned_to,
+            },
+            sort_keys=True,
+            separators=(",", ":"),
+        )
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> RecoveryPlan:
+        """Parse :meth:`to_json` output.
+
+        Raises:
+            ValueError: not JSON, an unsupported ``"v"``, or an unknown status.
+        """
+        data = json.loads(text)
+        if data.get("v") != _PLAN_JSON_VERSION:
+            raise ValueError(f"unsupported recovery plan version {data.get('v')!r}")
+        return cls(
+            run_id=data["run_id"],
+            tenant_id=data["tenant_id"],
+            agent=data["agent"],
+            epoch=int(data["epoch"]),
+            last_seq=int(data["last_seq"]),
+            calls={k: PlannedCall.from_dict(v) for k, v in data.get("calls", {}).items()},
+            approvals={k: ApprovalStatus(v) for k, v in data.get("approvals", {}).items()},
+            created_at_ms=int(data.get("created_at_ms", 0)),
+            node_attempts={k: int(v) for k, v in data.get("node_attempts", {}).items()},
+            assigned_to=data.get("assigned_to"),
+        )
+
+
+class PlanStore:
+    """Recovery plans and run assignments in Redis (see the module docstring for the protocol).
+
+    Args:
+        redis_client: a ``redis.Redis`` (thread-safe; ``decode_responses`` either way).
+        prefix: key prefix, normally ``settings.topic_prefix``. Keys: ``{prefix}:plan:{run_id}``
+            (string, JSON), ``{prefix}:assign:{producer_id}`` (list of run ids),
+            ``{prefix}:owned:{producer_id}`` (set of run ids).
+
+    Raises:
+        redis.RedisError: from any method when Redis fails (not wrapped: the store is a thin adapter).
+    """
+
+    def __init__(self, redis_client: Any, prefix: str) -> None:
+        self._r = redis_client
+        self._prefix = prefix
+
+    def plan_key(self, run_id: str) -> str:
+        """``{prefix}:plan:{run_id}``."""
+        return f"{self._prefix}:plan:{run_id}"
+
+    def assign_key(self, producer_id: str) -> str:
+        """``{prefix}:assign:{producer_id}``."""
+        return f"{self._prefix}:assign:{producer_id}"
+
+    def owned_key(self, producer_id: str) -> str:
+        """``{prefix}:owned:{producer_id}``."""
+        return f"{self._prefix}:owned:{producer_id}"
+
+    def put(self, plan: RecoveryPlan) -> None:
+        """Store ``plan`` (replacing any earlier plan of the run)."""
+        self._r.set(self.plan_key(plan.run_id), plan.to_json())
+
+    def get(self, run_id: str) -> RecoveryPlan | None:
+        """The run's plan, or None when there is none."""
+        raw = self._r.get(self.plan_key(run_id))
+        return None if raw is None else RecoveryPlan.from_json(raw)
+
+    def delete(self, run_id: str) -> None:
+        """Remove the run's plan (harmless when absent)."""
+        self._r.delete(self.plan_key(run_id))
+
+    def assign(self, run_id: str, producer_id: str) -> None:
+        """Hand ``run_id`` to instance ``producer_id``: RPUSH to its assignment list and SADD to its
+        owned set, atomically (MULTI/EXEC). Store the plan with :meth:`put` first."""
+        pipe = self._r.pipeline(transaction=True)
+        pipe.rpush(self.assign_key(producer_id), run_id)
+        pipe.sadd(self.owned_key(producer_id), run_id)
+        pipe.execute()
+
+    def claim_assignment(self, producer_id: str, timeout_s: float) -> str | None:
+        """Pop the next run assigned to ``producer_id``, waiting up to ``timeout_s`` seconds.
+
+        Args:
+            producer_id: the claiming instance.
+            timeout_s: seconds to block (BLPOP); <= 0 means do not block (LPOP).
+
+        Returns:
+            The run id, or None when nothing was assigned within the timeout.
+        """
+        key = self.assign_key(producer_id)
+        if timeout_s <= 0:
+            raw = self._r.lpop(key)
+        else:
+            popped = self._r.blpop([key], timeout=timeout_s)
+            raw = None if popped is None else popped[1]
+        if raw is None:
+            return None
+        return raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)

@@ -1,0 +1,61 @@
+"""The ``Tool`` protocol: what ``RunHandle.call`` needs from a side-effecting (or read-only) tool.
+
+DESIGN.md § The side-effect protocol. A tool receives the call's idempotency key and should
+pass it to its provider (an ``Idempotency-Key`` header, a client request token, a unique
+constraint), so a call that is re-run after a crash is deduplicated by the provider.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = ["Outcome", "Reconcilable", "Tool"]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What the provider says happened to a call, looked up by idempotency key (``Tool.reconcile``)."""
+
+    executed: bool
+    """True: the provider executed the call (it may still have failed, see ``error``)."""
+    result: Any = None
+    """The call's JSON-serialisable result when executed successfully."""
+    error: str | None = None
+    """The provider's error text when it executed and failed; None otherwise."""
+
+
+@runtime_checkable
+class Tool(Protocol):
+    """A callable tool, journaled by ``RunHandle.call``.
+
+    Attributes:
+        name: stable tool name (recorded in every TOOL_CALL_* event; part of the recovery plan).
+        side_effect: True when the call changes the world (email, payment, booking). Its intent and
+            outcome are durable; a read-only tool (False) is journaled non-durably and may simply run
+            again after a crash.
+        timeout_ms: the longest the provider may still act on a request after it was sent, in ms.
+            Recorded in TOOL_CALL_INTENDED; the recovery job reconciles an unknown outcome only after
+            the instance's lease expired *and* this much time passed (DESIGN.md § Zombies, step 3).
+            ``call`` does not enforce it.
+    """
+
+    name: str
+    side_effect: bool
+    timeout_ms: int
+
+    def __call__(self, args: dict[str, Any], idempotency_key: str) -> Any:
+        """Run the call with ``args``, passing ``idempotency_key`` to the provider; return a JSON-able result.
+
+        Raise any exception on failure; set ``retryable = True`` on it when a retry may succeed.
+        """
+        ...
+
+
+@runtime_checkable
+class Reconcilable(Protocol):
+    """A tool that can ask its provider what happened to a call (optional part of :class:`Tool`)."""
+
+    def reconcile(self, idempotency_key: str) -> Outcome | None:
+        """The provider's record of the call with ``idempotency_key``; None when it cannot tell."""
+        ...
