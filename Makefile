@@ -41,6 +41,7 @@ schemas-check: venv ## Compatibility gate over every published schema version
 
 test: install ## Install everything, start a private real stack, run the whole suite, stop the stack
 	$(BIN)/lint-imports
+	$(BIN)/runjournal schemas check
 	$(BIN)/pytest -q
 
 demo: install ## The main job end to end (INPUT=path/to/trajectories.json for real runs)

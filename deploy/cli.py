@@ -101,7 +101,9 @@ def _status_detail(info: dict[str, Any]) -> str:
 
 @topics_app.command("create")
 def topics_create(
-    partitions: Annotated[int | None, typer.Option(help="Events topic partitions (default RUNJOURNAL_PARTITIONS).")] = None,
+    partitions: Annotated[
+        int | None, typer.Option(help="Events topic partitions (default RUNJOURNAL_PARTITIONS).")
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Create runjournal.events (compacted) and the two DLQs. Idempotent; refuses a mismatched events topic."""

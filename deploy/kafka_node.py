@@ -200,7 +200,8 @@ class KafkaNode:
         admin = None
         while True:
             if not proc.alive():
-                raise StackError(f"Kafka exited during startup. Log tail ({self.log_path}):\n{read_tail(self.log_path)}")
+                tail = read_tail(self.log_path)
+                raise StackError(f"Kafka exited during startup. Log tail ({self.log_path}):\n{tail}")
             # The listener socket opens only once the broker is unfenced and serving (notes G1),
             # so probe TCP first (quietly), then confirm with a real metadata request.
             if port_in_use(self.port):

@@ -107,7 +107,8 @@ def _check_events_topic(report: TopicReport, count: int) -> None:
         raise TopicConfigError(
             f"topic {report.name} exists with {report.partitions} partitions, not {count}. The run-to-partition "
             "mapping depends on the count, so runjournal will not use it: pass --partitions "
-            f"{report.partitions} (or RUNJOURNAL_PARTITIONS={report.partitions}), or use another RUNJOURNAL_TOPIC_PREFIX."
+            f"{report.partitions} (or RUNJOURNAL_PARTITIONS={report.partitions}), "
+            "or use another RUNJOURNAL_TOPIC_PREFIX."
         )
     if report.config.get("cleanup.policy") != "compact":
         raise TopicConfigError(
@@ -116,7 +117,9 @@ def _check_events_topic(report: TopicReport, count: int) -> None:
         )
 
 
-def describe_topics(settings: Settings, names: list[str] | None = None, *, timeout_s: float = 30.0) -> list[TopicReport]:
+def describe_topics(
+    settings: Settings, names: list[str] | None = None, *, timeout_s: float = 30.0
+) -> list[TopicReport]:
     """Partition count and runjournal-relevant configs of each topic (default: runjournal's three).
 
     Raises:

@@ -6,9 +6,11 @@ import json
 
 import typer
 
+from consumers.projector.cli import inspect_command, projector_command
 from deploy.cli import stack_app, topics_app
 from runjournal.errors import ConfigError
 from runjournal.settings import Settings
+from schemas.cli import app as schemas_app
 
 __all__ = ["app", "main"]
 
@@ -20,6 +22,9 @@ app = typer.Typer(
 )
 app.add_typer(stack_app, name="stack")
 app.add_typer(topics_app, name="topics")
+app.add_typer(schemas_app, name="schemas")
+app.command("projector")(projector_command)
+app.command("inspect")(inspect_command)
 
 
 @app.command("settings")

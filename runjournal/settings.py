@@ -4,18 +4,10 @@ Precedence: environment variable > the running local stack's state file (written
 ``runjournal stack up``) > built-in default. So after ``runjournal stack up`` every
 other command finds the broker and Redis without any variable set.
 
-| variable | meaning | default |
-|---|---|---|
-| ``RUNJOURNAL_BOOTSTRAP`` | Kafka bootstrap servers, ``host:port[,host:port]`` | the stack's, else ``127.0.0.1:9092`` |
-| ``RUNJOURNAL_REDIS_URL`` | Redis URL (a password in it is masked when printed) | the stack's, else ``redis://127.0.0.1:6379/0`` |
-| ``RUNJOURNAL_QDRANT_PATH`` | directory of Qdrant's embedded local mode | ``$RUNJOURNAL_STACK_DIR/qdrant`` |
-| ``RUNJOURNAL_QDRANT_URL`` | a Qdrant server instead of local mode | unset |
-| ``RUNJOURNAL_QDRANT_API_KEY`` | its API key (secret) | unset |
-| ``RUNJOURNAL_SCHEMA_REGISTRY_URL`` | Confluent Schema Registry; switches the wire format | unset (single-object encoding) |
-| ``RUNJOURNAL_TOPIC_PREFIX`` | topics are ``{prefix}.events``, ``{prefix}.events.dlq``, ``{prefix}.memory.dlq`` | ``runjournal`` |
-| ``RUNJOURNAL_STACK_DIR`` | the local stack's data, logs and state file | ``$XDG_STATE_HOME/runjournal`` (``~/.local/state/runjournal``) |
-| ``RUNJOURNAL_CACHE_DIR`` | Maven-resolved broker jars, one directory per Kafka version | ``$XDG_CACHE_HOME/runjournal`` (``~/.cache/runjournal``) |
-| ``RUNJOURNAL_PARTITIONS`` | partition count used by ``topics create`` | ``6`` |
+Variables (each field of :class:`Settings`, upper-cased, with the ``RUNJOURNAL_`` prefix; the
+README's Settings table lists meanings and defaults): ``BOOTSTRAP``, ``REDIS_URL``,
+``QDRANT_PATH``, ``QDRANT_URL``, ``QDRANT_API_KEY``, ``SCHEMA_REGISTRY_URL``, ``TOPIC_PREFIX``,
+``STACK_DIR``, ``CACHE_DIR``, ``PARTITIONS``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,81 @@
+"""``runjournal projector`` and ``runjournal inspect``."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from runjournal.settings import Settings
+
+__all__ = ["inspect_command", "projector_command"]
+
+console = Console()
+
+
+def projector_command(
+    until_caught_up: Annotated[bool, typer.Option("--until-caught-up", help="Exit once lag is 0.")] = False,
+    rebuild: Annotated[bool, typer.Option("--rebuild", help="Wipe this prefix's projection first; "
+                                          "replay from the earliest offset.")] = False,
+    batch_size: Annotated[int, typer.Option(help="Records per consume call.")] = 2000,
+    metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus /metrics on this port.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the final stats as JSON.")] = False,
+) -> None:
+    """Run the state projector (a consumer-group member) until SIGINT/SIGTERM, or until caught up."""
+    from consumers.projector.service import Projector
+    from runjournal.logs import setup_logging
+
+    setup_logging()
+    settings = Settings.load()
+    projector = Projector(settings, batch_size=batch_size)
+    if rebuild:
+        deleted = projector.store.wipe()
+        console.print(f"rebuild: wiped {deleted} Redis keys of prefix {settings.topic_prefix}", stderr=True)
+    if metrics_port is not None:
+        projector.metrics.serve(metrics_port)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stats = projector.run(until_caught_up=until_caught_up, stop=stop)
+    out = stats.as_dict()
+    if as_json:
+        print(json.dumps(out))
+    else:
+        console.print(f"projected {out['events']} events in {out['elapsed_s']} s "
+                      f"({out['events_per_s']} events/s); dead-lettered {out['dead_lettered']}, "
+                      f"parked {len(out['parked_runs'])}, blocked {len(out['blocked_runs'])}")
+
+
+def inspect_command(
+    run_id: Annotated[str, typer.Argument(help="The run to show.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    timeline: Annotated[bool, typer.Option(help="Read the run's events from the topic too.")] = True,
+) -> None:
+    """Show a run's projected state, execution records and (from the topic) its timeline."""
+    from consumers.inspect import inspect_run
+
+    report = inspect_run(Settings.load(), run_id, with_timeline=timeline)
+    if report is None:
+        console.print(f"[red]no state for run {run_id}[/]")
+        raise typer.Exit(code=1)
+    if as_json:
+        print(json.dumps(report, default=str))
+        return
+    st = report["state"]
+    console.print(f"run {run_id}  partition {report['partition']}  status [bold]{st['status']}[/]  "
+                  f"epoch {st['epoch']}  last seq {st['last_seq']}  owner {st.get('owner')}")
+    records = Table("call_id", "tool", "status", "attempts", "epoch", "idempotency key", title="execution records")
+    for cid, rec in sorted(st.get("records", {}).items()):
+        records.add_row(cid, rec.get("tool"), rec.get("status"), str(rec.get("attempts")), str(rec.get("epoch")),
+                        str(rec.get("idempotency_key"))[:16])
+    console.print(records)
+    if report.get("timeline"):
+        tl = Table("seq", "epoch", "type", "offset", "node", title="timeline")
+        for row in report["timeline"]:
+            tl.add_row(str(row["seq"]), str(row["epoch"]), row["type"], str(row["offset"]), row.get("node_id") or "")
+        console.print(tl)

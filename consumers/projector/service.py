@@ -1,0 +1,315 @@
+"""The state projector: a consumer-group service folding the journal into Redis, exactly once in effect.
+
+Per poll (DESIGN.md § Projector; numbered as in the code):
+
+1. ``consume`` up to ``batch_size`` records (``read_committed``: aborted transactions are never seen).
+2. Split by partition; drop records at or below the partition's applied offset (redelivery).
+3. Decode. A tombstone (null value) erases its run. An undecodable record is copied to the
+   events DLQ with its offset and its run (parsed from the key) is marked BLOCKED; the
+   partition's other runs go on.
+4. Load the touched runs' states from Redis (one MGET) and fold each event with the pure
+   reducer (``consumers.reducer.apply``).
+5. Flush the DLQ (durable before the offset passes the record).
+6. One script call writes every changed state and advances the partition's applied offset,
+   atomically, refusing a batch folded from a stale view (then: reload and re-seek).
+7. Commit the group offset (last handled + 1), asynchronously — for lag monitoring and tools;
+   on (re)assignment the projector seeks to the offset stored in Redis, not the group's.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
+
+from consumers.dlq import DeadLetters
+from consumers.projector.metrics import ProjectorMetrics
+from consumers.projector.store import ProjectionStore
+from consumers.reducer import RunState, RunStatus, apply, block
+from runjournal import failpoints
+from runjournal.settings import Settings
+from schemas import EventCodec, codec_from_settings
+from schemas.errors import SchemaError
+
+__all__ = ["Projector", "ProjectorStats", "projector_group"]
+
+log = logging.getLogger("consumers.projector")
+
+
+def projector_group(settings: Settings) -> str:
+    """The projector's consumer group id: ``{prefix}.projector``."""
+    return f"{settings.topic_prefix}.projector"
+
+
+@dataclass
+class ProjectorStats:
+    """Counters of one :meth:`Projector.run` (events are records handled, no-ops included)."""
+
+    events: int = 0
+    batches: int = 0
+    dead_lettered: int = 0
+    erased: int = 0
+    conflicts: int = 0
+    elapsed_s: float = 0.0
+    parked_runs: set[str] = field(default_factory=set)
+    blocked_runs: set[str] = field(default_factory=set)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-able summary with ``events_per_s``."""
+        rate = self.events / self.elapsed_s if self.elapsed_s > 0 else 0.0
+        return {"events": self.events, "batches": self.batches, "dead_lettered": self.dead_lettered,
+                "erased": self.erased, "conflicts": self.conflicts, "elapsed_s": round(self.elapsed_s, 3),
+                "events_per_s": round(rate, 1), "parked_runs": sorted(self.parked_runs),
+                "blocked_runs": sorted(self.blocked_runs)}
+
+
+class Projector:
+    """Folds ``{prefix}.events`` into Redis run states; one instance per process, many per group.
+
+    Args:
+        settings: bootstrap, Redis URL, topic prefix.
+        batch_size: records per consume call (default 2,000).
+        poll_timeout_s: consume timeout, seconds.
+        codec: event codec (default from settings).
+        metrics: Prometheus metrics holder (default: a private one).
+        group_id: consumer group (default ``{prefix}.projector``).
+        session_timeout_ms: how long a dead member holds its partitions before the group moves
+            them (ms). 10 s instead of Kafka's 45 s default: a SIGKILLed projector's runs stall
+            for at most that long.
+    """
+
+    def __init__(self, settings: Settings, *, batch_size: int = 2000, poll_timeout_s: float = 0.2,
+                 codec: EventCodec | None = None, metrics: ProjectorMetrics | None = None,
+                 group_id: str | None = None, session_timeout_ms: int = 10_000) -> None:
+        self.settings = settings
+        self.topic = settings.events_topic
+        self.batch_size = batch_size
+        self.poll_timeout_s = poll_timeout_s
+        self.codec = codec or codec_from_settings(settings)
+        self.metrics = metrics or ProjectorMetrics()
+        # Redis restarts (deploys, failover) are ridden out by redis-py's own retry with capped backoff
+        # (about 30 s in all); the batch that failed was not written, so it is simply written again.
+        self.redis = redis.Redis.from_url(
+            settings.redis_url,
+            retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=20),
+            retry_on_error=[redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError],
+        )
+        self.store = ProjectionStore(self.redis, settings.topic_prefix)
+        self.dlq = DeadLetters(settings.bootstrap, settings.events_dlq_topic)
+        self.group_id = group_id or projector_group(settings)
+        self.applied: dict[int, int] = {}
+        self._pending_commit: dict[int, int] = {}
+        self._assigned_once = threading.Event()
+        self.stats = ProjectorStats()
+        self.consumer = Consumer({
+            "bootstrap.servers": settings.bootstrap,
+            "group.id": self.group_id,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+            "partition.assignment.strategy": "cooperative-sticky",
+            "session.timeout.ms": session_timeout_ms,
+            "heartbeat.interval.ms": max(1000, session_timeout_ms // 4),
+            "fetch.min.bytes": 1,
+            "queued.max.messages.kbytes": 65536,
+        })
+
+    # -- assignment -------------------------------------------------------------------------
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            stored = self.store.applied_offset(tp.partition)
+            self.applied[tp.partition] = stored
+            tp.offset = stored + 1 if stored >= 0 else OFFSET_BEGINNING
+        consumer.incremental_assign(partitions)
+        self._assigned_once.set()
+        log.info("assigned", extra={"partitions": {tp.partition: tp.offset for tp in partitions}})
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Batches are processed to completion before the next consume() call, in which this
+        # callback runs, so nothing is in flight: record the revoked partitions' offsets and go.
+        self._commit({tp.partition for tp in partitions}, asynchronous=False)
+        for tp in partitions:
+            self.applied.pop(tp.partition, None)
+        consumer.incremental_unassign(partitions)
+        log.info("revoked", extra={"partitions": [tp.partition for tp in partitions]})
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            self.applied.pop(tp.partition, None)
+            self._pending_commit.pop(tp.partition, None)
+        consumer.incremental_unassign(partitions)
+        log.warning("partitions lost", extra={"partitions": [tp.partition for tp in partitions]})
+
+    # -- main loop ------------------------------------------------------------------------------
+    def run(self, *, until_caught_up: bool = False, stop: threading.Event | None = None,
+            idle_timeout_s: float | None = None) -> ProjectorStats:
+        """Consume until ``stop`` is set (or, with ``until_caught_up``, until lag is 0 on every assigned partition).
+
+        Returns:
+            :class:`ProjectorStats` of this run.
+
+        Raises:
+            KafkaException: a fatal consumer error.
+            redis.RedisError: Redis unreachable for longer than the retry budget.
+        """
+        stop = stop or threading.Event()
+        started = time.monotonic()
+        self.consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                on_lost=self._on_lost)
+        last_data = time.monotonic()
+        try:
+            while not stop.is_set():
+                msgs = self.consumer.consume(self.batch_size, timeout=self.poll_timeout_s)  # step 1
+                if msgs:
+                    last_data = time.monotonic()
+                    self._handle(msgs)
+                    self._commit(set(self._pending_commit), asynchronous=True)  # step 7
+                elif until_caught_up and self._caught_up():
+                    break
+                if idle_timeout_s is not None and time.monotonic() - last_data > idle_timeout_s:
+                    break
+            self._commit(set(self._pending_commit), asynchronous=False)
+        finally:
+            self.stats.elapsed_s = time.monotonic() - started
+            self.consumer.close()
+        return self.stats
+
+    def _handle(self, msgs: list[Message]) -> None:
+        by_partition: dict[int, list[Message]] = defaultdict(list)
+        for msg in msgs:
+            if msg.error():
+                if msg.error().fatal():
+                    raise KafkaException(msg.error())
+                log.warning("consumer error", extra={"error": str(msg.error())})
+                continue
+            by_partition[msg.partition()].append(msg)  # step 2
+        for partition, batch in by_partition.items():
+            if partition in self.applied:
+                started = time.perf_counter()
+                self._apply_partition(partition, batch)
+                self.metrics.batch_seconds.observe(time.perf_counter() - started)
+
+    def _apply_partition(self, partition: int, batch: list[Message]) -> None:
+        expected = self.applied[partition]
+        fresh = [m for m in batch if m.offset() > expected]
+        if not fresh:
+            return
+        decoded = [self._decode(m) for m in fresh]  # step 3
+        run_ids = {run_id for run_id, _ in decoded if run_id is not None}
+        states: dict[str, RunState | None] = dict(self.store.load(partition, run_ids))  # step 4
+        dirty: dict[str, RunState | None] = {}
+        for msg, (run_id, item) in zip(fresh, decoded, strict=True):
+            if run_id is None:
+                continue
+            new = self._fold(states.get(run_id), item, partition, msg.offset(), run_id)
+            if new is not states.get(run_id):
+                states[run_id] = new
+                dirty[run_id] = new
+        if self.dlq.sent:
+            self.dlq.flush()  # step 5
+        last = fresh[-1].offset()
+        failpoints.hit("projector.before_write")
+        result = self.store.apply_batch(partition, expected_offset=expected, new_offset=last, states=dirty)  # 6
+        if result.status == "conflict":
+            self._resync(partition, result.stored_offset)
+            return
+        failpoints.hit("projector.after_write")
+        self.applied[partition] = max(last, result.stored_offset)
+        self._pending_commit[partition] = self.applied[partition] + 1
+        self.stats.events += len(fresh)
+        self.stats.batches += 1
+        self.metrics.events.labels(str(partition)).inc(len(fresh))
+        self._count_outcomes(dirty)
+
+    def _fold(self, state: RunState | None, item: Any, partition: int, offset: int, run_id: str) -> RunState | None:
+        if item is None:  # tombstone: the run is being erased
+            if state is not None:
+                self.stats.erased += 1
+                self.metrics.erased.inc()
+            return None
+        if isinstance(item, SchemaError):
+            self.stats.blocked_runs.add(run_id)
+            self.metrics.blocked.inc()
+            return block(state, run_id, f"{type(item).__name__}: {item}", partition=partition, offset=offset)
+        return apply(state, item, partition=partition, offset=offset)
+
+    def _decode(self, msg: Message) -> tuple[str | None, Any]:
+        """``(run_id, Event | None(tombstone) | SchemaError)``; run_id None when even the key is unreadable."""
+        run_id = _run_id_from_key(msg.key())
+        value = msg.value()
+        if value is None:
+            return run_id, None
+        try:
+            event = self.codec.decode(value, topic=msg.topic(), partition=msg.partition(), offset=msg.offset())
+        except SchemaError as exc:
+            self.dlq.send(msg, exc)
+            self.stats.dead_lettered += 1
+            self.metrics.dead_lettered.inc()
+            log.warning("quarantined", extra={"topic": msg.topic(), "partition": msg.partition(),
+                                              "offset": msg.offset(), "error": str(exc), "run_id": run_id})
+            return run_id, exc
+        return event.run_id, event
+
+    def _count_outcomes(self, dirty: dict[str, RunState | None]) -> None:
+        for run_id, state in dirty.items():
+            if state is not None and state.status == RunStatus.GAP and run_id not in self.stats.parked_runs:
+                self.stats.parked_runs.add(run_id)
+                self.metrics.parked.inc()
+
+    def _resync(self, partition: int, stored: int) -> None:
+        """Redis's applied offset is not ours (Redis lost its last second, or another instance wrote): re-seek."""
+        self.stats.conflicts += 1
+        self.metrics.conflicts.inc()
+        log.warning("stale view; re-seeking to Redis's applied offset",
+                    extra={"partition": partition, "ours": self.applied.get(partition), "redis": stored})
+        self.applied[partition] = stored
+        self._pending_commit.pop(partition, None)
+        target = stored + 1 if stored >= 0 else OFFSET_BEGINNING
+        self.consumer.seek(TopicPartition(self.topic, partition, target))
+
+    def _commit(self, partitions: set[int], *, asynchronous: bool) -> None:
+        offsets = [TopicPartition(self.topic, p, self._pending_commit.pop(p))
+                   for p in partitions if p in self._pending_commit]
+        if not offsets:
+            return
+        try:
+            self.consumer.commit(offsets=offsets, asynchronous=asynchronous)
+        except KafkaException as exc:  # group offsets are advisory here (Redis holds the truth)
+            log.warning("offset commit failed", extra={"error": str(exc)})
+
+    def _caught_up(self) -> bool:
+        if not self._assigned_once.is_set():
+            return False
+        assignment = self.consumer.assignment()
+        if not assignment:
+            return True
+        positions = self.consumer.position(assignment)
+        for tp in positions:
+            _low, high = self.consumer.get_watermark_offsets(tp, timeout=5, cached=False)
+            applied = self.applied.get(tp.partition, -1)
+            lag = max(0, high - max(tp.offset, applied + 1))
+            self.metrics.lag.labels(str(tp.partition)).set(lag)
+            if lag > 0:
+                return False
+        return True
+
+
+def _run_id_from_key(key: bytes | None) -> str | None:
+    """``run_id`` from a key ``{run_id}:{epoch}:{seq}``; None when the key is not of that form."""
+    if not key:
+        return None
+    try:
+        run_id, epoch, seq = key.decode("utf-8").rsplit(":", 2)
+        int(epoch), int(seq)
+    except ValueError:
+        return None
+    return run_id or None

@@ -1,0 +1,150 @@
+"""Redis layout of the projection and the one atomic write per partition batch.
+
+Keys (``P`` = topic prefix, ``p`` = partition; ``{P.p}`` is the Redis Cluster hash tag, so a
+partition's keys live in one slot and one script may touch them all — DESIGN.md § Projector):
+
+* ``rj:{P.p}:offset`` — the partition's applied offset: the last offset whose effect is in Redis.
+* ``rj:{P.p}:run:<run_id>`` — the run's state JSON (``RunState.to_json``, execution records included).
+* ``rj:{P.p}:runs`` — set of the partition's run ids.
+
+Redis itself holds the truth of what Redis has applied: the state of every run touched by a
+batch and the partition's offset change in one ``EVALSHA`` (see ``_APPLY_LUA``). The script
+refuses a batch computed from a stale view (the stored offset is not the one the batch was
+folded from): the caller reloads from Redis and re-seeks. A batch at or below the stored
+offset is a no-op — a redelivered batch changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from consumers.reducer import RunState
+
+__all__ = ["ApplyResult", "ProjectionStore", "partition_tag"]
+
+_APPLY_LUA = """
+-- KEYS[1] offset key, KEYS[2] runs-set key, KEYS[3..2+n] run keys
+-- ARGV[1] expected current offset ('-1' = none), ARGV[2] new offset, ARGV[3] n,
+-- ARGV[4..3+n] state JSON ('' = delete the run), ARGV[4+n..3+2n] run ids
+local cur = redis.call('GET', KEYS[1])
+if not cur then cur = '-1' end
+if tonumber(cur) >= tonumber(ARGV[2]) then return {0, cur} end
+if cur ~= ARGV[1] then return {-1, cur} end
+local n = tonumber(ARGV[3])
+for i = 1, n do
+  local value = ARGV[3 + i]
+  local run_id = ARGV[3 + n + i]
+  if value == '' then
+    redis.call('DEL', KEYS[2 + i])
+    redis.call('SREM', KEYS[2], run_id)
+  else
+    redis.call('SET', KEYS[2 + i], value)
+    redis.call('SADD', KEYS[2], run_id)
+  end
+end
+redis.call('SET', KEYS[1], ARGV[2])
+return {1, ARGV[2]}
+"""
+
+
+def partition_tag(prefix: str, partition: int) -> str:
+    """The hash tag shared by all keys of one partition: ``{<prefix>.p<partition>}``."""
+    return f"{{{prefix}.p{partition}}}"
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    """Outcome of :meth:`ProjectionStore.apply_batch`."""
+
+    status: str
+    """``"applied"``, ``"duplicate"`` (already applied: a redelivery) or ``"conflict"`` (stale view)."""
+    stored_offset: int
+    """The partition's applied offset in Redis after the call (-1: none)."""
+
+
+class ProjectionStore:
+    """Run states and applied offsets in Redis, for one topic prefix.
+
+    Args:
+        client: a redis-py client (``decode_responses=False``).
+        prefix: the topic prefix (``Settings.topic_prefix``); keys never collide across prefixes.
+    """
+
+    def __init__(self, client: redis.Redis, prefix: str) -> None:
+        self.client = client
+        self.prefix = prefix
+        # register_script runs EVALSHA and, on NOSCRIPT (Redis restarted or flushed), loads and retries.
+        self._apply = client.register_script(_APPLY_LUA)
+
+    # -- keys -----------------------------------------------------------------------------
+    def offset_key(self, partition: int) -> str:
+        """``rj:{P.p}:offset``."""
+        return f"rj:{partition_tag(self.prefix, partition)}:offset"
+
+    def runs_key(self, partition: int) -> str:
+        """``rj:{P.p}:runs``."""
+        return f"rj:{partition_tag(self.prefix, partition)}:runs"
+
+    def run_key(self, partition: int, run_id: str) -> str:
+        """``rj:{P.p}:run:<run_id>``."""
+        return f"rj:{partition_tag(self.prefix, partition)}:run:{run_id}"
+
+    # -- reads ----------------------------------------------------------------------------
+    def applied_offset(self, partition: int) -> int:
+        """The partition's applied offset, -1 when nothing was applied (seek to offset + 1)."""
+        raw = self.client.get(self.offset_key(partition))
+        return int(raw) if raw is not None else -1
+
+    def load(self, partition: int, run_ids: Iterable[str]) -> dict[str, RunState]:
+        """States of ``run_ids`` (one MGET); runs not in Redis are absent from the result."""
+        ids = list(run_ids)
+        if not ids:
+            return {}
+        raw = self.client.mget([self.run_key(partition, r) for r in ids])
+        return {rid: RunState.from_json(val) for rid, val in zip(ids, raw, strict=True) if val is not None}
+
+    def get(self, partition: int, run_id: str) -> RunState | None:
+        """One run's state, or None."""
+        raw = self.client.get(self.run_key(partition, run_id))
+        return RunState.from_json(raw) if raw is not None else None
+
+    def run_ids(self, partition: int) -> set[str]:
+        """All run ids projected in ``partition``."""
+        return {m.decode() for m in self.client.smembers(self.runs_key(partition))}
+
+    # -- the one write ------------------------------------------------------------------------
+    def apply_batch(
+        self, partition: int, *, expected_offset: int, new_offset: int, states: Mapping[str, RunState | None]
+    ) -> ApplyResult:
+        """Write ``states`` (None = erase the run) and set the applied offset, atomically.
+
+        Args:
+            partition: the source partition.
+            expected_offset: the applied offset the batch was folded from (-1: none).
+            new_offset: the last offset handled by the batch.
+            states: run_id -> new state, or None to delete the run (a tombstone).
+
+        Returns:
+            :class:`ApplyResult`; ``conflict`` means reload states and re-seek to ``stored_offset + 1``.
+
+        Raises:
+            redis.RedisError: Redis unreachable (the caller retries with backoff; nothing was written).
+        """
+        ids = list(states)
+        keys = [self.offset_key(partition), self.runs_key(partition), *(self.run_key(partition, r) for r in ids)]
+        values = [s.to_json() if s is not None else "" for s in states.values()]
+        args: list[Any] = [str(expected_offset), str(new_offset), str(len(ids)), *values, *ids]
+        code, stored = self._apply(keys=keys, args=args)
+        status = {1: "applied", 0: "duplicate", -1: "conflict"}[int(code)]
+        return ApplyResult(status=status, stored_offset=int(stored))
+
+    def wipe(self) -> int:
+        """Delete every projection key of this prefix (``projector --rebuild``). Returns keys deleted."""
+        deleted = 0
+        for key in self.client.scan_iter(match=f"rj:{{{self.prefix}.p*", count=1000):
+            deleted += int(self.client.delete(key))
+        return deleted

@@ -1,0 +1,34 @@
+"""Failpoints for crash tests: ``RJ_FAILPOINTS="name=N[,name=N]"`` SIGKILLs this process at the Nth hit of ``name``.
+
+Production code calls :func:`hit` at the points a crash matters (e.g. ``projector.before_write``).
+With the variable unset — always, outside tests — a hit is one dict lookup. The process kills
+itself with SIGKILL (no cleanup, no atexit, no flush), exactly like an OOM kill or ``kill -9``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+__all__ = ["hit"]
+
+
+def _parse(spec: str) -> dict[str, int]:
+    out = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        name, _, count = part.partition("=")
+        out[name] = int(count or 1)
+    return out
+
+
+_ARMED = _parse(os.environ.get("RJ_FAILPOINTS", ""))
+_HITS: dict[str, int] = {}
+
+
+def hit(name: str) -> None:
+    """Count a pass through failpoint ``name``; SIGKILL this process when its armed count is reached."""
+    if not _ARMED or name not in _ARMED:
+        return
+    _HITS[name] = _HITS.get(name, 0) + 1
+    if _HITS[name] >= _ARMED[name]:
+        os.kill(os.getpid(), signal.SIGKILL)
