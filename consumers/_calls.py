@@ -14,6 +14,9 @@ Merge rules (they hold whichever epoch wrote the fact; DESIGN.md § The side-eff
   nobody will report its outcome in this epoch, but an effect may be in flight.
 * An outcome (COMMITTED / FAILED / RECONCILED) for an unknown call creates the record from the
   outcome's own fields (``attempts=0``, no intent offset): an execution fact is never dropped.
+* An outcome that is not a commit (FAILED, RECONCILED as NOT_EXECUTED / FAILED) from an epoch
+  below the record's latest intent concerns a superseded attempt: it does not overwrite the
+  newer attempt's status (the journal keeps it). A commit from any epoch always applies.
 * ``zombie`` is True when the status was set by a lower epoch than the run's.
 """
 
@@ -118,12 +121,12 @@ def commit(records: Records, event: Event, offset: int, *, run_epoch: int) -> Re
 
 
 def fail(records: Records, event: Event, offset: int, *, run_epoch: int) -> Records:
-    """Fold a TOOL_CALL_FAILED at ``offset``; ignored (as to status) for a committed record."""
+    """Fold a TOOL_CALL_FAILED at ``offset``; ignored for a committed record or a newer attempt."""
     error, retryable = required(event, "error"), required(event, "retryable")
     previous = records.get(required(event, "call_id"))
     if previous is None:
         previous = _new_from(event, CallStatus.FAILED)
-    elif previous.effect_committed:
+    elif previous.effect_committed or event.epoch < previous.epoch:
         return records
     record = evolve(
         previous,
@@ -158,8 +161,10 @@ def reconcile(records: Records, event: Event, offset: int, *, run_epoch: int) ->
         if previous.reconciled_outcome is outcome:
             return records
         return _replace(records, evolve(previous, reconciled_outcome=outcome))
-    payload = event.payload
     committed = outcome is ReconciledOutcome.COMMITTED
+    if not committed and event.epoch < previous.epoch:
+        return records
+    payload = event.payload
     record = evolve(
         previous,
         status=CallStatus.RECONCILED,

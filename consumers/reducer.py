@@ -312,12 +312,9 @@ def _first(event: Event, partition: int, offset: int) -> RunState:
     }
     if event.type is not _T.RUN_STARTED or event.seq != 1:
         reason = (
-            f"first event seen is {event.type} at seq {event.seq}; "
-            "a run's history starts with RUN_STARTED at seq 1"
+            f"first event seen is {event.type} at seq {event.seq}; a run's history starts with RUN_STARTED at seq 1"
         )
-        return RunState(
-            status=RunStatus.GAP, gap_expected_seq=1, gap_seen_seq=event.seq, gap_reason=reason, **base
-        )
+        return RunState(status=RunStatus.GAP, gap_expected_seq=1, gap_seen_seq=event.seq, gap_reason=reason, **base)
     try:
         if event.epoch != 1:
             raise Violation(f"RUN_STARTED {event.event_id} has epoch {event.epoch}, not 1")
