@@ -173,6 +173,11 @@ _ENUM_FIELDS: dict[type, dict[str, type[StrEnum]]] = {
     PendingApproval: {},
     ApprovalDecision: {"decision": Decision},
     ExecutionRecord: {"status": CallStatus, "reconciled_outcome": ReconciledOutcome},
+    RunState: {"status": RunStatus},
+}
+_ENUM_LOOKUP: dict[type, dict[str, dict[str, StrEnum]]] = {
+    cls: {name: {member.value: member for member in enum} for name, enum in enums.items()}
+    for cls, enums in _ENUM_FIELDS.items()
 }
 _MAPPING_FIELDS: dict[str, type] = {
     "nodes": NodeState,
@@ -190,19 +195,23 @@ def _check_keys(cls: type, data: Mapping[str, Any]) -> None:
         raise StateFormatError(f"{cls.__name__} JSON: missing fields {missing}, unknown fields {unknown}")
 
 
-def _value_from_dict(cls: type[_T], data: Mapping[str, Any]) -> _T:
+def _build(cls: type[_T], data: dict[str, Any]) -> _T:
+    """An instance of frozen dataclass ``cls`` from a fresh JSON object (enum names looked up; a
+    bad name raises KeyError). Skips ``__init__``: this is the projector's per-batch hot path."""
     _check_keys(cls, data)
-    kwargs = dict(data)
-    for name, enum in _ENUM_FIELDS[cls].items():
-        if kwargs.get(name) is not None:
-            kwargs[name] = enum(kwargs[name])
-    return cls(**kwargs)
+    for name, by_value in _ENUM_LOOKUP[cls].items():
+        value = data[name]
+        if value is not None:
+            data[name] = by_value[value]
+    obj = object.__new__(cls)
+    obj.__dict__.update(data)
+    return obj
 
 
 def _state_to_dict(state: RunState) -> dict[str, Any]:
     out: dict[str, Any] = dict(state.__dict__)
     for name in _MAPPING_FIELDS:
-        out[name] = {key: dict(value.__dict__) for key, value in out[name].items()}
+        out[name] = {key: value.__dict__ for key, value in out[name].items()}
     out["v"] = STATE_FORMAT_VERSION
     return out
 
@@ -215,8 +224,7 @@ def _state_from_dict(data: Any) -> RunState:
         raise StateFormatError(f"run state format version {version!r} is not {STATE_FORMAT_VERSION}")
     _check_keys(RunState, data)
     for name, cls in _MAPPING_FIELDS.items():
-        data[name] = {key: _value_from_dict(cls, value) for key, value in data[name].items()}
+        data[name] = {key: _build(cls, value) for key, value in data[name].items()}
     for name in _TUPLE_FIELDS:
         data[name] = tuple(data[name])
-    data["status"] = RunStatus(data["status"])
-    return RunState(**data)
+    return _build(RunState, data)
