@@ -16,7 +16,9 @@ of the event's record):
    skipped facts stay in the topic; the run is repaired by rebuilding it from the topic after the
    cause is fixed. Recovery must not classify a parked run's calls from its snapshot.
 4. **Duplicate.** An ``event_id`` among the last :data:`DUPLICATE_WINDOW` processed ids is a
-   redelivery (retried send at a new offset): ``duplicates_ignored += 1``, nothing else.
+   redelivery (retried send at a new offset): ``duplicates_ignored += 1``, nothing else. A copy
+   arriving more than that many events after its original is indistinguishable from a second
+   event claiming a used seq and parks the run (rule 6): visible, never silently wrong.
 5. **Epoch fencing, before seq** (§ Zombies). ``event.epoch < state.epoch``: the writer is a
    zombie. Control-flow types (``CONTROL_FLOW_TYPES``) are rejected (``rejected_stale_epoch +=
    1``); TOOL_CALL_COMMITTED / FAILED / RECONCILED are recorded on the call's execution record
@@ -32,7 +34,8 @@ of the event's record):
    resume whose seq collides with events the recovery job did not see parks the run.
 7. **Apply by type** (consumes the seq): RUN_STARTED again -> BLOCKED; PLAN_COMPILED -> plan
    fields; NODE_* -> ``nodes``; TOOL_CALL_* -> ``records`` (merge rules in ``consumers._calls``:
-   a commit is sticky, a re-intent opens a new attempt); APPROVAL_REQUESTED -> pending,
+   a commit is sticky, a re-intent opens a new attempt, an older attempt's failure never
+   overwrites a newer attempt); APPROVAL_REQUESTED -> pending,
    WAITING_APPROVAL; APPROVAL_GRANTED / DENIED -> decided, RUNNING when none is pending;
    RUN_RESUMED (epoch must rise) -> epoch, owner (``assigned_to`` or ``producer_id``), RUNNING
    unless approvals pending, and every INTENDED record of a lower epoch becomes OUTCOME_UNKNOWN;
