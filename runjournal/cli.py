@@ -6,6 +6,7 @@ import json
 
 import typer
 
+from consumers.memory.cli import memory_app, memory_extractor_command
 from consumers.projector.cli import inspect_command, projector_command
 from deploy.cli import stack_app, topics_app
 from runjournal.errors import ConfigError
@@ -23,8 +24,10 @@ app = typer.Typer(
 app.add_typer(stack_app, name="stack")
 app.add_typer(topics_app, name="topics")
 app.add_typer(schemas_app, name="schemas")
+app.add_typer(memory_app, name="memory")
 app.command("projector")(projector_command)
 app.command("inspect")(inspect_command)
+app.command("memory-extractor")(memory_extractor_command)
 
 
 @app.command("settings")

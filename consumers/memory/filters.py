@@ -1,0 +1,70 @@
+"""The one place where scoped Qdrant filters are built. Every search and every supersession lookup goes
+through :func:`scope_filter`, which cannot be called without a :class:`~consumers.memory.items.Scope`
+(and a Scope cannot exist without a tenant): no search path exists without a tenant filter. The one
+unscoped selection is the admin erase, ``MemoryStore.delete_by_run``, which returns only a count.
+
+Payload keys used (nested; see :mod:`consumers.memory.store` for the whole payload):
+``scope.tenant_id``, ``scope.user_id``, ``scope.agent_id``, ``status``, ``subject``, ``kind``,
+``provenance.run_id``, ``provenance.event_key``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from qdrant_client import models
+
+from consumers.memory.errors import ScopeError
+from consumers.memory.items import Scope, Status
+
+__all__ = ["FILTERABLE_KEYS", "IDENTITY_KEYS", "TENANT_KEY", "scope_filter"]
+
+#: Payload key of the tenant (the isolation boundary).
+TENANT_KEY = "scope.tenant_id"
+#: Keys that only a Scope may set in a filter; a caller's ``where`` naming one is refused.
+IDENTITY_KEYS = frozenset({"tenant_id", "user_id", "agent_id", "scope", "scope.tenant_id", "scope.user_id",
+                           "scope.agent_id"})
+#: Keys a caller may add as exact-match conditions through ``where``.
+FILTERABLE_KEYS = frozenset({"kind", "subject"})
+
+
+def scope_filter(scope: Scope, *, statuses: Iterable[Status] | None = (Status.ACTIVE,),
+                 where: Mapping[str, str] | None = None, user_exact: bool = False) -> models.Filter:
+    """The filter for ``scope``: tenant always; user and agent when the scope names them.
+
+    Args:
+        scope: whose memory. ``tenant_id`` is always a ``must`` condition.
+        statuses: statuses to include (default: active only); None means every status (history).
+        where: extra exact matches on :data:`FILTERABLE_KEYS` (``{"subject": "seat_preference"}``).
+        user_exact: when True a scope with ``user_id=None`` matches only items *without* a user
+            (supersession groups); when False (searches) ``user_id=None`` means "any user of the tenant".
+
+    Returns:
+        A ``qdrant_client.models.Filter`` whose ``must`` list starts with the tenant condition.
+
+    Raises:
+        ScopeError: ``scope`` is not a :class:`Scope`, or ``where`` names an identity or unknown key.
+    """
+    if not isinstance(scope, Scope):
+        raise ScopeError(f"a memory filter needs a Scope, got {type(scope).__name__}")
+    must: list[models.Condition] = [_eq(TENANT_KEY, scope.tenant_id)]
+    if scope.user_id is not None:
+        must.append(_eq("scope.user_id", scope.user_id))
+    elif user_exact:
+        must.append(models.IsEmptyCondition(is_empty=models.PayloadField(key="scope.user_id")))
+    if scope.agent_id is not None:
+        must.append(_eq("scope.agent_id", scope.agent_id))
+    if statuses is not None:
+        values = sorted({Status(s).value for s in statuses})
+        must.append(models.FieldCondition(key="status", match=models.MatchAny(any=values)))
+    for key, value in (where or {}).items():
+        if key in IDENTITY_KEYS or key.split(".")[0] in IDENTITY_KEYS:
+            raise ScopeError(f"{key!r} is an identity key: pass it in the Scope, not as a filter")
+        if key not in FILTERABLE_KEYS:
+            raise ScopeError(f"cannot filter on {key!r}; allowed: {sorted(FILTERABLE_KEYS)}")
+        must.append(_eq(key, value))
+    return models.Filter(must=must)
+
+
+def _eq(key: str, value: str) -> models.FieldCondition:
+    return models.FieldCondition(key=key, match=models.MatchValue(value=value))

@@ -1,0 +1,353 @@
+"""The memory extractor: a consumer group turning journal events into advisory memory in Qdrant.
+
+Its own group (``{prefix}.memory``), its own process: it may lag, fail or be down without slowing
+or failing any run, the projector or recovery — it shares no client, no offsets and no store with
+them. Per poll (numbered as in the code):
+
+1. ``consume`` up to ``batch_size`` records (``read_committed``: aborted transactions are never seen).
+2. Decode each record. An undecodable one is dead-lettered with its offset; a tombstone (erased
+   event) cuts the batch into segments and erases the items extracted from that record.
+3. Remember each run's context from RUN_STARTED (an LRU), and let the :class:`Extractor` find
+   statements; the service adds scope (tenant from the envelope, always) and provenance. An event
+   without a tenant is dead-lettered: items without a tenant are refused at write.
+4. Embed the segment's items in one call.
+5. Upsert them (``wait=True``): deterministic ids, supersession settled in the store.
+6. Flush the memory DLQ (durable before the offset passes a dead-lettered record).
+7. Commit the group offset (last handled + 1).
+
+Failures (steps 2-5) retry with capped exponential backoff (tenacity). An outage
+(:class:`StoreUnavailableError`, registry unreachable) is retried until it ends or the extractor is
+stopped — the offset does not move, so nothing is lost. Any other error is retried ``max_attempts``
+times for the batch, then record by record (an undecodable record is not retried: the bytes will
+not change); a record that still fails is dead-lettered to
+``{prefix}.memory.dlq`` with its source offset. The offset never passes a record that was neither
+written nor dead-lettered. Redelivery is harmless: writes are idempotent by point id.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exponential
+
+from consumers.dlq import DeadLetters
+from consumers.memory.embed import Embedder, default_embedder
+from consumers.memory.errors import MemoryPlaneError
+from consumers.memory.extract import Extractor, RuleExtractor, RunContexts
+from consumers.memory.items import MemoryItem, Provenance, Scope
+from consumers.memory.store import QdrantMemoryStore
+from runjournal.settings import Settings
+from schemas import EventCodec, codec_from_settings
+from schemas.errors import RegistryError
+from schemas.events import Event
+
+__all__ = ["ExtractorStats", "MemoryExtractor", "memory_group"]
+
+log = logging.getLogger("consumers.memory")
+T = TypeVar("T")
+
+
+def memory_group(settings: Settings) -> str:
+    """The memory extractor's consumer group id: ``{prefix}.memory``."""
+    return f"{settings.topic_prefix}.memory"
+
+
+@dataclass
+class ExtractorStats:
+    """Counters of one :meth:`MemoryExtractor.run` (events = records handled, including no-ops)."""
+
+    events: int = 0
+    items: int = 0
+    dead_lettered: int = 0
+    erased: int = 0
+    retries: int = 0
+    batches: int = 0
+    embed_s: float = 0.0
+    elapsed_s: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-able summary with ``events_per_s`` and ``items_per_s`` (over ``elapsed_s``)."""
+        def rate(n: int) -> float:
+            return round(n / self.elapsed_s, 1) if self.elapsed_s > 0 else 0.0
+        return {"events": self.events, "items": self.items, "dead_lettered": self.dead_lettered,
+                "erased": self.erased, "retries": self.retries, "batches": self.batches,
+                "embed_s": round(self.embed_s, 3), "elapsed_s": round(self.elapsed_s, 3),
+                "events_per_s": rate(self.events), "items_per_s": rate(self.items)}
+
+
+@dataclass
+class _Unit:
+    """One consumed record and what became of it."""
+
+    msg: Message
+    items: list[MemoryItem]
+
+
+class MemoryExtractor:
+    """Consumes ``{prefix}.events`` into a :class:`~consumers.memory.store.QdrantMemoryStore`.
+
+    Args:
+        settings: bootstrap, topic prefix, Qdrant path or URL.
+        store: where items go (default: :meth:`QdrantMemoryStore.open` with ``embedder``).
+        embedder: default :func:`~consumers.memory.embed.default_embedder` (ignored when ``store`` is given:
+            the store's embedder names the collection).
+        extractor: default :class:`~consumers.memory.extract.RuleExtractor`.
+        batch_size: records per consume call (default 500).
+        poll_timeout_s: consume timeout, seconds.
+        group_id: consumer group (default ``{prefix}.memory``).
+        max_attempts: tries of a non-outage failure before dead-lettering (default 4).
+        backoff_base_s, backoff_cap_s: exponential backoff start and cap, seconds (0.1, 5.0).
+        codec: event codec (default from settings).
+
+    Raises:
+        StoreLockedError: local mode and the Qdrant directory is held by another process.
+        EmbedderUnavailableError, ModelIntegrityError: the default embedder cannot be built.
+    """
+
+    def __init__(self, settings: Settings, *, store: QdrantMemoryStore | None = None,
+                 embedder: Embedder | None = None, extractor: Extractor | None = None, batch_size: int = 500,
+                 poll_timeout_s: float = 0.2, group_id: str | None = None, max_attempts: int = 4,
+                 backoff_base_s: float = 0.1, backoff_cap_s: float = 5.0, codec: EventCodec | None = None,
+                 session_timeout_ms: int = 10_000) -> None:
+        self.settings = settings
+        self.topic = settings.events_topic
+        self.store = store or QdrantMemoryStore.open(settings, embedder or default_embedder())
+        self.embedder = self.store.embedder
+        self.extractor = extractor or RuleExtractor()
+        self.contexts = RunContexts()
+        self.codec = codec or codec_from_settings(settings)
+        self.batch_size = batch_size
+        self.poll_timeout_s = poll_timeout_s
+        self.max_attempts = max_attempts
+        self.backoff_base_s = backoff_base_s
+        self.backoff_cap_s = backoff_cap_s
+        self.group_id = group_id or memory_group(settings)
+        self.dlq = DeadLetters(settings.bootstrap, settings.memory_dlq_topic)
+        self.stats = ExtractorStats()
+        self._stop = threading.Event()
+        self._done: dict[int, int] = {}
+        self._pending_commit: dict[int, int] = {}
+        self._assigned_once = threading.Event()
+        self.consumer = Consumer({
+            "bootstrap.servers": settings.bootstrap,
+            "group.id": self.group_id,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+            "partition.assignment.strategy": "cooperative-sticky",
+            "session.timeout.ms": session_timeout_ms,
+            "heartbeat.interval.ms": max(1000, session_timeout_ms // 4),
+        })
+
+    # -- assignment -------------------------------------------------------------------------
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for tp in consumer.committed(partitions, timeout=10):
+            self._done[tp.partition] = tp.offset - 1 if tp.offset >= 0 else -1
+        consumer.incremental_assign(partitions)
+        self._assigned_once.set()
+        log.info("assigned", extra={"partitions": [tp.partition for tp in partitions]})
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._commit({tp.partition for tp in partitions}, asynchronous=False)  # nothing in flight here
+        for tp in partitions:
+            self._done.pop(tp.partition, None)
+        consumer.incremental_unassign(partitions)
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            self._done.pop(tp.partition, None)
+            self._pending_commit.pop(tp.partition, None)
+        consumer.incremental_unassign(partitions)
+
+    # -- main loop ------------------------------------------------------------------------------
+    def run(self, *, until_caught_up: bool = False, stop: threading.Event | None = None) -> ExtractorStats:
+        """Consume until ``stop`` is set (or, with ``until_caught_up``, until lag is 0 everywhere).
+
+        A batch interrupted by ``stop`` while waiting out an outage is not committed (it is redelivered).
+
+        Returns:
+            :class:`ExtractorStats` of this run.
+
+        Raises:
+            KafkaException: a fatal consumer error.
+            DeadLetterError: the memory DLQ did not acknowledge (the offset was not moved).
+        """
+        self._stop = stop or threading.Event()
+        started = time.monotonic()
+        self.consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                on_lost=self._on_lost)
+        try:
+            while not self._stop.is_set():
+                msgs = self.consumer.consume(self.batch_size, timeout=self.poll_timeout_s)  # step 1
+                if msgs:
+                    try:
+                        self._handle(msgs)
+                    except (MemoryPlaneError, RegistryError):
+                        if self._stop.is_set():  # stopped while waiting out an outage: not committed
+                            break
+                        raise
+                    self._commit(set(self._pending_commit), asynchronous=True)  # step 7
+                elif until_caught_up and self._caught_up():
+                    break
+            self._commit(set(self._pending_commit), asynchronous=False)
+        finally:
+            self.stats.elapsed_s = time.monotonic() - started
+            self.consumer.close()
+        return self.stats
+
+    def _handle(self, msgs: list[Message]) -> None:
+        segment: list[_Unit] = []
+        for msg in msgs:
+            if msg.error():
+                if msg.error().fatal():
+                    raise KafkaException(msg.error())
+                log.warning("consumer error", extra={"error": str(msg.error())})
+                continue
+            if msg.value() is None:  # step 2: a tombstone; write what precedes it first
+                self._write(segment)
+                segment = []
+                self._erase(msg)
+            else:
+                segment.append(_Unit(msg, self._extract(msg)))  # steps 2-3
+        self._write(segment)  # steps 4-5
+        if self.dlq.sent:
+            self.dlq.flush()  # step 6
+        for msg in msgs:
+            if not msg.error():
+                self._done[msg.partition()] = max(self._done.get(msg.partition(), -1), msg.offset())
+                self._pending_commit[msg.partition()] = self._done[msg.partition()] + 1
+        self.stats.events += len(msgs)
+        self.stats.batches += 1
+
+    def _extract(self, msg: Message) -> list[MemoryItem]:
+        try:
+            event = self._retry("decode", lambda: self.codec.decode(
+                msg.value(), topic=msg.topic(), partition=msg.partition(), offset=msg.offset()))
+            ctx = self.contexts.observe(event)
+            drafts = self._retry("extract", lambda: self.extractor.extract(event, ctx), on=(Exception,))
+            if not drafts:
+                return []
+            user = event.payload.get("user_id") or (ctx.user_id if ctx and ctx.tenant_id == event.tenant_id else None)
+            agent = ctx.agent if ctx and ctx.tenant_id == event.tenant_id else None
+            scope = Scope(event.tenant_id, user_id=user or None, agent_id=agent)
+        except Exception as exc:  # noqa: BLE001 - any failure of one record is dead-lettered, never skipped
+            if isinstance(exc, RegistryError | MemoryPlaneError) and self._stop.is_set():
+                raise
+            self._dead_letter(msg, exc)
+            return []
+        return [MemoryItem(text=d.text, kind=d.kind, subject=d.subject, scope=scope, created_at=event.occurred_at,
+                           provenance=self._provenance(msg, event, index)) for index, d in enumerate(drafts)]
+
+    def _provenance(self, msg: Message, event: Event, index: int) -> Provenance:
+        key = msg.key()
+        return Provenance(run_id=event.run_id, event_id=event.event_id, event_type=event.type.value,
+                          topic=msg.topic(), partition=msg.partition(), offset=msg.offset(),
+                          schema=_writer_schema(msg.value()), extractor=self.extractor.version, item_index=index,
+                          event_key=key.decode("utf-8", "replace") if key else None)
+
+    def _write(self, segment: list[_Unit]) -> None:
+        units = [u for u in segment if u.items]
+        if not units:
+            return
+        items = [i for u in units for i in u.items]
+        try:
+            self._write_items(items)
+            return
+        except MemoryPlaneError:
+            if self._stop.is_set():
+                raise
+        for unit in units:  # the batch failed for a reason other than an outage: record by record
+            try:
+                self._write_items(unit.items)
+            except MemoryPlaneError as exc:
+                if self._stop.is_set():
+                    raise
+                self._dead_letter(unit.msg, exc)
+
+    def _write_items(self, items: list[MemoryItem]) -> None:
+        started = time.perf_counter()
+        vectors = self._retry("embed", lambda: self.embedder.embed([i.text for i in items]))  # step 4
+        self.stats.embed_s += time.perf_counter() - started
+        self.stats.items += self._retry("upsert", lambda: self.store.upsert(items, vectors))  # step 5
+
+    def _erase(self, msg: Message) -> None:
+        key = (msg.key() or b"").decode("utf-8", "replace")
+        if key:
+            self.stats.erased += self._retry("erase", lambda: self.store.delete_by_event_key(key))
+
+    def _dead_letter(self, msg: Message, exc: BaseException) -> None:
+        self.dlq.send(msg, exc)
+        self.stats.dead_lettered += 1
+        log.warning("dead-lettered", extra={"topic": msg.topic(), "partition": msg.partition(),
+                                            "offset": msg.offset(), "error": f"{type(exc).__name__}: {exc}"})
+
+    # -- retry ----------------------------------------------------------------------------------
+    def _retry(self, what: str, fn: Callable[[], T],
+               on: tuple[type[BaseException], ...] = (MemoryPlaneError, RegistryError)) -> T:
+        """Call ``fn`` under the backoff policy of the module docstring, retrying errors of types ``on``."""
+        retrying = Retrying(
+            retry=retry_if_exception_type(on),
+            stop=self._should_stop,
+            wait=wait_exponential(multiplier=self.backoff_base_s, max=self.backoff_cap_s),
+            sleep=self._stop.wait,
+            before_sleep=lambda rs: self._on_retry(what, rs),
+            reraise=True,
+        )
+        return retrying(fn)
+
+    def _should_stop(self, state: RetryCallState) -> bool:
+        if self._stop.is_set():
+            return True
+        exc = state.outcome.exception() if state.outcome else None
+        if _is_outage(exc):
+            return False
+        return state.attempt_number >= self.max_attempts
+
+    def _on_retry(self, what: str, state: RetryCallState) -> None:
+        self.stats.retries += 1
+        exc = state.outcome.exception() if state.outcome else None
+        log.warning("retrying", extra={"op": what, "attempt": state.attempt_number,
+                                       "error": f"{type(exc).__name__}: {exc}"})
+
+    # -- offsets --------------------------------------------------------------------------------
+    def _commit(self, partitions: set[int], *, asynchronous: bool) -> None:
+        offsets = [TopicPartition(self.topic, p, self._pending_commit.pop(p))
+                   for p in partitions if p in self._pending_commit]
+        if not offsets:
+            return
+        try:
+            self.consumer.commit(offsets=offsets, asynchronous=asynchronous)
+        except KafkaException as exc:  # e.g. the member left the group during a long outage: redelivery follows
+            log.warning("offset commit failed", extra={"error": str(exc)})
+
+    def _caught_up(self) -> bool:
+        if not self._assigned_once.is_set():
+            return False
+        assignment = self.consumer.assignment()
+        if not assignment:
+            return True
+        for tp in self.consumer.position(assignment):
+            _low, high = self.consumer.get_watermark_offsets(tp, timeout=5, cached=False)
+            if high - max(tp.offset, self._done.get(tp.partition, -1) + 1) > 0:
+                return False
+        return True
+
+
+def _is_outage(exc: BaseException | None) -> bool:
+    return isinstance(exc, RegistryError) or bool(getattr(exc, "retryable", False))
+
+
+def _writer_schema(value: bytes | None) -> str:
+    """``avro-so:<fingerprint hex>`` (single-object), ``registry:<id>`` (Confluent framing) or ``unknown``."""
+    if value and value[:2] == b"\xc3\x01" and len(value) >= 10:
+        return f"avro-so:{int.from_bytes(value[2:10], 'little'):016x}"
+    if value and value[:1] == b"\x00" and len(value) >= 5:
+        return f"registry:{int.from_bytes(value[1:5], 'big')}"
+    return "unknown"
