@@ -1,0 +1,101 @@
+"""The default embedder (all-MiniLM-L6-v2, int8 ONNX) for real: offline, pinned, 384-d unit vectors,
+and good enough that a paraphrase of a stored preference outranks unrelated memory."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from consumers.memory import (
+    MODEL_SHA256,
+    ItemKind,
+    MemoryItem,
+    MiniLMEmbedder,
+    ModelIntegrityError,
+    Provenance,
+    QdrantMemoryStore,
+    Scope,
+)
+from consumers.memory.embed import sha256_file
+from runjournal.settings import Settings
+
+
+def _no_network(*_a: object, **_k: object) -> None:
+    raise OSError("network access attempted while sockets are blocked")
+
+
+@pytest.fixture(scope="module")
+def embedder() -> Iterator[MiniLMEmbedder]:
+    """Built and first used with every socket connect refused: a hidden download would fail here."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(socket.socket, "connect", _no_network)
+        mp.setattr(socket.socket, "connect_ex", _no_network)
+        mp.setattr(socket, "create_connection", _no_network)
+        e = MiniLMEmbedder()
+        e.embed(["warm up"])
+        yield e
+
+
+def test_embeds_offline_384_d_unit_vectors(embedder: MiniLMEmbedder, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(socket.socket, "connect", _no_network)
+    texts = ["I prefer window seats", "", "x " * 600, "Ünïcödé 東京 🚀"]
+    vecs = embedder.embed(texts)
+    assert vecs.shape == (4, 384) and vecs.dtype == np.float32
+    assert np.allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-5)
+    assert np.allclose(embedder.embed(texts[:1])[0], vecs[0], atol=1e-6)  # batch composition does not matter
+    assert embedder.embed([]).shape == (0, 384)
+    assert embedder.embedder_id == f"minilm-l6-v2-int8@{MODEL_SHA256[:8]}"
+
+
+def test_the_model_file_is_verified(embedder: MiniLMEmbedder, tmp_path: Path) -> None:
+    assert sha256_file(embedder.model_path) == MODEL_SHA256
+    with pytest.raises(ModelIntegrityError) as info:
+        MiniLMEmbedder(model_sha256="0" * 64)
+    assert info.value.actual_sha256 == MODEL_SHA256
+    tampered = tmp_path / "model.onnx"
+    shutil.copyfile(embedder.model_path, tampered)
+    with tampered.open("r+b") as f:
+        f.seek(-1, 2)
+        last = f.read(1)
+        f.seek(-1, 2)
+        f.write(bytes([last[0] ^ 1]))
+    with pytest.raises(ModelIntegrityError, match="differs from the pinned"):
+        MiniLMEmbedder(model_path=tampered)
+
+
+def test_a_paraphrase_outranks_unrelated_memory(embedder: MiniLMEmbedder, tmp_path: Path) -> None:
+    texts = ["I prefer window seats", "My home airport is SFO", "I am allergic to peanuts",
+             "Never book hotels near the train station", "A prior run of agent billing failed: invoice not found",
+             "My invoice address is Berlin", "I prefer vegetarian meals"]
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+    items = [MemoryItem(text=t, kind=ItemKind.PREFERENCE, subject=None, scope=Scope("acme", user_id="u1"),
+                        created_at=at, provenance=Provenance(run_id="r", event_id=str(uuid.uuid4()),
+                                                             event_type="MESSAGE", topic="t", partition=0,
+                                                             offset=i, schema="s", extractor="rules@1"))
+             for i, t in enumerate(texts)]
+    with QdrantMemoryStore.open(Settings(qdrant_path=tmp_path / "q"), embedder) as store:
+        store.upsert(items)
+        for query, expected in [("I'd rather sit next to the window on planes", "I prefer window seats"),
+                                ("which airport do I usually fly from?", "My home airport is SFO"),
+                                ("nut allergy", "I am allergic to peanuts")]:
+            hits = store.search(Scope("acme", user_id="u1"), query, limit=3)
+            assert hits[0].text == expected, [(h.text, round(h.score, 3)) for h in hits]
+            assert hits[0].score > hits[1].score
+
+
+def test_embed_rate(embedder: MiniLMEmbedder) -> None:
+    """Smoke-level rate check (the precise number belongs in a benchmark): > 5 items/s on one thread."""
+    texts = [f"I prefer window seats on flight {i} and vegetarian meals when possible" for i in range(64)]
+    started = time.perf_counter()
+    embedder.embed(texts)
+    rate = len(texts) / (time.perf_counter() - started)
+    print(f"MiniLM int8 embed rate: {rate:.0f} items/s (1 thread, batch 32)")
+    assert rate > 5
