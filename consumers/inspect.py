@@ -89,3 +89,46 @@ def inspect_run(settings: Settings, run_id: str, *, with_timeline: bool = True) 
         report["timeline"] = [{k: v for k, v in row.items() if k != "event"}
                               for row in read_run_events(settings, run_id)]
     return report
+
+
+def read_all_events(settings: Settings, *, idle_limit: int = 20) -> dict[str, list[tuple[Any, int, int]]]:
+    """Every decodable event of the events topic, per run, as ``(event, partition, offset)`` in offset order.
+
+    Reads each partition from the beginning to the end offset seen at the start (read_committed).
+    Undecodable records and tombstones are left out. For verification and tests — cost grows with history.
+    """
+    codec = codec_from_settings(settings)
+    consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"read-all-{uuid.uuid4()}",
+                         "enable.auto.commit": False, "isolation.level": "read_committed"})
+    try:
+        n = _partition_count(settings, consumer)
+        tps = [TopicPartition(settings.events_topic, p) for p in range(n)]
+        ends = {tp.partition: consumer.get_watermark_offsets(tp, timeout=10, cached=False)[1] for tp in tps}
+        consumer.assign([TopicPartition(settings.events_topic, p, OFFSET_BEGINNING) for p in range(n)])
+        by_run: dict[str, list[tuple[Any, int, int]]] = {}
+        todo = {p for p, end in ends.items() if end > 0}
+        idle = 0
+        while todo and idle < idle_limit:
+            msgs = consumer.consume(2000, timeout=0.5)
+            if not msgs:
+                idle += 1
+                for tp in consumer.position([TopicPartition(settings.events_topic, p) for p in todo]):
+                    if tp.offset >= ends[tp.partition]:
+                        todo.discard(tp.partition)
+                continue
+            idle = 0
+            for m in msgs:
+                if m.error() or m.offset() >= ends[m.partition()]:
+                    continue
+                if m.offset() + 1 >= ends[m.partition()]:
+                    todo.discard(m.partition())
+                if m.value() is None:
+                    continue
+                try:
+                    ev = codec.decode(m.value(), topic=m.topic(), partition=m.partition(), offset=m.offset())
+                except SchemaError:
+                    continue
+                by_run.setdefault(ev.run_id, []).append((ev, m.partition(), m.offset()))
+        return by_run
+    finally:
+        consumer.close()

@@ -10,12 +10,11 @@ import pytest
 import redis
 from confluent_kafka import Consumer, TopicPartition
 
+from consumers.inspect import read_all_events
 from consumers.projector import ProjectionStore, Projector
 from consumers.reducer import RunStatus, fold, state_digest
 from producers.partitioner import partition_for
 from runjournal.settings import Settings
-from schemas import codec_from_settings
-from schemas.errors import SchemaError
 from tests.support.workload import interleave, publish, run_events
 
 pytestmark = pytest.mark.integration
@@ -37,32 +36,6 @@ def topic_fold_digests(settings: Settings, run_ids: list[str]) -> dict[str, str 
     return out
 
 
-def read_all_events(settings: Settings) -> dict[str, list]:
-    """Every decodable event of the topic, per run, as ``(event, partition, offset)`` in offset order."""
-    codec = codec_from_settings(settings)
-    c = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"ref-{uuid.uuid4()}",
-                  "auto.offset.reset": "earliest", "isolation.level": "read_committed"})
-    tps = [TopicPartition(settings.events_topic, p) for p in range(settings.partitions)]
-    ends = {tp.partition: c.get_watermark_offsets(tp, timeout=10)[1] for tp in tps}
-    c.assign([TopicPartition(settings.events_topic, p, 0) for p in range(settings.partitions)])
-    by_run: dict[str, list] = {}
-    done = {p for p, end in ends.items() if end == 0}
-    idle = 0
-    while len(done) < len(ends) and idle < 20:
-        msgs = c.consume(1000, timeout=0.5)
-        idle = 0 if msgs else idle + 1
-        for m in msgs:
-            if m.offset() + 1 >= ends[m.partition()]:
-                done.add(m.partition())
-            if m.error() or m.value() is None:
-                continue
-            try:
-                ev = codec.decode(m.value())
-            except SchemaError:
-                continue
-            by_run.setdefault(ev.run_id, []).append((ev, m.partition(), m.offset()))
-    c.close()
-    return by_run
 
 
 def redis_digests(settings: Settings, run_ids: list[str]) -> dict[str, str | None]:

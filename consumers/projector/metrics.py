@@ -20,6 +20,8 @@ class ProjectorMetrics:
                                        buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
         self.lag = Gauge("runjournal_projector_lag_records", "High watermark minus position", ["partition"],
                          registry=r)
+        self.lag_ms = Histogram("runjournal_projector_lag_ms", "Now minus the oldest record's CreateTime per poll, ms",
+                                registry=r, buckets=(5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000))
         self.parked = Counter("runjournal_projector_runs_parked", "Runs parked on a seq gap", registry=r)
         self.blocked = Counter("runjournal_projector_runs_blocked", "Runs blocked by an undecodable event",
                                registry=r)

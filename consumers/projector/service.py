@@ -103,6 +103,8 @@ class Projector:
             retry_on_error=[redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError],
         )
         self.store = ProjectionStore(self.redis, settings.topic_prefix)
+        self.lag_key = f"rj:{settings.topic_prefix}:projector:lag_ms"
+        """Redis list of the last 10,000 per-poll lag samples ``"<unix ms>:<lag ms>"``, newest first."""
         self.dlq = DeadLetters(settings.bootstrap, settings.events_dlq_topic)
         self.group_id = group_id or projector_group(settings)
         self.applied: dict[int, int] = {}
@@ -172,6 +174,7 @@ class Projector:
                 if msgs:
                     last_data = time.monotonic()
                     self._handle(msgs)
+                    self._record_lag(msgs)
                     self._commit(set(self._pending_commit), asynchronous=True)  # step 7
                 elif until_caught_up and self._caught_up():
                     break
@@ -182,6 +185,19 @@ class Projector:
             self.stats.elapsed_s = time.monotonic() - started
             self.consumer.close()
         return self.stats
+
+    def _record_lag(self, msgs: list[Message]) -> None:
+        """Lag of this poll: now minus the oldest record's CreateTime (ms); kept in Redis for dashboards/demo."""
+        stamps = [m.timestamp()[1] for m in msgs if not m.error() and m.timestamp()[1] > 0]
+        if not stamps:
+            return
+        now_ms = int(time.time() * 1000)
+        lag_ms = max(0, now_ms - min(stamps))
+        self.metrics.lag_ms.observe(lag_ms)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.lpush(self.lag_key, f"{now_ms}:{lag_ms}")
+        pipe.ltrim(self.lag_key, 0, 9999)
+        pipe.execute()
 
     def _handle(self, msgs: list[Message]) -> None:
         by_partition: dict[int, list[Message]] = defaultdict(list)
