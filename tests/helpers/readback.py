@@ -1,0 +1,77 @@
+"""Read a journal topic back the way consumers do: a plain Consumer, ``isolation.level=read_committed``."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+from confluent_kafka import Consumer, TopicPartition
+
+from runjournal.settings import Settings
+from schemas import Event, codec_from_settings
+
+
+@dataclass(frozen=True)
+class Record:
+    """One committed record of the events topic, decoded."""
+
+    partition: int
+    offset: int
+    key: str
+    headers: dict[str, bytes]
+    event: Event
+
+
+def read_committed(settings: Settings, *, timeout_s: float = 20.0) -> list[Record]:
+    """Every committed record of ``settings.events_topic``, in (partition, offset) order.
+
+    Reads each partition from the beginning up to its high watermark as seen at the start (a
+    read_committed consumer stops at the last stable offset, so abort or commit open
+    transactions — e.g. by fencing — before calling this).
+    """
+    codec = codec_from_settings(settings)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": settings.bootstrap,
+            "group.id": f"read-{uuid.uuid4()}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+        }
+    )
+    try:
+        meta = consumer.list_topics(settings.events_topic, timeout=10)
+        parts = sorted(meta.topics[settings.events_topic].partitions)
+        ends = {
+            p: consumer.get_watermark_offsets(TopicPartition(settings.events_topic, p), timeout=10)[1]
+            for p in parts
+        }
+        consumer.assign([TopicPartition(settings.events_topic, p, 0) for p in parts if ends[p] > 0])
+        out: list[Record] = []
+        deadline = time.monotonic() + timeout_s
+        pending = {p for p in parts if ends[p] > 0}
+        while pending and time.monotonic() < deadline:
+            for msg in consumer.consume(500, timeout=0.2):
+                if msg.error() is not None:
+                    continue
+                event = codec.decode(
+                    msg.value(), topic=msg.topic(), partition=msg.partition(), offset=msg.offset()
+                )
+                out.append(
+                    Record(
+                        msg.partition(), msg.offset(), msg.key().decode(), dict(msg.headers() or []), event
+                    )
+                )
+            positions = consumer.position([TopicPartition(settings.events_topic, p) for p in pending])
+            pending = {tp.partition for tp in positions if tp.offset < ends[tp.partition]}
+        assert not pending, (
+            f"partitions {pending} not read to their end within {timeout_s}s (open transaction?)"
+        )
+        return sorted(out, key=lambda r: (r.partition, r.offset))
+    finally:
+        consumer.close()
+
+
+def events_of(records: list[Record], run_id: str) -> list[Event]:
+    """The events of one run, in topic order."""
+    return [r.event for r in records if r.event.run_id == run_id]
