@@ -1,6 +1,7 @@
 """``RunHandle.call``: the side-effect protocol (DESIGN.md § The side-effect protocol).
 
-1. key = ``idempotency_key(run_id, node path, call index)`` (1-based index per node path).
+1. key = ``idempotency_key(run_id, node path, call index)`` (1-based index per node path); the
+   call's ``call_id`` in every TOOL_CALL_* event is the same string.
 2. TOOL_CALL_INTENDED is published and its transaction committed (the broker's ack) *before*
    the tool runs.
 3. The tool runs with the key.
