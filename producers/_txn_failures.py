@@ -162,10 +162,11 @@ class FailureHandling:
         """Produce ``items`` in order into a new transaction. None on success; else the exception, with
         ``_items`` holding all of ``items`` (they fail together)."""
         self._items = []
+        for item in items:  # counted first, so even a failing begin_transaction cannot loop forever
+            item.resends += 1
         try:
             self._ensure_txn()
             for item in items:
-                item.resends += 1
                 self._produce(item)
                 self._items.append(item)
         except KafkaException as exc:

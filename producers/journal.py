@@ -306,8 +306,10 @@ class Journal:
         """
         if self._closed:
             raise JournalError("the journal is closed")
-        if self._partition_error is not None:
-            raise self._partition_error
+        if (changed := self._partition_error) is not None:  # a fresh exception per caller
+            raise PartitionCountChangedError(
+                topic=self.topic, expected=changed.expected, actual=changed.actual
+            )
         value = self._codec.encode(event, topic=self.topic)
         headers = [("traceparent", event.traceparent.encode("ascii"))] if event.traceparent else None
         partition = partition_for(event.run_id, self.partitions)
