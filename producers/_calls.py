@@ -33,6 +33,7 @@ from producers.errors import (
 )
 from producers.plan import ApprovalStatus, CallStatus, PlannedCall
 from producers.tools import Outcome, Tool
+from runjournal import failpoints
 from schemas import Event, EventType
 
 if TYPE_CHECKING:
@@ -150,14 +151,17 @@ class CallMixin:
         }
         self._publish(EventType.TOOL_CALL_INTENDED, intended, node_id=node_id, durable=effect)
         self._call_counts[node_path] = index
+        failpoints.hit("producers.call.after_intent")
         try:
             result = tool(args, common["idempotency_key"])
+            failpoints.hit("producers.call.after_tool")
         except Exception as exc:
             failed = {**common, "error": error_text(exc), "retryable": bool(getattr(exc, "retryable", False))}
             self._publish(EventType.TOOL_CALL_FAILED, failed, node_id=node_id, durable=effect)
             raise
         committed = {**common, **self._result_fields(result)}
         self._publish(EventType.TOOL_CALL_COMMITTED, committed, node_id=node_id, durable=effect)
+        failpoints.hit("producers.call.after_outcome")
         return result
 
     def _settle_unknown(

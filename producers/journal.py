@@ -53,8 +53,9 @@ from producers.partitioner import partition_for
 from producers.plan import PlanStore
 from producers.results import ResultStore
 from producers.tracing import check_traceparent
+from runjournal import failpoints
 from runjournal.settings import Settings
-from schemas import Event
+from schemas import Event, EventType
 
 __all__ = ["Journal"]
 
@@ -316,6 +317,8 @@ class Journal:
         item = Item(event.run_id, event.key, value, partition, headers, durable, on_lost)
         try:
             gen = self._txn.publish(item)
+            if durable and event.type is EventType.TOOL_CALL_INTENDED:
+                failpoints.hit("producers.call.before_intent_commit")  # produced, not yet acknowledged
             if durable:
                 self._txn.commit_through(gen)
         except DeliveryError:

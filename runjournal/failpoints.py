@@ -1,4 +1,5 @@
-"""Failpoints for crash tests: ``RJ_FAILPOINTS="name=N[,name=N]"`` SIGKILLs this process at the Nth hit of ``name``.
+"""Failpoints for crash tests: ``RJ_FAILPOINTS="name=N[,name=N:stop]"`` SIGKILLs (or, with ``:stop``,
+SIGSTOPs — a paused zombie) this process at the Nth hit of ``name``.
 
 Production code calls :func:`hit` at the points a crash matters (e.g. ``projector.before_write``).
 With the variable unset — always, outside tests — a hit is one dict lookup. The process kills
@@ -13,22 +14,24 @@ import signal
 __all__ = ["hit"]
 
 
-def _parse(spec: str) -> dict[str, int]:
+def _parse(spec: str) -> dict[str, tuple[int, int]]:
     out = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
-        name, _, count = part.partition("=")
-        out[name] = int(count or 1)
+        name, _, rest = part.partition("=")
+        count, _, action = rest.partition(":")
+        out[name] = (int(count or 1), signal.SIGSTOP if action == "stop" else signal.SIGKILL)
     return out
 
 
-_ARMED = _parse(os.environ.get("RJ_FAILPOINTS", ""))
+_ARMED: dict[str, tuple[int, int]] = _parse(os.environ.get("RJ_FAILPOINTS", ""))
 _HITS: dict[str, int] = {}
 
 
 def hit(name: str) -> None:
-    """Count a pass through failpoint ``name``; SIGKILL this process when its armed count is reached."""
+    """Count a pass through failpoint ``name``; SIGKILL (or SIGSTOP) this process at its armed count."""
     if not _ARMED or name not in _ARMED:
         return
     _HITS[name] = _HITS.get(name, 0) + 1
-    if _HITS[name] >= _ARMED[name]:
-        os.kill(os.getpid(), signal.SIGKILL)
+    count, sig = _ARMED[name]
+    if _HITS[name] == count:
+        os.kill(os.getpid(), sig)

@@ -1,0 +1,66 @@
+"""``runjournal recover``."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from runjournal.settings import Settings
+
+__all__ = ["recover_command"]
+
+console = Console()
+
+
+def recover_command(
+    stale: Annotated[bool, typer.Option("--stale", help="Runs of every instance whose lease expired.")] = False,
+    instance: Annotated[str | None, typer.Option("--instance", help="Runs of this (dead) instance.")] = None,
+    run: Annotated[list[str] | None, typer.Option("--run", help="A run to recover (repeatable).")] = None,
+    assign_to: Annotated[str | None, typer.Option(help="Hand runs to this live instance (default: least loaded).")]
+    = None,
+    force: Annotated[bool, typer.Option("--force", help="Recover even if the owner holds a live lease.")] = False,
+    watch: Annotated[float | None, typer.Option(help="Repeat a --stale pass every this many seconds.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
+) -> None:
+    """Fence dead instances, read end offsets, fold tails, classify calls, resume runs under a new epoch."""
+    from consumers.recovery.job import RecoveryError, RecoveryJob
+    from runjournal.logs import setup_logging
+
+    if not (stale or instance or run):
+        raise typer.BadParameter("say which runs: --stale, --instance ID or --run RUN_ID")
+    setup_logging("WARNING")
+    job = RecoveryJob(Settings.load())
+    try:
+        while True:
+            try:
+                report = job.recover(stale=stale, instance=instance, runs=run, force=force, assign_to=assign_to)
+            except RecoveryError as exc:
+                console.print(f"[red]error:[/] {exc}")
+                raise typer.Exit(code=1) from exc
+            _print(report.as_dict(), as_json)
+            if watch is None:
+                break
+            time.sleep(watch)
+    finally:
+        job.close()
+
+
+def _print(report: dict, as_json: bool) -> None:  # type: ignore[type-arg]
+    if as_json:
+        print(json.dumps(report, default=str))
+        return
+    table = Table("run", "action", "owner", "epoch", "assigned to", "calls", "detail")
+    for r in report["runs"]:
+        epoch = f"{r['previous_epoch']}→{r['epoch']}" if r.get("epoch") else str(r.get("previous_epoch"))
+        calls = ", ".join(f"{k}={v}" for k, v in sorted(r["calls"].items()))
+        table.add_row(r["run_id"], r["action"], str(r["owner"]), epoch, str(r.get("assigned_to") or ""), calls,
+                      str(r.get("detail") or ""))
+    console.print(table)
+    offsets = ", ".join(f"p{p['partition']}:{p['start']}→{p['end']}" for p in report["offsets"])
+    console.print(f"recovered {report['runs_recovered']} run(s) in {report['recovery_ms']} ms; fenced "
+                  f"{report['fenced'] or 'nobody'}; calls {report['calls']}; offsets read {offsets or '-'}")

@@ -1,0 +1,132 @@
+"""Fold the tail of each partition onto the Redis snapshot: the recovery job's view of a run.
+
+For each partition: the projector's applied offset ``a`` is read from Redis first, then the
+run states (a snapshot at or after ``a``); records ``a+1 … end-1`` of the runs of interest
+are folded onto them with the pure reducer. ``end`` is the end offset read once, after
+fencing (the last stable offset for a ``read_committed`` reader): nothing of a fenced zombie
+can land before it unseen. Reading stops at position >= end — compaction and transaction
+markers leave offsets no record has, and an empty tail is done at once. Cost grows with the
+tail since the projector's position, not with history.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from confluent_kafka import Consumer, TopicPartition
+
+from consumers.projector.store import ProjectionStore
+from consumers.reducer import RunState, apply, block
+from runjournal.settings import Settings
+from schemas import EventCodec
+from schemas.errors import SchemaError
+
+__all__ = ["PartitionRead", "end_offsets", "fold_tails"]
+
+
+@dataclass(frozen=True)
+class PartitionRead:
+    """What recovery read of one partition."""
+
+    partition: int
+    """Partition number."""
+    start: int
+    """First offset read (the projector's applied offset + 1)."""
+    end: int
+    """End offset read at start (exclusive)."""
+    records: int
+    """Records consumed from the tail (all runs)."""
+    folded: int
+    """Records of the recovered runs folded onto their snapshots."""
+
+
+def _consumer(settings: Settings) -> Consumer:
+    return Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"recovery-{uuid.uuid4()}",
+                     "enable.auto.commit": False, "isolation.level": "read_committed",
+                     "auto.offset.reset": "earliest"})
+
+
+def end_offsets(settings: Settings, partitions: Iterable[int], *, timeout_s: float = 10.0) -> dict[int, int]:
+    """End offset (last stable offset, read_committed) of each partition of the events topic."""
+    consumer = _consumer(settings)
+    try:
+        return {p: consumer.get_watermark_offsets(TopicPartition(settings.events_topic, p), timeout=timeout_s,
+                                                  cached=False)[1] for p in partitions}
+    finally:
+        consumer.close()
+
+
+def fold_tails(settings: Settings, store: ProjectionStore, codec: EventCodec, runs_by_partition: dict[int, set[str]],
+               ends: dict[int, int], *, idle_limit: int = 20) -> tuple[dict[str, RunState | None], list[PartitionRead]]:
+    """Snapshot + tail fold for every run in ``runs_by_partition``.
+
+    Returns:
+        ``(states, reads)``: run_id -> state (None: the run has no fact at all), and one
+        :class:`PartitionRead` per partition.
+
+    Raises:
+        KafkaException: the broker is unreachable.
+    """
+    starts = {p: store.applied_offset(p) + 1 for p in runs_by_partition}  # the offset first, then states
+    states: dict[str, RunState | None] = {}
+    for p, runs in runs_by_partition.items():
+        states.update({r: None for r in runs})
+        states.update(store.load(p, runs))
+    todo = {p for p in runs_by_partition if starts[p] < ends[p]}
+    counts = {p: [0, 0] for p in runs_by_partition}
+    if todo:
+        consumer = _consumer(settings)
+        try:
+            consumer.assign([TopicPartition(settings.events_topic, p, starts[p]) for p in todo])
+            _consume(consumer, settings.events_topic, codec, todo, ends, runs_by_partition, states, counts, idle_limit)
+        finally:
+            consumer.close()
+    reads = [PartitionRead(p, starts[p], ends[p], counts[p][0], counts[p][1]) for p in sorted(runs_by_partition)]
+    return states, reads
+
+
+def _consume(consumer: Consumer, topic: str, codec: EventCodec, todo: set[int], ends: dict[int, int],
+             runs_by_partition: dict[int, set[str]], states: dict[str, RunState | None],
+             counts: dict[int, list[int]], idle_limit: int) -> None:
+    prefixes = {p: tuple(f"{r}:".encode() for r in runs) for p, runs in runs_by_partition.items()}
+    idle = 0
+    while todo and idle < idle_limit:
+        msgs = consumer.consume(2000, timeout=0.25)
+        if not msgs:
+            idle += 1
+            for tp in consumer.position([TopicPartition(topic, p) for p in todo]):
+                if tp.offset >= ends[tp.partition]:
+                    todo.discard(tp.partition)
+            continue
+        idle = 0
+        for msg in msgs:
+            p, off = msg.partition(), msg.offset()
+            if msg.error() or p not in todo or off >= ends[p]:
+                continue
+            counts[p][0] += 1
+            if off + 1 >= ends[p]:
+                todo.discard(p)
+            key = msg.key() or b""
+            if not key.startswith(prefixes[p]):
+                continue
+            run_id = key.decode().rsplit(":", 2)[0]
+            if run_id not in states:
+                continue
+            counts[p][1] += 1
+            states[run_id] = _fold_one(codec, states[run_id], run_id, msg)
+    if todo:
+        raise TimeoutError(f"recovery could not read partitions {sorted(todo)} to their end offsets {ends}")
+
+
+def _fold_one(codec: EventCodec, state: RunState | None, run_id: str, msg: object) -> RunState | None:
+    value = msg.value()  # type: ignore[attr-defined]
+    p, off = msg.partition(), msg.offset()  # type: ignore[attr-defined]
+    if value is None:
+        return None  # tombstone: the run is being erased
+    try:
+        event = codec.decode(value, topic=msg.topic(), partition=p, offset=off)  # type: ignore[attr-defined]
+    except SchemaError as exc:
+        return block(state, run_id, f"{type(exc).__name__}: {exc}", partition=p, offset=off)
+    return apply(state, event, partition=p, offset=off)

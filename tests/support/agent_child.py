@@ -1,0 +1,48 @@
+"""Child agent for recovery crash tests: one run that sends an email through the demo provider.
+
+Usage: ``python -m tests.support.agent_child RUN_ID PRODUCER_ID PROVIDER_URL start|resume [SENDS]`` with the
+service env and, for a crash, ``RJ_FAILPOINTS=producers.call.<point>=1``. The provider's ledger is
+the witness of how many times the email was really sent.
+
+Steps (nodes): ``compose`` (a MESSAGE), ``send`` (the side-effecting call), then a transcript turn
+saying the email was sent, then RUN_SUCCEEDED.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from producers import Journal
+from runjournal.demo.tools import ProviderTool
+from runjournal.settings import Settings
+
+
+def script(handle, provider_url: str, sends: int = 1) -> None:  # noqa: ANN001 - a RunHandle
+    """The agent's code; re-executed as is on resume (recorded results come from the plan)."""
+    with handle.node("compose"):
+        handle.message("assistant", "drafting the confirmation email")
+    for i in range(sends):
+        with handle.node("send"):
+            tool = ProviderTool(name="send_email", base_url=provider_url, run_id=handle.run_id, epoch=handle.epoch,
+                                result='{"sent": true}', timeout_ms=1000)
+            handle.call(tool, {"to": "bob@example.com", "subject": f"booking {i}"})
+    handle.message("assistant", "The email has been sent.")
+    handle.succeed({"done": True})
+
+
+def main() -> None:
+    run_id, producer_id, provider_url, mode = sys.argv[1:5]
+    resume = mode == "resume"
+    sends = int(sys.argv[5]) if len(sys.argv) > 5 else 1
+    with Journal(Settings.load(), producer_id=producer_id, lease_ttl_ms=1000) as journal:
+        if resume:
+            claimed = journal.claim_assignment(timeout_s=10)
+            assert claimed == run_id, claimed
+            handle = journal.resume(run_id)
+        else:
+            handle = journal.start_run("tenant-a", "mailer", {"to": "bob"}, run_id=run_id, user_id="u1")
+        script(handle, provider_url, sends)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,228 @@
+"""Recovery, resume, replay and approvals — the seed's verification table as named tests.
+
+Real processes, real broker, real Redis; the demo provider's SQLite ledger is the independent
+witness of how many times an effect really ran (idempotency OFF, so a repeat would show).
+"""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+
+from consumers.projector import Projector, ProjectionStore
+from consumers.recovery.job import RecoveryJob
+from consumers.reducer import CallStatus, RunStatus
+from deploy.procs import free_port
+from producers.partitioner import partition_for
+from producers.plan import CallStatus as PlanClass
+from producers.plan import PlanStore
+from runjournal.demo.provider import ledger_stats
+from runjournal.settings import Settings
+from tests.test_projector import redis_digests, topic_fold_digests
+
+pytestmark = [pytest.mark.integration, pytest.mark.crash]
+
+
+@dataclass
+class Provider:
+    url: str
+    db: Path
+    proc: subprocess.Popen
+
+    def executions(self, tool: str = "send_email") -> int:
+        db = sqlite3.connect(str(self.db))
+        try:
+            return ledger_stats(db)["per_tool"].get(tool, 0)
+        finally:
+            db.close()
+
+
+@pytest.fixture
+def provider(tmp_path: Path, service_env: dict[str, str]) -> Iterator[Provider]:
+    port = free_port()
+    db = tmp_path / "ledger.db"
+    proc = subprocess.Popen([sys.executable, "-m", "runjournal.demo.provider", "--db", str(db), "--port", str(port),
+                             "--idempotency", "off", "--latency-ms", "20"], env=service_env)
+    import httpx
+
+    for _ in range(100):
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5)
+            break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    yield Provider(f"http://127.0.0.1:{port}", db, proc)
+    proc.terminate()
+    proc.wait(10)
+
+
+def child(env: dict[str, str], run_id: str, producer_id: str, provider: Provider, *, resume: bool = False,
+          failpoint: str = "", sends: int = 1) -> subprocess.Popen:
+    env = {**env, "RJ_FAILPOINTS": failpoint} if failpoint else env
+    argv = [sys.executable, "-m", "tests.support.agent_child", run_id, producer_id, provider.url,
+            "resume" if resume else "start", str(sends)]
+    return subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
+
+
+def wait_lease_gone(settings: Settings, producer_id: str, timeout_s: float = 10) -> None:
+    r = redis.Redis.from_url(settings.redis_url)
+    deadline = time.monotonic() + timeout_s
+    while r.exists(f"{settings.topic_prefix}:lease:{producer_id}") and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def wait_lease(settings: Settings, producer_id: str, timeout_s: float = 30) -> None:
+    r = redis.Redis.from_url(settings.redis_url)
+    deadline = time.monotonic() + timeout_s
+    while not r.exists(f"{settings.topic_prefix}:lease:{producer_id}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert r.exists(f"{settings.topic_prefix}:lease:{producer_id}")
+
+
+def project(settings: Settings) -> ProjectionStore:
+    projector = Projector(settings)
+    projector.run(until_caught_up=True, idle_timeout_s=60)
+    return projector.store
+
+
+def crash_then_recover(topics: Settings, env: dict[str, str], provider: Provider, run_id: str,
+                       failpoint: str) -> dict:
+    """Crash agent-a at ``failpoint``, recover, and let agent-b resume the run (or, when nothing of it was
+    ever acknowledged, start it again — what a caller does with a run that never durably started)."""
+    crashed = child(env, run_id, "agent-a", provider, failpoint=failpoint)
+    assert crashed.wait(60) == -signal.SIGKILL, crashed.stderr.read()[-3000:]
+    wait_lease_gone(topics, "agent-a")
+    taker = child(env, run_id, "agent-b", provider, resume=True)
+    wait_lease(topics, "agent-b")
+    job = RecoveryJob(topics)
+    report = job.recover(stale=True).as_dict()
+    job.close()
+    if report["runs"][0]["action"] == "no_facts":
+        taker.terminate()
+        taker.wait(30)
+        taker = child(env, run_id, "agent-b2", provider)
+    assert taker.wait(60) == 0, taker.stderr.read()[-3000:]
+    return report
+
+
+# -- the crash matrix -------------------------------------------------------------------------------
+MATRIX = {
+    # point where agent-a is SIGKILLed -> the class recovery must give the send (None: the run has no facts)
+    "producers.call.before_intent_commit": None,
+    "producers.call.after_intent": PlanClass.OUTCOME_UNKNOWN,
+    "producers.call.after_tool": PlanClass.OUTCOME_UNKNOWN,
+    "producers.call.after_outcome": PlanClass.COMMITTED,
+}
+
+
+@pytest.mark.parametrize("point", list(MATRIX))
+def test_crash_matrix_each_side_effect_exactly_once(topics: Settings, service_env: dict[str, str],
+                                                    provider: Provider, point: str) -> None:
+    expected_class = MATRIX[point]
+    run_id = f"cm-{point.rsplit('.', 1)[1]}"
+    report = crash_then_recover(topics, service_env, provider, run_id, f"{point}=1")
+    (outcome,) = report["runs"]
+    assert report["fenced"] == ["agent-a"]
+    if expected_class is None:
+        # RUN_STARTED and the intent shared the transaction the fence aborted: nothing happened, nothing is known
+        assert outcome["action"] == "no_facts"
+    else:
+        assert outcome["action"] == "resumed" and outcome["assigned_to"] == "agent-b" and outcome["epoch"] == 2
+        assert outcome["calls"] == {expected_class.value: 1}
+    assert provider.executions() == 1, "the email must be sent exactly once, whatever the crash point"
+    store = project(topics)
+    state = store.get(partition_for(run_id, topics.partitions), run_id)
+    assert state.status == RunStatus.SUCCEEDED and state.epoch == (1 if expected_class is None else 2)
+    (record,) = state.records.values()
+    assert record.status in (CallStatus.COMMITTED, CallStatus.RECONCILED)
+    assert redis_digests(topics, [run_id]) == topic_fold_digests(topics, [run_id])
+
+
+def test_crash_after_effect_before_transcript_resume_sees_it_done(topics: Settings, service_env: dict[str, str],
+                                                                  provider: Provider) -> None:
+    """Seed table: side effect succeeded, transcript not appended, crash → resume sees the action as done."""
+    report = crash_then_recover(topics, service_env, provider, "mail-1", "producers.call.after_outcome=1")
+    assert report["runs"][0]["calls"] == {"COMMITTED": 1}
+    assert provider.executions() == 1
+
+
+def test_memory_saying_sent_does_not_override_unknown_outcome(topics: Settings, service_env: dict[str, str],
+                                                              provider: Provider) -> None:
+    """Seed table: memory holds "the email has been sent", the record says INTENDED without outcome → the plan
+    says OUTCOME_UNKNOWN and the resumed run reconciles: not skipped past the send, not blindly re-sent."""
+    run_id = "mail-2"
+    crashed = child(service_env, run_id, "agent-a", provider, failpoint="producers.call.after_tool=1")
+    assert crashed.wait(60) == -signal.SIGKILL
+    _write_misleading_memory(topics, run_id)
+    wait_lease_gone(topics, "agent-a")
+    taker = child(service_env, run_id, "agent-b", provider, resume=True)
+    wait_lease(topics, "agent-b")
+    job = RecoveryJob(topics)
+    report = job.recover(stale=True).as_dict()
+    plan = PlanStore(redis.Redis.from_url(topics.redis_url), topics.topic_prefix).get(run_id)
+    job.close()
+    assert report["runs"][0]["calls"] == {"OUTCOME_UNKNOWN": 1}
+    assert [c.status for c in plan.calls.values()] == [PlanClass.OUTCOME_UNKNOWN]
+    assert taker.wait(60) == 0
+    assert provider.executions() == 1  # reconciled through the provider: executed once, not re-sent
+    state = project(topics).get(partition_for(run_id, topics.partitions), run_id)
+    (record,) = state.records.values()
+    assert record.status == CallStatus.RECONCILED and record.reconciled_outcome.value == "COMMITTED"
+
+
+def _write_misleading_memory(settings: Settings, run_id: str) -> None:
+    """Put "the email has been sent" into the memory plane, for this run's tenant, user and run."""
+    from datetime import UTC, datetime
+
+    from consumers.memory import ItemKind, MemoryItem, Provenance, QdrantMemoryStore, Scope
+    from tests.test_memory_doubles import HashingEmbedder
+
+    item = MemoryItem(text="The confirmation email has been sent to bob.", kind=ItemKind.FACT, subject="email",
+                      scope=Scope("tenant-a", "u1"), created_at=datetime.now(UTC),
+                      provenance=Provenance(run_id=run_id, event_id="e-memory", event_type="MESSAGE",
+                                            topic=settings.events_topic, partition=0, offset=0, schema="test",
+                                            extractor="test"))
+    with QdrantMemoryStore.open(settings, HashingEmbedder()) as store:
+        assert store.upsert([item]) == 1
+        assert store.search(Scope("tenant-a", "u1"), "was the email sent?")[0].text.startswith("The confirmation")
+
+
+def test_zombie_cannot_start_a_new_side_effect(topics: Settings, service_env: dict[str, str],
+                                               provider: Provider) -> None:
+    """SIGSTOP after its send committed, lease expires, the run is recovered and finished elsewhere, SIGCONT:
+    the zombie is fenced at the broker, writes no new intent, starts no new effect; its committed send stays."""
+    run_id = "zombie-1"
+    zombie = child(service_env, run_id, "agent-a", provider, failpoint="producers.call.after_outcome=1:stop",
+                   sends=2)
+    deadline = time.monotonic() + 30
+    while provider.executions() < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.3)
+    wait_lease_gone(topics, "agent-a")
+    taker = child(service_env, run_id, "agent-b", provider, resume=True, sends=2)
+    wait_lease(topics, "agent-b")
+    job = RecoveryJob(topics)
+    report = job.recover(stale=True).as_dict()
+    job.close()
+    assert report["fenced"] == ["agent-a"] and report["runs"][0]["calls"] == {"COMMITTED": 1}
+    assert taker.wait(60) == 0
+    assert provider.executions() == 2  # send 1 by the zombie before the pause, send 2 by agent-b
+    zombie.send_signal(signal.SIGCONT)  # it goes on to send 2: its intent must be refused at the broker
+    rc = zombie.wait(60)
+    assert rc != 0, "the zombie must fail: it is fenced"
+    assert "Fenced" in zombie.stderr.read()
+    assert provider.executions() == 2
+    state = project(topics).get(partition_for(run_id, topics.partitions), run_id)
+    assert state.status == RunStatus.SUCCEEDED and state.epoch == 2
+    first, second = sorted(state.records.values(), key=lambda r: r.intended_offset)
+    assert first.status == CallStatus.COMMITTED and first.epoch == 1  # the zombie's effect is still on record
+    assert second.status == CallStatus.COMMITTED and second.epoch == 2
