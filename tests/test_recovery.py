@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from consumers.projector import Projector, ProjectionStore
+from consumers.projector import ProjectionStore, Projector
 from consumers.recovery.job import RecoveryJob
 from consumers.reducer import CallStatus, RunStatus
 from deploy.procs import free_port

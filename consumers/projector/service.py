@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
 
 from consumers.dlq import DeadLetters
 from consumers.projector.metrics import ProjectorMetrics
