@@ -11,7 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from qdrant_client import QdrantClient
 
 from consumers.memory import (
@@ -25,7 +26,6 @@ from consumers.memory import (
     RunContexts,
     Scope,
     ScopeError,
-    Status,
     StoreLockedError,
     VectorSpaceError,
     scope_filter,
@@ -85,8 +85,8 @@ def test_rules_ignore_requests_and_chatter(text: str) -> None:
 def test_only_user_turns_count_and_sentences_split() -> None:
     ex = RuleExtractor()
     assert ex.extract(event(EventType.MESSAGE, {"role": "assistant", "content": "I prefer window seats"}), None) == []
-    drafts = ex.extract(event(EventType.MESSAGE, {"role": "user",
-                                                  "content": "Hi! I prefer window seats. My home airport is SFO"}), None)
+    turn = {"role": "user", "content": "Hi! I prefer window seats. My home airport is SFO"}
+    drafts = ex.extract(event(EventType.MESSAGE, turn), None)
     assert [d.subject for d in drafts] == ["seat_preference", "home_airport"]
 
 

@@ -10,14 +10,14 @@ Payload keys used (nested; see :mod:`consumers.memory.store` for the whole paylo
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 from qdrant_client import models
 
 from consumers.memory.errors import ScopeError
 from consumers.memory.items import Scope, Status
 
-__all__ = ["FILTERABLE_KEYS", "IDENTITY_KEYS", "TENANT_KEY", "scope_filter"]
+__all__ = ["FILTERABLE_KEYS", "IDENTITY_KEYS", "TENANT_KEY", "group_filter", "scope_filter"]
 
 #: Payload key of the tenant (the isolation boundary).
 TENANT_KEY = "scope.tenant_id"
@@ -64,6 +64,23 @@ def scope_filter(scope: Scope, *, statuses: Iterable[Status] | None = (Status.AC
             raise ScopeError(f"cannot filter on {key!r}; allowed: {sorted(FILTERABLE_KEYS)}")
         must.append(_eq(key, value))
     return models.Filter(must=must)
+
+
+def group_filter(scope: Scope, *, users: Collection[str] | None, subjects: Collection[str]) -> models.Filter:
+    """Every item (any status) of ``scope``'s tenant whose user is one of ``users`` (None: items
+    without a user) and whose subject is one of ``subjects``: the supersession groups touched by a batch.
+
+    Built on :func:`scope_filter` (so the tenant condition comes first); ``scope.user_id`` is ignored.
+
+    Raises:
+        ScopeError: ``scope`` is not a :class:`Scope`.
+    """
+    flt = scope_filter(Scope(scope.tenant_id) if isinstance(scope, Scope) else scope, statuses=None,
+                       user_exact=users is None)
+    if users is not None:
+        flt.must.append(models.FieldCondition(key="scope.user_id", match=models.MatchAny(any=sorted(users))))
+    flt.must.append(models.FieldCondition(key="subject", match=models.MatchAny(any=sorted(subjects))))
+    return flt
 
 
 def _eq(key: str, value: str) -> models.FieldCondition:

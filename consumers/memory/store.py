@@ -52,7 +52,7 @@ from consumers.memory.errors import (
     StoreWriteError,
     VectorSpaceError,
 )
-from consumers.memory.filters import TENANT_KEY, scope_filter
+from consumers.memory.filters import TENANT_KEY, group_filter, scope_filter
 from consumers.memory.items import MemoryHit, MemoryItem, Scope, Status
 
 if TYPE_CHECKING:
@@ -189,9 +189,9 @@ class QdrantMemoryStore:
             pid = point_id(item.provenance.event_id, item.provenance.item_index)
             payloads[pid], by_id[pid] = payload, vector
         changed_existing: dict[str, dict[str, Any]] = {}
-        groups = {k for k in (group_key(p) for p in payloads.values()) if k is not None}
-        for key in sorted(groups, key=str):
-            members = {**self._group(key), **{pid: p for pid, p in payloads.items() if group_key(p) == key}}
+        groups = self._groups({k for k in (group_key(p) for p in payloads.values()) if k is not None})
+        for key, stored in groups.items():
+            members = {**stored, **{pid: p for pid, p in payloads.items() if group_key(p) == key}}
             for pid, fields in resolve(members).items():
                 if pid in payloads:
                     payloads[pid].update(fields)
@@ -222,11 +222,10 @@ class QdrantMemoryStore:
         doomed = dict(self._scroll(selector))
         if not doomed:
             return 0
-        groups = {k for k in (group_key(p) for p in doomed.values()) if k is not None}
+        keys = {k for k in (group_key(p) for p in doomed.values()) if k is not None}
         with _mapped("delete"):
             self.client.delete(self.collection, points_selector=list(doomed), wait=True)
-            for key in sorted(groups, key=str):
-                members = self._group(key)
+            for members in self._groups(keys).values():
                 for pid, fields in resolve(members).items():
                     if any(members[pid].get(k) != v for k, v in fields.items()):
                         self.client.set_payload(self.collection, payload=fields, points=[pid], wait=True)
@@ -270,10 +269,20 @@ class QdrantMemoryStore:
                 out[status.value] = self.client.count(self.collection, count_filter=flt, exact=True).count
         return out
 
-    def _group(self, key: GroupKey) -> dict[str, dict[str, Any]]:
-        tenant, user, subject = key
-        return dict(self._scroll(scope_filter(Scope(tenant, user), statuses=None, where={"subject": subject},
-                                              user_exact=True)))
+    def _groups(self, keys: set[GroupKey]) -> dict[GroupKey, dict[str, dict[str, Any]]]:
+        """The stored members of each group in ``keys``: one scroll per (tenant, with/without user)."""
+        out: dict[GroupKey, dict[str, dict[str, Any]]] = {k: {} for k in keys}
+        buckets: dict[tuple[str, bool], set[GroupKey]] = {}
+        for key in keys:
+            buckets.setdefault((key[0], key[1] is not None), set()).add(key)
+        for (tenant, with_user), bucket in sorted(buckets.items()):
+            users = {k[1] for k in bucket if k[1] is not None} if with_user else None
+            flt = group_filter(Scope(tenant), users=users, subjects={k[2] for k in bucket})
+            for pid, payload in self._scroll(flt):
+                key = group_key(payload)
+                if key in out:  # the filter is a cross product of users and subjects: keep exact groups
+                    out[key][pid] = payload
+        return out
 
     def _scroll(self, flt: models.Filter) -> list[tuple[str, dict[str, Any]]]:
         out: list[tuple[str, dict[str, Any]]] = []
