@@ -81,7 +81,7 @@ def test_a_paraphrase_outranks_unrelated_memory(embedder: MiniLMEmbedder, tmp_pa
                                                              event_type="MESSAGE", topic="t", partition=0,
                                                              offset=i, schema="s", extractor="rules@1"))
              for i, t in enumerate(texts)]
-    with QdrantMemoryStore.open(Settings(qdrant_path=tmp_path / "q"), embedder) as store:
+    with QdrantMemoryStore.open(Settings(qdrant_path=tmp_path / "q", qdrant_url=None), embedder) as store:
         store.upsert(items)
         for query, expected in [("I'd rather sit next to the window on planes", "I prefer window seats"),
                                 ("which airport do I usually fly from?", "My home airport is SFO"),

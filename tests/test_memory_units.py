@@ -151,7 +151,8 @@ def test_resolve_is_a_function_of_the_set_not_of_the_order() -> None:
 # -- the store (local mode) -----------------------------------------------------------------------
 @pytest.fixture
 def store(tmp_path: Path) -> QdrantMemoryStore:
-    s = QdrantMemoryStore.open(Settings(qdrant_path=tmp_path / "q", topic_prefix="unit"), HashingEmbedder())
+    s = QdrantMemoryStore.open(Settings(qdrant_path=tmp_path / "q", qdrant_url=None, topic_prefix="unit"),
+                              HashingEmbedder())
     yield s
     s.close()
 
@@ -229,7 +230,7 @@ def test_vector_spaces_never_mix(store: QdrantMemoryStore) -> None:
 
 def test_the_local_directory_admits_one_process(store: QdrantMemoryStore, tmp_path: Path) -> None:
     with pytest.raises(StoreLockedError, match="in use by another process"):
-        QdrantMemoryStore.open(Settings(qdrant_path=tmp_path / "q"), HashingEmbedder())
+        QdrantMemoryStore.open(Settings(qdrant_path=tmp_path / "q", qdrant_url=None), HashingEmbedder())
 
 
 # -- isolation property -----------------------------------------------------------------------------
