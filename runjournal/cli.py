@@ -8,7 +8,9 @@ import typer
 
 from consumers.memory.cli import memory_app, memory_extractor_command
 from consumers.projector.cli import inspect_command, projector_command
+from consumers.recovery.cli import recover_command
 from deploy.cli import stack_app, topics_app
+from runjournal.demo.cli import demo_command
 from runjournal.errors import ConfigError
 from runjournal.settings import Settings
 from schemas.cli import app as schemas_app
@@ -28,6 +30,8 @@ app.add_typer(memory_app, name="memory")
 app.command("projector")(projector_command)
 app.command("inspect")(inspect_command)
 app.command("memory-extractor")(memory_extractor_command)
+app.command("recover")(recover_command)
+app.command("demo")(demo_command)
 
 
 @app.command("settings")

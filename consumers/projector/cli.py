@@ -24,6 +24,8 @@ def projector_command(
                                           "replay from the earliest offset.")] = False,
     batch_size: Annotated[int, typer.Option(help="Records per consume call.")] = 2000,
     metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus /metrics on this port.")] = None,
+    instance_id: Annotated[str | None, typer.Option(help="Static group membership id (a restart with the same "
+                                                    "id takes its partitions back at once).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the final stats as JSON.")] = False,
 ) -> None:
     """Run the state projector (a consumer-group member) until SIGINT/SIGTERM, or until caught up."""
@@ -32,7 +34,7 @@ def projector_command(
 
     setup_logging()
     settings = Settings.load()
-    projector = Projector(settings, batch_size=batch_size)
+    projector = Projector(settings, batch_size=batch_size, group_instance_id=instance_id)
     if rebuild:
         deleted = projector.store.wipe()
         console.print(f"rebuild: wiped {deleted} Redis keys of prefix {settings.topic_prefix}", stderr=True)

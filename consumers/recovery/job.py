@@ -61,7 +61,8 @@ class RunOutcome:
     """The run."""
     action: str = ""
     """``resumed``, ``finished`` (terminal: only disowned), ``parked`` (GAP/BLOCKED: needs repair),
-    ``deferred`` (a tool timeout has not passed), ``no_facts``, ``no_live_instance``."""
+    ``deferred`` (a tool timeout has not passed), ``no_facts``, ``no_live_instance``, ``owner_alive`` (the
+    journal shows a live instance owns it: left alone)."""
     owner: str | None = None
     """The dead instance it was taken from."""
     partition: int | None = None
@@ -119,6 +120,7 @@ class RecoveryJob:
         self.codec = codec_from_settings(settings)
         self._producer: Producer | None = None
         self._partitions: int | None = None
+        self._force = False
 
     # -- 1. which runs ---------------------------------------------------------------------------
     def _select(self, *, stale: bool, instance: str | None, runs: list[str] | None,
@@ -134,6 +136,7 @@ class RecoveryJob:
                 raise RecoveryError(f"instance {instance} holds a live lease; refusing (use --force)")
             chosen.update({r: instance for r in view.owned})
         for run_id in runs or []:
+            # The projection may lag: the owner is checked again on the folded state (see _triage).
             state = self.store.get(self._partition(run_id), run_id)
             owner = state.owner if state else None
             if owner and self.instances.view(owner).alive and not force:
@@ -167,6 +170,7 @@ class RecoveryJob:
         started = time.monotonic()
         report = RecoveryReport()
         chosen = self._select(stale=stale, instance=instance, runs=runs, force=force)  # 1
+        self._force = force
         for owner in sorted({o for o in chosen.values() if o}):  # 2
             fence_producer(self.settings, owner)
             report.fenced.append(owner)
@@ -195,6 +199,10 @@ class RecoveryJob:
             elif state.terminal:
                 self._disown(owner, run_id)
                 report.runs.append(_with(base, action="finished", detail=state.status.value))
+            elif (not self._force and state.owner and state.owner != owner
+                  and self.instances.view(state.owner).alive):
+                # The journal says a live instance took the run over (the projection had not shown it yet).
+                report.runs.append(_with(base, action="owner_alive", detail=f"owned by live {state.owner}"))
             elif state.status in (RunStatus.GAP, RunStatus.BLOCKED):
                 self._park(owner, run_id)
                 report.runs.append(_with(base, action="parked", detail=state.gap_reason or state.blocked_reason))

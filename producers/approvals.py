@@ -1,0 +1,127 @@
+"""Durable human approvals: a Redis inbox for decisions, journaled by the run's own writer.
+
+A run has one writer at a time (its epoch's owner), so a human's decision is not published
+to the run's stream by the approver — that would race the owner for the next seq. Instead:
+
+1. The owner publishes APPROVAL_REQUESTED (durable) for a ``call_id`` — :func:`await_approval`.
+2. A human decides: ``runjournal approve RUN_ID CALL_ID`` / ``deny`` →
+   :meth:`ApprovalInbox.decide` writes ``{prefix}:approvals:{run_id}`` field ``call_id``.
+3. The owner sees the decision and publishes APPROVAL_GRANTED / APPROVAL_DENIED (durable) — the
+   journal, not the inbox, is the execution fact.
+
+Across a crash: the recovery plan carries the run's approvals (PENDING / GRANTED / DENIED from
+the journal). A GRANTED one is never asked again; a PENDING one is not re-requested — the
+resumed owner waits for the inbox (a decision made while nobody owned the run is still there).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from producers.errors import JournalError
+from producers.handle import RunHandle
+from producers.plan import ApprovalStatus
+from schemas import EventType
+
+__all__ = ["ApprovalInbox", "ApprovalTimeoutError", "await_approval"]
+
+
+class ApprovalTimeoutError(JournalError):
+    """No decision arrived within the wait; the request stays pending (durable) for a later resume."""
+
+
+def _text(raw: Any) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
+class ApprovalInbox:
+    """Decisions waiting for a run's owner. Keys: ``{prefix}:approvals:{run_id}`` (hash call_id -> JSON)."""
+
+    def __init__(self, redis_client: Any, prefix: str) -> None:
+        self._r = redis_client
+        self._prefix = prefix
+
+    def key(self, run_id: str) -> str:
+        """``{prefix}:approvals:{run_id}``."""
+        return f"{self._prefix}:approvals:{run_id}"
+
+    def decide(
+        self, run_id: str, call_id: str, *, granted: bool, approver: str, comment: str | None = None
+    ) -> None:
+        """Record a human decision (the first decision wins; a later one is ignored)."""
+        value = json.dumps(
+            {
+                "decision": "GRANTED" if granted else "DENIED",
+                "approver": approver,
+                "comment": comment,
+                "at_ms": int(time.time() * 1000),
+            }
+        )
+        self._r.hsetnx(self.key(run_id), call_id, value)
+
+    def decision(self, run_id: str, call_id: str) -> dict[str, Any] | None:
+        """``{"decision", "approver", "comment", "at_ms"}`` or None when undecided."""
+        raw = self._r.hget(self.key(run_id), call_id)
+        return None if raw is None else json.loads(_text(raw))
+
+    def requested(self, run_id: str, call_id: str) -> None:
+        """Note that a decision is awaited (so tools such as the demo's approver can find pending requests)."""
+        self._r.sadd(f"{self._prefix}:approvals:pending", f"{run_id}|{call_id}")
+
+    def pending(self) -> list[tuple[str, str]]:
+        """``(run_id, call_id)`` pairs awaiting a decision."""
+        out = []
+        for raw in self._r.smembers(f"{self._prefix}:approvals:pending"):
+            run_id, _, call_id = _text(raw).partition("|")
+            if self.decision(run_id, call_id) is None:
+                out.append((run_id, call_id))
+        return sorted(out)
+
+    def forget(self, run_id: str) -> None:
+        """Drop a finished (or erased) run's decisions."""
+        self._r.delete(self.key(run_id))
+
+
+def await_approval(
+    handle: RunHandle,
+    inbox: ApprovalInbox,
+    call_id: str,
+    reason: str,
+    *,
+    tool: str | None = None,
+    timeout_s: float = 300.0,
+    poll_s: float = 0.1,
+) -> bool:
+    """Ask for (or, after a resume, keep waiting for) a human decision on ``call_id``; True when granted.
+
+    Publishes APPROVAL_REQUESTED unless the run's recovery plan shows it was already requested,
+    and APPROVAL_GRANTED / DENIED once decided, unless the plan already has the decision.
+
+    Raises:
+        ApprovalTimeoutError: no decision within ``timeout_s`` seconds (the request stays durable).
+        DeliveryError and the other publishing errors of :meth:`RunHandle.emit`.
+    """
+    known = handle.plan.approvals.get(call_id) if handle.plan is not None else None
+    if known in (ApprovalStatus.GRANTED, ApprovalStatus.DENIED):
+        return known == ApprovalStatus.GRANTED
+    if known is None:
+        handle.request_approval(call_id, reason, tool=tool)
+    inbox.requested(handle.run_id, call_id)
+    deadline = time.monotonic() + timeout_s
+    while (decided := inbox.decision(handle.run_id, call_id)) is None:
+        if time.monotonic() > deadline:
+            raise ApprovalTimeoutError(
+                f"no decision on {call_id} of run {handle.run_id} within {timeout_s} s"
+            )
+        time.sleep(poll_s)
+    granted = decided["decision"] == "GRANTED"
+    etype = EventType.APPROVAL_GRANTED if granted else EventType.APPROVAL_DENIED
+    payload = {
+        "call_id": call_id,
+        "approver": decided["approver"],
+        ("comment" if granted else "reason"): decided.get("comment"),
+    }
+    handle.emit(etype, payload)
+    return granted

@@ -1,0 +1,124 @@
+"""A demo agent instance: takes runs (new ones from a queue, recovered ones from its assignment list)
+and executes their scripts through ``producers`` — every turn as MESSAGE, every tool call through
+the side-effect protocol, approvals through the inbox, and the recorded outcome at the end.
+
+Run as a process: ``python -m runjournal.demo.agent --producer-id ID --workload FILE --provider URL``.
+It exits when the queue is empty and ``{prefix}:demo:done`` is set, or on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from producers import Journal, OutcomeUnknownError, RunHandle
+from producers.approvals import ApprovalInbox, await_approval
+from runjournal.demo.tools import ProviderTool, RecordedTool
+from runjournal.demo.workload import RunScript, Step
+from runjournal.settings import Settings
+
+__all__ = ["DemoKeys", "execute", "load_scripts", "main"]
+
+log = logging.getLogger("runjournal.demo.agent")
+
+
+class DemoKeys:
+    """Redis keys of the demo's work queue (``{prefix}:demo:*``)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.queue = f"{prefix}:demo:queue"
+        self.done = f"{prefix}:demo:done"
+        self.prefix = prefix
+
+    def claimed(self, producer_id: str) -> str:
+        """Runs an instance took from the queue (moved atomically, so a crash never loses one)."""
+        return f"{self.prefix}:demo:claimed:{producer_id}"
+
+
+def load_scripts(path: Path) -> dict[str, RunScript]:
+    """The workload file the orchestrator wrote: run_id -> script."""
+    out = {}
+    for raw in json.loads(Path(path).read_text()):
+        steps = tuple(Step(**s) for s in raw.pop("steps"))
+        out[raw["run_id"]] = RunScript(steps=steps, **raw)
+    return out
+
+
+def _tool(step: Step, handle: RunHandle, provider_url: str) -> Any:
+    if step.side_effect:
+        return ProviderTool(name=step.tool, base_url=provider_url, run_id=handle.run_id, epoch=handle.epoch,
+                            result=step.result)
+    return RecordedTool(name=step.tool, result=step.result)
+
+
+def execute(handle: RunHandle, script: RunScript, *, provider_url: str, inbox: ApprovalInbox,
+            approval_timeout_s: float = 120.0) -> None:
+    """Run ``script`` on ``handle`` to its recorded outcome (each step one node ``step<i>``).
+
+    Raises:
+        ProducerFencedError: this instance was fenced (a zombie); the run is someone else's now.
+        OutcomeUnknownError: a call's outcome is unknown and its tool cannot reconcile.
+    """
+    for i, step in enumerate(script.steps):
+        with handle.node(f"step{i}") as path:
+            if step.kind == "message":
+                handle.message(step.role, step.content, user_id=script.user_id if step.role == "user" else None)
+                continue
+            if step.needs_approval and not await_approval(handle, inbox, path, f"{step.tool} needs a human",
+                                                          tool=step.tool, timeout_s=approval_timeout_s):
+                handle.message("assistant", f"{step.tool} was not approved")
+                continue
+            try:
+                handle.call(_tool(step, handle, provider_url), step.args)
+            except OutcomeUnknownError:
+                log.error("unknown outcome without reconcile", extra={"run_id": handle.run_id, "step": i})
+                raise
+    if script.succeeded:
+        handle.succeed({"reward": 1.0})
+    else:
+        handle.fail("recorded outcome: reward 0.0")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Agent-instance process entry point (see the module docstring)."""
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--producer-id", required=True)
+    ap.add_argument("--workload", required=True, type=Path)
+    ap.add_argument("--provider", required=True)
+    ap.add_argument("--lease-ttl-ms", type=int, default=3000)
+    args = ap.parse_args(argv)
+    settings = Settings.load()
+    scripts = load_scripts(args.workload)
+    r = redis.Redis.from_url(settings.redis_url)
+    keys = DemoKeys(settings.topic_prefix)
+    inbox = ApprovalInbox(r, settings.topic_prefix)
+    stop = {"now": False}
+    signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
+    with Journal(settings, producer_id=args.producer_id, lease_ttl_ms=args.lease_ttl_ms) as journal:
+        while not stop["now"]:
+            run_id = journal.claim_assignment(timeout_s=0)
+            if run_id:
+                handle = journal.resume(run_id)
+            else:
+                raw = r.lmove(keys.queue, keys.claimed(args.producer_id), "LEFT", "RIGHT")
+                if raw is None:
+                    if r.exists(keys.done):
+                        break
+                    time.sleep(0.1)
+                    continue
+                script = scripts[raw.decode()]
+                handle = journal.start_run(script.tenant_id, script.agent, {"instruction": script.instruction},
+                                           run_id=script.run_id, user_id=script.user_id)
+            execute(handle, scripts[handle.run_id], provider_url=args.provider, inbox=inbox)
+            r.lrem(keys.claimed(args.producer_id), 0, handle.run_id)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""``runjournal demo``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+__all__ = ["demo_command"]
+
+console = Console(stderr=True)
+
+_SUMMARY_KEYS = ("runs_total", "runs_completed", "runs_outcome_matches_input", "events_published", "agents",
+                 "crashes_injected", "projector_kills", "runs_recovered", "side_effects_expected",
+                 "side_effects_executed", "side_effect_duplicates", "outcome_unknown_reconciled",
+                 "projection_mismatches", "memory_items_written", "memory_items_without_provenance",
+                 "projector_lag_ms_p50", "projector_lag_ms_p99", "elapsed_s", "ok")
+
+
+def demo_command(
+    input: Annotated[list[Path] | None, typer.Option("--input", help="tau-bench trajectory JSON (repeatable).")]
+    = None,
+    agents: Annotated[int, typer.Option(help="Agent instances running at once.")] = 4,
+    kills: Annotated[int, typer.Option(help="Agent instances to SIGKILL, spread over the demo by progress.")] = 10,
+    kill_every: Annotated[float | None, typer.Option(help="Instead: SIGKILL an agent every this many seconds.")]
+    = None,
+    seed: Annotated[int, typer.Option(help="Seed of the chaos (and of the generated workload).")] = 1,
+    provider_idempotency: Annotated[str, typer.Option(help="on | off: the provider honours idempotency keys.")]
+    = "off",
+    runs: Annotated[int, typer.Option(help="Generated runs when no --input is given.")] = 60,
+    partitions: Annotated[int, typer.Option(help="Partitions of the demo's events topic.")] = 6,
+    memory: Annotated[bool, typer.Option(help="Run the memory extractor as a service.")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object.")] = False,
+    report: Annotated[Path | None, typer.Option(help="Write a self-contained HTML report here.")] = None,
+) -> None:
+    """The main job: an agent fleet runs real (or generated) runs under SIGKILL chaos; every run is verified."""
+    from runjournal.demo.run import DemoOptions, run_demo
+
+    if provider_idempotency not in {"on", "off"}:
+        raise typer.BadParameter("--provider-idempotency is on or off")
+    opts = DemoOptions(inputs=list(input or []), agents=agents, kills=kills, kill_every_s=kill_every, seed=seed,
+                       provider_idempotency=provider_idempotency == "on", generated_runs=runs, partitions=partitions,
+                       memory=memory)
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=console,
+                  transient=as_json) as bar:
+        task = bar.add_task("runs completed", total=None, detail="")
+
+        def progress(done: int, total: int, fleet: Any) -> None:
+            bar.update(task, completed=done, total=total,
+                       detail=f"agents {len(fleet.agents)} · crashes {fleet.crashes_injected} · "
+                              f"projector kills {fleet.projector_kills}")
+
+        summary = run_demo(opts, progress=progress)
+    if report:
+        from runjournal.demo.report import write_report
+
+        write_report(report, summary)
+    if as_json:
+        print(json.dumps({k: v for k, v in summary.items()
+                          if k not in {"per_run", "timeline", "recoveries", "series"}}, default=str))
+    else:
+        table = Table("check", "value", title=f"runjournal demo · {summary['topic_prefix']}")
+        for key in _SUMMARY_KEYS:
+            value = summary.get(key)
+            style = "" if key != "ok" else ("[bold green]" if value else "[bold red]")
+            table.add_row(key, f"{style}{value}")
+        Console().print(table)
+    if not summary["ok"]:
+        raise typer.Exit(code=1)

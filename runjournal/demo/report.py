@@ -1,0 +1,107 @@
+"""``runjournal demo --report PATH``: one self-contained HTML file (inline CSS and SVG; no scripts, no fetches)."""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+__all__ = ["write_report"]
+
+_CSS = """
+body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222;max-width:1200px}
+h1{font-size:22px}h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd}
+table{border-collapse:collapse}td,th{padding:3px 10px;border-bottom:1px solid #eee;text-align:left}
+.ok{color:#080;font-weight:bold}.bad{color:#c00;font-weight:bold}
+.committed{background:#cfe8cf}.reconciled{background:#cfd8f5}.re-run{background:#f8e3b5}
+.failed,.unknown{background:#f5c6c6}
+.chip{display:inline-block;padding:1px 6px;margin:1px;border-radius:3px;font-size:12px}
+svg text{font-size:10px;fill:#444}
+"""
+_COLORS = {"spawn": "#4a8", "kill": "#c33", "exit": "#888", "projector_kill": "#c0c", "recovery": "#36c"}
+
+
+def _esc(x: Any) -> str:
+    return html.escape(str(x))
+
+
+def _summary(summary: dict[str, Any]) -> str:
+    rows = []
+    for k, v in summary.items():
+        if isinstance(v, dict | list):
+            continue
+        cls = ("ok" if v else "bad") if k == "ok" else ""
+        rows.append(f"<tr><th>{_esc(k)}</th><td class='{cls}'>{_esc(v)}</td></tr>")
+    return "<table>" + "".join(rows) + "</table>"
+
+
+def _series_svg(points: list[tuple[float, float]], title: str, unit: str, w: int = 900, h: int = 160) -> str:
+    if not points:
+        return f"<p>{_esc(title)}: no data</p>"
+    x0, x1 = points[0][0], max(points[-1][0], points[0][0] + 1)
+    ymax = max(p[1] for p in points) or 1
+    coords = " ".join(f"{40 + (x - x0) / (x1 - x0) * (w - 50):.1f},{h - 20 - y / ymax * (h - 30):.1f}"
+                      for x, y in points)
+    return (f"<svg width='{w}' height='{h}'><polyline fill='none' stroke='#36c' stroke-width='1.5' points='{coords}'/>"
+            f"<text x='2' y='12'>{_esc(title)} (max {ymax:.0f} {unit})</text>"
+            f"<text x='40' y='{h - 4}'>0 s</text><text x='{w - 60}' y='{h - 4}'>{x1 - x0:.0f} s</text></svg>")
+
+
+def _fleet_svg(timeline: list[dict[str, Any]], w: int = 900) -> str:
+    lanes: list[str] = []
+    for e in timeline:
+        if e["kind"] != "recovery" and e["who"] not in lanes:
+            lanes.append(e["who"])
+    lanes.append("recovery")
+    t_max = max([e["t_s"] for e in timeline] + [1])
+    h = 14 * len(lanes) + 20
+    parts = [f"<svg width='{w}' height='{h}'>"]
+    for i, lane in enumerate(lanes):
+        parts.append(f"<text x='0' y='{14 * i + 12}'>{_esc(lane)}</text>")
+    for e in timeline:
+        lane = "recovery" if e["kind"] == "recovery" else e["who"]
+        x = 110 + e["t_s"] / t_max * (w - 120)
+        y = 14 * lanes.index(lane) + 3
+        title = _esc(f"{e['t_s']} s {e['kind']} {e['who']} {e.get('detail', '')}")
+        parts.append(f"<rect x='{x:.1f}' y='{y}' width='4' height='10' fill='{_COLORS.get(e['kind'], '#999')}'>"
+                     f"<title>{title}</title></rect>")
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _runs(per_run: dict[str, Any], limit: int = 400) -> str:
+    rows = []
+    for run_id, info in list(sorted(per_run.items()))[:limit]:
+        chips = "".join(f"<span class='chip {c['class'].split()[0]}' title='{_esc(c['call_id'])} epochs {c['epochs']}'>"
+                        f"{_esc(c['tool'])}: {_esc(c['class'])}</span>" for c in info.get("calls", []))
+        mark = "ok" if info["outcome_matches"] and info["projection_matches"] else "bad"
+        rows.append(f"<tr><td>{_esc(run_id)}</td><td class='{mark}'>{_esc(info['status'])}</td>"
+                    f"<td>{info['epoch']}</td><td>{info['events']}</td><td>{chips}</td></tr>")
+    return ("<table><tr><th>run</th><th>status</th><th>epoch</th><th>events</th><th>tool calls (class)</th></tr>"
+            + "".join(rows) + "</table>")
+
+
+def write_report(path: Path, summary: dict[str, Any]) -> None:
+    """Write the demo report to ``path`` (HTML, self-contained)."""
+    series = summary.get("series", {})
+    eps = series.get("events_per_s", [])
+    lag = series.get("lag_ms", [])
+    t0 = eps[0][0] if eps else 0
+    lag_pts = [((t / 1000.0), v) for t, v in lag]
+    body = [
+        f"<h1>runjournal demo · {_esc(summary.get('topic_prefix'))}</h1>",
+        "<h2>Summary</h2>", _summary(summary),
+        "<h2>Fleet timeline</h2><p>green: spawn · red: SIGKILL · magenta: projector kill · blue: recovery</p>",
+        _fleet_svg(summary.get("timeline", [])),
+        "<h2>Throughput and projector lag</h2>",
+        _series_svg([(float(t - t0), float(n)) for t, n in eps], "events/s (by occurred_at)", "events/s"),
+        _series_svg(lag_pts, "projector lag per poll", "ms"),
+        "<h2>Runs</h2><p>committed · <span class='chip reconciled'>reconciled</span> after a crash through the "
+        "provider · <span class='chip re-run'>re-run safely</span> (not executed before the crash)</p>",
+        _runs(summary.get("per_run", {})),
+        "<h2>Recovery passes</h2><pre>" + _esc(json.dumps(summary.get("recoveries", [])[:50], indent=1,
+                                                           default=str)[:200_000]) + "</pre>",
+    ]
+    path.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>runjournal demo</title>"
+                    f"<style>{_CSS}</style></head><body>{''.join(body)}</body></html>")
