@@ -154,6 +154,9 @@ class Journal:
             "compression.type": compression,
             "linger.ms": linger_ms,
             "allow.auto.create.topics": False,  # a metadata request must never create the journal topic
+            # A dead instance nobody fenced must not hold the partitions' last stable offset for long:
+            # the coordinator aborts its open transaction after this (live ones commit every max_txn_age_ms).
+            "transaction.timeout.ms": max(15_000, 10 * max_txn_age_ms),
             **(producer_config or {}),
         }
         self._txn = TxnPublisher(

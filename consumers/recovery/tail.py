@@ -2,15 +2,20 @@
 
 For each partition: the projector's applied offset ``a`` is read from Redis first, then the
 run states (a snapshot at or after ``a``); records ``a+1 … end-1`` of the runs of interest
-are folded onto them with the pure reducer. ``end`` is the end offset read once, after
-fencing (the last stable offset for a ``read_committed`` reader): nothing of a fenced zombie
-can land before it unseen. Reading stops at position >= end — compaction and transaction
-markers leave offsets no record has, and an empty tail is done at once. Cost grows with the
+are folded onto them with the pure reducer. ``end`` is the high watermark read once, after
+fencing, by a ``read_uncommitted`` query: nothing of a fenced zombie can land before it
+unseen. It must be the high watermark, not the last stable offset a ``read_committed``
+reader is shown: a live instance's open transaction holds the LSO back, and a record
+committed beyond it (e.g. a RUN_RESUMED of an earlier pass) would be missed. The tail is
+read ``read_committed`` until the position reaches ``end`` — the position advances past
+aborted records and transaction markers, and waits (bounded) while a transaction that
+started before ``end`` is still open. An empty tail is done at once. Cost grows with the
 tail since the projector's position, not with history.
 """
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -49,8 +54,9 @@ def _consumer(settings: Settings) -> Consumer:
 
 
 def end_offsets(settings: Settings, partitions: Iterable[int], *, timeout_s: float = 10.0) -> dict[int, int]:
-    """End offset (last stable offset, read_committed) of each partition of the events topic."""
-    consumer = _consumer(settings)
+    """High watermark of each partition of the events topic (a ``read_uncommitted`` ListOffsets)."""
+    consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"recovery-{uuid.uuid4()}",
+                         "enable.auto.commit": False, "isolation.level": "read_uncommitted"})
     try:
         return {p: consumer.get_watermark_offsets(TopicPartition(settings.events_topic, p), timeout=timeout_s,
                                                   cached=False)[1] for p in partitions}
@@ -58,8 +64,10 @@ def end_offsets(settings: Settings, partitions: Iterable[int], *, timeout_s: flo
         consumer.close()
 
 
-def fold_tails(settings: Settings, store: ProjectionStore, codec: EventCodec, runs_by_partition: dict[int, set[str]],
-               ends: dict[int, int], *, idle_limit: int = 20) -> tuple[dict[str, RunState | None], list[PartitionRead]]:
+def fold_tails(
+    settings: Settings, store: ProjectionStore, codec: EventCodec, runs_by_partition: dict[int, set[str]],
+    ends: dict[int, int], *, timeout_s: float = 30.0,
+) -> tuple[dict[str, RunState | None], list[PartitionRead]]:
     """Snapshot + tail fold for every run in ``runs_by_partition``.
 
     Returns:
@@ -68,6 +76,8 @@ def fold_tails(settings: Settings, store: ProjectionStore, codec: EventCodec, ru
 
     Raises:
         KafkaException: the broker is unreachable.
+        TimeoutError: a partition's position did not reach its end offset within ``timeout_s`` seconds
+            (a transaction opened before the end offset is still undecided); nothing was decided.
     """
     starts = {p: store.applied_offset(p) + 1 for p in runs_by_partition}  # the offset first, then states
     states: dict[str, RunState | None] = {}
@@ -80,7 +90,8 @@ def fold_tails(settings: Settings, store: ProjectionStore, codec: EventCodec, ru
         consumer = _consumer(settings)
         try:
             consumer.assign([TopicPartition(settings.events_topic, p, starts[p]) for p in todo])
-            _consume(consumer, settings.events_topic, codec, todo, ends, runs_by_partition, states, counts, idle_limit)
+            _consume(consumer, settings.events_topic, codec, todo, ends, runs_by_partition, states, counts,
+                     time.monotonic() + timeout_s)
         finally:
             consumer.close()
     reads = [PartitionRead(p, starts[p], ends[p], counts[p][0], counts[p][1]) for p in sorted(runs_by_partition)]
@@ -89,18 +100,15 @@ def fold_tails(settings: Settings, store: ProjectionStore, codec: EventCodec, ru
 
 def _consume(consumer: Consumer, topic: str, codec: EventCodec, todo: set[int], ends: dict[int, int],
              runs_by_partition: dict[int, set[str]], states: dict[str, RunState | None],
-             counts: dict[int, list[int]], idle_limit: int) -> None:
+             counts: dict[int, list[int]], deadline: float) -> None:
     prefixes = {p: tuple(f"{r}:".encode() for r in runs) for p, runs in runs_by_partition.items()}
-    idle = 0
-    while todo and idle < idle_limit:
+    while todo and time.monotonic() < deadline:
         msgs = consumer.consume(2000, timeout=0.25)
         if not msgs:
-            idle += 1
             for tp in consumer.position([TopicPartition(topic, p) for p in todo]):
                 if tp.offset >= ends[tp.partition]:
                     todo.discard(tp.partition)
             continue
-        idle = 0
         for msg in msgs:
             p, off = msg.partition(), msg.offset()
             if msg.error() or p not in todo or off >= ends[p]:

@@ -134,11 +134,22 @@ def _handler(ledger: LedgerServer) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client SIGKILLed mid-request (the demo's chaos) leaves a broken pipe: expected, not an error."""
+        import sys
+
+        if isinstance(sys.exc_info()[1], BrokenPipeError | ConnectionResetError):
+            return
+        super().handle_error(request, client_address)
+
+
 def serve(db_path: Path, port: int, *, idempotent: bool, latency_ms: float = 0.0) -> None:
     """Run the provider on ``127.0.0.1:port`` until killed."""
-    server = ThreadingHTTPServer(("127.0.0.1", port), _handler(LedgerServer(db_path, idempotent=idempotent,
+    server = _Server(("127.0.0.1", port), _handler(LedgerServer(db_path, idempotent=idempotent,
                                                                              latency_ms=latency_ms)))
-    server.daemon_threads = True
     server.serve_forever()
 
 

@@ -107,6 +107,7 @@ class _Background:
                     for r in report["runs"]:
                         self.fleet.note("recovery", r["run_id"], f"{r['action']} {r.get('previous_epoch')}→"
                                          f"{r.get('epoch')} to {r.get('assigned_to')} {r['calls']}")
+                        self._settle(r["run_id"], r["owner"], r["action"])
                 self._sweep_claimed(job)
             except Exception as exc:  # noqa: BLE001 - keep sweeping; reported at the end
                 self.errors.append(repr(exc))
@@ -129,10 +130,8 @@ class _Background:
             owner = key.decode().rsplit(":", 1)[1]
             if owner in live or owner in self.fleet.agents:
                 continue
-            runs = [x.decode() for x in self.r.lrange(key, 0, -1)]
-            for run_id in [r for r in runs if r in owned]:
-                self.r.lrem(key, 0, run_id)  # the recovery job owns its fate
-            orphans = [r for r in runs if r not in owned]
+            # Runs still in an owned set are left to the stale pass (it settles them, see _settle).
+            orphans = [x.decode() for x in self.r.lrange(key, 0, -1) if x.decode() not in owned]
             if not orphans:
                 continue
             fence_producer(self.settings, owner)
@@ -142,10 +141,17 @@ class _Background:
                 except RecoveryError:  # the projection shows a live owner: it is running, not lost
                     self.r.lrem(key, 0, run_id)
                     continue
-                if outcome.action == "no_facts":
-                    self.r.rpush(self.keys.queue, outcome.run_id)
-                if outcome.action != "owner_alive":
-                    self.r.lrem(key, 0, outcome.run_id)
+                self._settle(run_id, owner, outcome.action)
+
+    def _settle(self, run_id: str, owner: str | None, action: str) -> None:
+        """After recovery decided a run: a run with no fact at all goes back to the queue (it never durably
+        started); any decided run leaves its dead owner's claimed list."""
+        if action in {"deferred", "no_live_instance"}:
+            return  # undecided: the next pass takes it again
+        if action == "no_facts":
+            self.r.rpush(self.keys.queue, run_id)
+        if owner:
+            self.r.lrem(self.keys.claimed(owner), 0, run_id)
 
     def approver_loop(self) -> None:
         while not self.stop.wait(0.2):
