@@ -9,6 +9,7 @@ import typer
 from consumers.memory.cli import memory_app, memory_extractor_command
 from consumers.projector.cli import inspect_command, projector_command
 from consumers.recovery.cli import recover_command
+from consumers.replay_cli import replay_command
 from deploy.cli import stack_app, topics_app
 from runjournal.demo.cli import demo_command
 from runjournal.errors import ConfigError
@@ -31,6 +32,7 @@ app.command("projector")(projector_command)
 app.command("inspect")(inspect_command)
 app.command("memory-extractor")(memory_extractor_command)
 app.command("recover")(recover_command)
+app.command("replay")(replay_command)
 app.command("demo")(demo_command)
 
 

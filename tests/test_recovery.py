@@ -7,91 +7,29 @@ witness of how many times an effect really ran (idempotency OFF, so a repeat wou
 from __future__ import annotations
 
 import signal
-import sqlite3
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import redis
 
-from consumers.projector import ProjectionStore, Projector
 from consumers.recovery.job import RecoveryJob
 from consumers.reducer import CallStatus, RunStatus
-from deploy.procs import free_port
 from producers.partitioner import partition_for
 from producers.plan import CallStatus as PlanClass
 from producers.plan import PlanStore
-from runjournal.demo.provider import ledger_stats
 from runjournal.settings import Settings
+from tests.support.provider import Provider, child, project, running_provider, wait_lease, wait_lease_gone
 from tests.test_projector import redis_digests, topic_fold_digests
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash]
 
 
-@dataclass
-class Provider:
-    url: str
-    db: Path
-    proc: subprocess.Popen
-
-    def executions(self, tool: str = "send_email") -> int:
-        db = sqlite3.connect(str(self.db))
-        try:
-            return ledger_stats(db)["per_tool"].get(tool, 0)
-        finally:
-            db.close()
-
-
 @pytest.fixture
 def provider(tmp_path: Path, service_env: dict[str, str]) -> Iterator[Provider]:
-    port = free_port()
-    db = tmp_path / "ledger.db"
-    proc = subprocess.Popen([sys.executable, "-m", "runjournal.demo.provider", "--db", str(db), "--port", str(port),
-                             "--idempotency", "off", "--latency-ms", "20"], env=service_env)
-    import httpx
-
-    for _ in range(100):
-        try:
-            httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5)
-            break
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    yield Provider(f"http://127.0.0.1:{port}", db, proc)
-    proc.terminate()
-    proc.wait(10)
-
-
-def child(env: dict[str, str], run_id: str, producer_id: str, provider: Provider, *, resume: bool = False,
-          failpoint: str = "", sends: int = 1) -> subprocess.Popen:
-    env = {**env, "RJ_FAILPOINTS": failpoint} if failpoint else env
-    argv = [sys.executable, "-m", "tests.support.agent_child", run_id, producer_id, provider.url,
-            "resume" if resume else "start", str(sends)]
-    return subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
-
-
-def wait_lease_gone(settings: Settings, producer_id: str, timeout_s: float = 10) -> None:
-    r = redis.Redis.from_url(settings.redis_url)
-    deadline = time.monotonic() + timeout_s
-    while r.exists(f"{settings.topic_prefix}:lease:{producer_id}") and time.monotonic() < deadline:
-        time.sleep(0.1)
-
-
-def wait_lease(settings: Settings, producer_id: str, timeout_s: float = 30) -> None:
-    r = redis.Redis.from_url(settings.redis_url)
-    deadline = time.monotonic() + timeout_s
-    while not r.exists(f"{settings.topic_prefix}:lease:{producer_id}") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert r.exists(f"{settings.topic_prefix}:lease:{producer_id}")
-
-
-def project(settings: Settings) -> ProjectionStore:
-    projector = Projector(settings)
-    projector.run(until_caught_up=True, idle_timeout_s=60)
-    return projector.store
+    with running_provider(tmp_path, service_env) as running:
+        yield running
 
 
 def crash_then_recover(topics: Settings, env: dict[str, str], provider: Provider, run_id: str,

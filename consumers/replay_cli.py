@@ -1,0 +1,61 @@
+"""``runjournal replay``: a run's state at any seq, rebuilt from the topic (time travel; nothing runs)."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from runjournal.settings import Settings
+
+__all__ = ["replay_command"]
+
+console = Console()
+
+
+def replay_command(
+    run_id: Annotated[str, typer.Argument(help="The run to replay.")],
+    until_seq: Annotated[int | None, typer.Option("--until-seq", min=1,
+                                                  help="Stop once the run reaches this seq (default: all).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Rebuild a run's state, execution records and timeline from the topic, up to --until-seq.
+
+    Reads only the journal (not the Redis projection) and runs no tool: DESIGN.md § Replay is not resume.
+    Exits 1 when the topic holds nothing of the run.
+    """
+    from consumers.replay import replay_state
+
+    replayed = replay_state(Settings.load(), run_id, until_seq=until_seq)
+    if replayed.state is None:
+        console.print(f"[red]error:[/] the topic holds no event of run {run_id} (never started, or erased)")
+        raise typer.Exit(code=1)
+    report = replayed.as_dict()
+    if as_json:
+        print(json.dumps(report, default=str))
+        return
+    _print(report)
+
+
+def _print(report: dict[str, Any]) -> None:
+    st = report["state"]
+    point = f"up to seq {report['until_seq']}" if report["until_seq"] is not None else "full history"
+    console.print(f"run {report['run_id']}  partition {report['partition']}  ({point})  status [bold]{st['status']}"
+                  f"[/]  epoch {st['epoch']}  last seq {st['last_seq']}  owner {st.get('owner')}")
+    for name in ("blocked_reason", "gap_reason", "output_json", "error"):
+        if st.get(name):
+            console.print(f"  {name}: {st[name]}")
+    if st.get("pending_approvals"):
+        console.print(f"  pending approvals: {', '.join(sorted(st['pending_approvals']))}")
+    records = Table("call_id", "tool", "status", "attempts", "epoch", "result", title="execution records")
+    for rec in report["execution_records"]:
+        records.add_row(rec["call_id"][:16], rec["tool"], rec["status"], str(rec["attempts"]), str(rec["epoch"]),
+                        str(rec.get("result_json") or rec.get("result_ref") or rec.get("error") or "")[:40])
+    console.print(records)
+    timeline = Table("seq", "epoch", "type", "offset", "node", title="timeline")
+    for row in report["timeline"]:
+        timeline.add_row(str(row["seq"]), str(row["epoch"]), row["type"], str(row["offset"]), row.get("node_id") or "")
+    console.print(timeline)
