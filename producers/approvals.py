@@ -4,8 +4,9 @@ A run has one writer at a time (its epoch's owner), so a human's decision is not
 to the run's stream by the approver — that would race the owner for the next seq. Instead:
 
 1. The owner publishes APPROVAL_REQUESTED (durable) for a ``call_id`` — :func:`await_approval`.
-2. A human decides: ``runjournal approve RUN_ID CALL_ID`` / ``deny`` →
-   :meth:`ApprovalInbox.decide` writes ``{prefix}:approvals:{run_id}`` field ``call_id``.
+2. A human decides: ``runjournal approve RUN_ID CALL_ID`` / ``deny`` (``consumers.approvals_cli``;
+   refused unless the projected run shows ``call_id`` pending) → :meth:`ApprovalInbox.decide` writes
+   ``{prefix}:approvals:{run_id}`` field ``call_id`` (the first decision wins).
 3. The owner sees the decision and publishes APPROVAL_GRANTED / APPROVAL_DENIED (durable) — the
    journal, not the inbox, is the execution fact.
 
@@ -47,10 +48,28 @@ class ApprovalInbox:
         """``{prefix}:approvals:{run_id}``."""
         return f"{self._prefix}:approvals:{run_id}"
 
+    def pending_key(self) -> str:
+        """``{prefix}:approvals:pending``: set of ``run_id|call_id`` awaiting a decision (a hint for approvers)."""
+        return f"{self._prefix}:approvals:pending"
+
     def decide(
         self, run_id: str, call_id: str, *, granted: bool, approver: str, comment: str | None = None
-    ) -> None:
-        """Record a human decision (the first decision wins; a later one is ignored)."""
+    ) -> bool:
+        """Record a human decision; the first decision wins (HSETNX).
+
+        Args:
+            run_id: the run.
+            call_id: the ``call_id`` of its APPROVAL_REQUESTED.
+            granted: True to grant, False to deny.
+            approver: who decided.
+            comment: the grant's comment or the denial's reason (journaled by the owner as such).
+
+        Returns:
+            True when this decision was recorded; False when one was already waiting (it stays).
+
+        Raises:
+            redis.RedisError: Redis unreachable.
+        """
         value = json.dumps(
             {
                 "decision": "GRANTED" if granted else "DENIED",
@@ -59,7 +78,7 @@ class ApprovalInbox:
                 "at_ms": int(time.time() * 1000),
             }
         )
-        self._r.hsetnx(self.key(run_id), call_id, value)
+        return bool(self._r.hsetnx(self.key(run_id), call_id, value))
 
     def decision(self, run_id: str, call_id: str) -> dict[str, Any] | None:
         """``{"decision", "approver", "comment", "at_ms"}`` or None when undecided."""
@@ -68,20 +87,27 @@ class ApprovalInbox:
 
     def requested(self, run_id: str, call_id: str) -> None:
         """Note that a decision is awaited (so tools such as the demo's approver can find pending requests)."""
-        self._r.sadd(f"{self._prefix}:approvals:pending", f"{run_id}|{call_id}")
+        self._r.sadd(self.pending_key(), f"{run_id}|{call_id}")
 
     def pending(self) -> list[tuple[str, str]]:
         """``(run_id, call_id)`` pairs awaiting a decision."""
         out = []
-        for raw in self._r.smembers(f"{self._prefix}:approvals:pending"):
+        for raw in self._r.smembers(self.pending_key()):
             run_id, _, call_id = _text(raw).partition("|")
             if self.decision(run_id, call_id) is None:
                 out.append((run_id, call_id))
         return sorted(out)
 
-    def forget(self, run_id: str) -> None:
-        """Drop a finished (or erased) run's decisions."""
-        self._r.delete(self.key(run_id))
+    def forget(self, run_id: str) -> int:
+        """Drop a finished (or erased) run's decisions and its entries in the pending set.
+
+        Returns:
+            Redis keys deleted (0 or 1) plus pending-set entries removed.
+        """
+        head = f"{run_id}|"
+        mine = [m for m in self._r.smembers(self.pending_key()) if _text(m).startswith(head)]
+        removed = int(self._r.srem(self.pending_key(), *mine)) if mine else 0
+        return int(self._r.delete(self.key(run_id))) + removed
 
 
 def await_approval(

@@ -6,6 +6,7 @@ import json
 
 import typer
 
+from consumers.approvals_cli import approve_command, deny_command
 from consumers.memory.cli import memory_app, memory_extractor_command
 from consumers.projector.cli import inspect_command, projector_command
 from consumers.recovery.cli import recover_command
@@ -33,6 +34,8 @@ app.command("inspect")(inspect_command)
 app.command("memory-extractor")(memory_extractor_command)
 app.command("recover")(recover_command)
 app.command("replay")(replay_command)
+app.command("approve")(approve_command)
+app.command("deny")(deny_command)
 app.command("demo")(demo_command)
 
 
