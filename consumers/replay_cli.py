@@ -13,7 +13,7 @@ from runjournal.settings import Settings
 
 __all__ = ["replay_command"]
 
-console = Console()
+console = Console(soft_wrap=True)
 
 
 def replay_command(

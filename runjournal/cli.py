@@ -7,6 +7,7 @@ import json
 import typer
 
 from consumers.approvals_cli import approve_command, deny_command
+from consumers.erase_cli import erase_command
 from consumers.memory.cli import memory_app, memory_extractor_command
 from consumers.projector.cli import inspect_command, projector_command
 from consumers.recovery.cli import recover_command
@@ -36,6 +37,7 @@ app.command("recover")(recover_command)
 app.command("replay")(replay_command)
 app.command("approve")(approve_command)
 app.command("deny")(deny_command)
+app.command("erase")(erase_command)
 app.command("demo")(demo_command)
 
 

@@ -1,0 +1,196 @@
+"""Erase a run: tombstone every event key, delete its Redis state and records, delete its memory.
+
+Order (each step is idempotent, so running ``erase`` again finishes an interrupted one):
+
+1. Read the run's record keys from its partition (``read_committed``; a key whose latest record
+   is already a tombstone is skipped).
+2. Refuse a run that is not finished while its owner holds a live lease (it would write on), unless
+   forced.
+3. Produce one tombstone (``value=None``) per key to the run's partition through a plain idempotent
+   producer (``acks=all``), flush, and check every delivery. The events topic is compacted, so the
+   broker drops the erased values at the next cleaning; every consumer follows the tombstones: the
+   projector deletes the run's state, the memory extractor deletes the items of each record.
+4. Delete the run's Redis keys directly too (the projector may be down): its projected state
+   (``rj:{P.p}:run:<run_id>`` and its entry in ``rj:{P.p}:runs``), recovery plan
+   (``{prefix}:plan:<run_id>``), approval inbox (``{prefix}:approvals:<run_id>`` and pending
+   entries), and its entries in instances' owned sets, assignment lists and the parked set.
+   Results (``{prefix}:result:<sha256>``) are content-addressed and may be shared: left alone.
+5. Ask the memory store to delete every point whose provenance is the run (``delete_by_run``). A
+   local Qdrant directory held by a running extractor is reported, not an error: the extractor
+   erases the items itself when it reads the tombstones.
+
+Not erased: copies of the run's records in the dead-letter topics (delete-policy topics, kept forever).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import redis
+from confluent_kafka import KafkaError, Message, Producer
+
+from consumers._partitions import run_partition
+from consumers.inspect import read_run_events
+from consumers.projector.store import ProjectionStore
+from consumers.recovery.instances import Instances
+from producers.approvals import ApprovalInbox
+from producers.plan import PlanStore
+from runjournal.errors import RunjournalError
+from runjournal.settings import Settings
+
+if TYPE_CHECKING:
+    from consumers.memory.embed import Embedder
+    from consumers.memory.store import QdrantMemoryStore
+
+__all__ = ["EraseError", "EraseReport", "RunStillLiveError", "erase_run"]
+
+
+class EraseError(RunjournalError):
+    """The tombstones could not all be written (nothing after step 3 was done; run erase again)."""
+
+
+class RunStillLiveError(EraseError):
+    """The run is unfinished and its owner holds a live lease: it would keep writing (use ``force``)."""
+
+
+@dataclass(frozen=True)
+class EraseReport:
+    """What :func:`erase_run` did."""
+
+    run_id: str
+    """The run."""
+    partition: int
+    """Its partition of the events topic."""
+    records_seen: int
+    """Records of the run read from the topic (tombstones included; 0: the topic never had the run)."""
+    tombstones: int
+    """Tombstones written (one per key not already tombstoned)."""
+    redis_keys_deleted: int
+    """Redis keys deleted (state, plan, approvals inbox)."""
+    redis_entries_removed: int
+    """Set/list entries removed (runs set, pending approvals, owned sets, assignment lists, parked set)."""
+    memory_points_deleted: int | None
+    """Memory points deleted; None when the store could not be opened now (see ``memory_note``)."""
+    memory_note: str | None
+    """Why memory was not (or need not be) erased here, when so."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report as a JSON-able dict."""
+        return asdict(self)
+
+
+def erase_run(settings: Settings, run_id: str, *, force: bool = False, erase_memory: bool = True,
+              embedder: Embedder | None = None, memory_store: QdrantMemoryStore | None = None,
+              redis_client: redis.Redis | None = None, timeout_s: float = 30.0) -> EraseReport:
+    """Erase ``run_id`` from the journal, Redis and memory (see the module docstring for the steps).
+
+    Args:
+        settings: bootstrap, Redis URL, prefix, Qdrant path or URL.
+        run_id: the run.
+        force: erase even an unfinished run whose owner holds a live lease.
+        erase_memory: step 5 (default True).
+        embedder: names the memory collection (default: ``consumers.memory.default_embedder()``).
+        memory_store: an open store to delete from (default: opened from ``settings`` and closed).
+        redis_client: default from ``settings.redis_url``.
+        timeout_s: longest wait for the tombstones' acknowledgements, seconds (default 30).
+
+    Returns:
+        :class:`EraseReport`.
+
+    Raises:
+        RunStillLiveError: step 2.
+        EraseError: a tombstone was not acknowledged.
+        TopicNotFoundError: the events topic does not exist.
+        KafkaException / redis.RedisError: the broker or Redis is unreachable.
+    """
+    client = redis_client if redis_client is not None else redis.Redis.from_url(settings.redis_url)
+    partition = run_partition(settings, run_id)
+    rows = [r for r in read_run_events(settings, run_id) if r["key"].rsplit(":", 2)[0] == run_id]  # 1
+    latest = {row["key"]: row["type"] for row in rows}
+    keys = [k for k, kind in latest.items() if kind != "TOMBSTONE"]
+    _check_not_live(settings, client, partition, run_id, force)  # 2
+    _tombstone(settings, partition, keys, timeout_s)  # 3
+    deleted, removed = _delete_redis(settings, client, partition, run_id)  # 4
+    points, note = _erase_memory(settings, run_id, embedder, memory_store) if erase_memory else (None, "skipped")  # 5
+    return EraseReport(run_id=run_id, partition=partition, records_seen=len(rows), tombstones=len(keys),
+                       redis_keys_deleted=deleted, redis_entries_removed=removed, memory_points_deleted=points,
+                       memory_note=note)
+
+
+def _check_not_live(settings: Settings, client: redis.Redis, partition: int, run_id: str, force: bool) -> None:
+    state = ProjectionStore(client, settings.topic_prefix).get(partition, run_id)
+    if force or state is None or state.terminal or not state.owner:
+        return
+    if Instances(client, settings.topic_prefix).view(state.owner).alive:
+        raise RunStillLiveError(f"run {run_id} is {state.status} and its owner {state.owner} holds a live lease; "
+                                "it would keep writing — stop it first (or force)")
+
+
+def _tombstone(settings: Settings, partition: int, keys: list[str], timeout_s: float) -> None:
+    if not keys:
+        return
+    errors: list[KafkaError] = []
+
+    def delivered(err: KafkaError | None, _msg: Message) -> None:
+        if err is not None:
+            errors.append(err)
+
+    producer = Producer({"bootstrap.servers": settings.bootstrap, "acks": "all", "enable.idempotence": True,
+                         "linger.ms": 5, "allow.auto.create.topics": False})
+    for key in keys:
+        for _ in range(100):  # a full local queue: serve deliveries and retry, bounded
+            try:
+                producer.produce(settings.events_topic, key=key.encode(), value=None, partition=partition,
+                                 on_delivery=delivered)
+                break
+            except BufferError:
+                producer.poll(0.1)
+        else:
+            raise EraseError(f"the local produce queue stayed full while tombstoning {key}")
+        producer.poll(0)
+    left = producer.flush(timeout_s)
+    if left or errors:
+        raise EraseError(f"{left} of {len(keys)} tombstones unacknowledged, delivery errors: {errors[:3]}; "
+                         "run erase again")
+
+
+def _delete_redis(settings: Settings, client: redis.Redis, partition: int, run_id: str) -> tuple[int, int]:
+    prefix = settings.topic_prefix
+    projection = ProjectionStore(client, prefix)
+    inbox = ApprovalInbox(client, prefix)
+    pipe = client.pipeline(transaction=False)
+    pipe.delete(projection.run_key(partition, run_id), PlanStore(client, prefix).plan_key(run_id), inbox.key(run_id))
+    pipe.srem(projection.runs_key(partition), run_id)
+    pipe.srem(f"{prefix}:parked", run_id)
+    for kind, op in (("owned", "srem"), ("assign", "lrem")):
+        for key in client.scan_iter(match=f"{prefix}:{kind}:*", count=1000):
+            if op == "srem":
+                pipe.srem(key, run_id)
+            else:
+                pipe.lrem(key, 0, run_id)
+    deleted, *entries = pipe.execute()
+    pending_removed = inbox.forget(run_id)  # the inbox hash is gone: only its pending-set entries remain
+    return int(deleted), sum(int(n) for n in entries) + pending_removed
+
+
+def _erase_memory(settings: Settings, run_id: str, embedder: Embedder | None,
+                  store: QdrantMemoryStore | None) -> tuple[int | None, str | None]:
+    if store is not None:
+        return store.delete_by_run(run_id), None
+    if not settings.qdrant_url and not Path(settings.effective_qdrant_path).exists():
+        return 0, f"no local memory store at {settings.effective_qdrant_path}"
+    from consumers.memory.embed import default_embedder
+    from consumers.memory.errors import MemoryPlaneError, StoreLockedError
+    from consumers.memory.store import QdrantMemoryStore
+
+    later = "the memory extractor erases the run's items as it reads the tombstones"
+    try:
+        with QdrantMemoryStore.open(settings, embedder or default_embedder()) as opened:
+            return opened.delete_by_run(run_id), None
+    except StoreLockedError:
+        return None, f"the local Qdrant directory {settings.effective_qdrant_path} is held by a running " \
+                     f"memory extractor; {later}"
+    except MemoryPlaneError as exc:
+        return None, f"memory not erased now ({type(exc).__name__}: {exc}); {later}"

@@ -1,0 +1,52 @@
+"""``runjournal erase``: tombstone a run's events, delete its Redis state and its memory."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from runjournal.settings import Settings
+
+__all__ = ["erase_command"]
+
+console = Console(stderr=True, soft_wrap=True)
+
+
+def erase_command(
+    run_id: Annotated[str, typer.Argument(help="The run to erase.")],
+    yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Erase even an unfinished run whose owner is alive.")]
+    = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object.")] = False,
+) -> None:
+    """Erase a run: a tombstone for every event key, its Redis state and records, its memory points.
+
+    Exits 1 when the run is live (without --force), a tombstone was not acknowledged, or the topic
+    never held the run. A local Qdrant held by a running memory extractor is reported, not an error:
+    the extractor erases the run's items when it reads the tombstones.
+    """
+    from consumers.erase import EraseError, erase_run
+
+    if not yes:
+        typer.confirm(f"Erase run {run_id} (events, Redis state, memory)? This cannot be undone", abort=True)
+    try:
+        report = erase_run(Settings.load(), run_id, force=force)
+    except EraseError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(code=1) from exc
+    out = report.as_dict()
+    if as_json:
+        print(json.dumps(out))
+    else:
+        memory = "?" if report.memory_points_deleted is None else str(report.memory_points_deleted)
+        console.print(f"erased run {run_id}: {report.tombstones} tombstone(s) written to partition {report.partition} "
+                      f"({report.records_seen} record(s) read), {report.redis_keys_deleted} Redis key(s) and "
+                      f"{report.redis_entries_removed} entr(ies) deleted, {memory} memory point(s) deleted")
+        if report.memory_note:
+            console.print(f"memory: {report.memory_note}")
+    if report.records_seen == 0:
+        console.print(f"[red]error:[/] the topic never held run {run_id}")
+        raise typer.Exit(code=1)
