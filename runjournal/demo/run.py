@@ -234,7 +234,7 @@ def _chaos_loop(opts: DemoOptions, settings: Settings, scripts: list[RunScript],
                 rng: random.Random, progress: Any) -> bool:
     store = ProjectionStore(redis.Redis.from_url(settings.redis_url), settings.topic_prefix)
     total = len(scripts)
-    kill_at = sorted(rng.uniform(0.05, 0.9) for _ in range(opts.kills)) if not opts.kill_every_s else []
+    kill_at = sorted(rng.uniform(0.05, 0.8) for _ in range(opts.kills)) if not opts.kill_every_s else []
     next_clock_kill = time.monotonic() + (opts.kill_every_s or 0)
     projector_killed = False
     deadline = time.monotonic() + opts.timeout_s
@@ -243,11 +243,10 @@ def _chaos_loop(opts: DemoOptions, settings: Settings, scripts: list[RunScript],
         frac = done / total
         if progress:
             progress(done, total, fleet)
+        while kill_at and frac >= kill_at[0] and fleet.kill_random_agent():
+            kill_at.pop(0)  # a kill due while no agent is alive waits for the next tick
         if done >= total:
             return True
-        while kill_at and frac >= kill_at[0]:
-            kill_at.pop(0)
-            fleet.kill_random_agent()
         if opts.kill_every_s and time.monotonic() >= next_clock_kill:
             fleet.kill_random_agent()
             next_clock_kill = time.monotonic() + opts.kill_every_s
