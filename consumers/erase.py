@@ -5,7 +5,7 @@ Order (each step is idempotent, so running ``erase`` again finishes an interrupt
 1. Read the run's record keys from its partition (``read_committed``; a key whose latest record
    is already a tombstone is skipped).
 2. Refuse a run that is not finished while its owner holds a live lease (it would write on), unless
-   forced.
+   forced — judged from the projected state (a run the projector has not seen yet is not refused).
 3. Produce one tombstone (``value=None``) per key to the run's partition through a plain idempotent
    producer (``acks=all``), flush, and check every delivery. The events topic is compacted, so the
    broker drops the erased values at the next cleaning; every consumer follows the tombstones: the
