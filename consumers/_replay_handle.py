@@ -32,7 +32,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from consumers.reducer import CallStatus, Decision, ExecutionRecord, ReconciledOutcome, RunState, RunStatus
-from producers import canonical_json, digest, idempotency_key
+from producers import canonical_json, digest, enter_node, idempotency_key
 from producers.errors import ResultUnavailableError
 from producers.plan import ApprovalStatus, RecoveryPlan
 from producers.results import ResultStore
@@ -207,13 +207,7 @@ class ReplayHandle:
         Raises:
             ValueError: a name with ``/`` or ``#`` or empty.
         """
-        if not name or "/" in name or "#" in name:
-            raise ValueError(f"node name must be non-empty without '/' or '#': {name!r}")
-        parent = self.node_path or ""
-        counts = self._entries.setdefault(parent, {})
-        counts[name] = counts.get(name, 0) + 1
-        segment = name if counts[name] == 1 else f"{name}#{counts[name]}"
-        path = f"{parent}/{segment}" if parent else segment
+        path = enter_node(self._entries, self.node_path or "", name)
         if path not in self._nodes:
             self._note(f"node {path} was never started in the recording")
         self._node_stack.append(path)

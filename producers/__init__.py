@@ -6,7 +6,7 @@ Start here: :class:`Journal` (one per agent instance) → :meth:`Journal.start_r
 protocol, § Topic layout and § Zombies: fence first, then read are the rules implemented here.
 """
 
-from producers._digest import canonical_json, digest, idempotency_key
+from producers._digest import canonical_json, digest, enter_node, idempotency_key
 from producers.errors import (
     ApprovalDeniedError,
     DeliveryError,
@@ -62,6 +62,7 @@ __all__ = [
     "current_traceparent",
     "digest",
     "fence_producer",
+    "enter_node",
     "idempotency_key",
     "murmur2",
     "partition_for",

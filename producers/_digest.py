@@ -26,6 +26,24 @@ def digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def enter_node(entries: dict[str, dict[str, int]], parent: str, name: str) -> str:
+    """The path of the next node ``name`` entered under ``parent`` (``""`` at the top), counting entries.
+
+    The rule behind every idempotency key, shared by ``RunHandle`` and replay so both derive the
+    same paths: ``outer/inner``; the k-th entry (k >= 2) of one name under one parent is ``name#k``.
+    ``entries`` (parent -> name -> count) is updated in place.
+
+    Raises:
+        ValueError: ``name`` is empty or holds ``/`` or ``#`` (they build paths).
+    """
+    if not name or "/" in name or "#" in name:
+        raise ValueError(f"node name must be non-empty without '/' or '#': {name!r}")
+    counts = entries.setdefault(parent, {})
+    counts[name] = counts.get(name, 0) + 1
+    segment = name if counts[name] == 1 else f"{name}#{counts[name]}"
+    return f"{parent}/{segment}" if parent else segment
+
+
 def idempotency_key(run_id: str, node_path: str, call_index: int) -> str:
     """The idempotency key of the ``call_index``-th call (1-based) at ``node_path`` of ``run_id``.
 

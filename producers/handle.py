@@ -22,7 +22,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from producers._calls import CallMixin, error_text
-from producers._digest import canonical_json
+from producers._digest import canonical_json, enter_node
 from producers.errors import DeliveryError, ProducerFencedError, RunClosedError
 from producers.tracing import current_traceparent
 from schemas import DURABLE_TYPES, Event, EventType, new_event_id, utcnow
@@ -236,13 +236,7 @@ class RunHandle(CallMixin):
         Raises:
             ValueError: a bad name. Publishing errors as :meth:`emit`. The block's own exception is re-raised.
         """
-        if not name or "/" in name or "#" in name:
-            raise ValueError(f"node name must be non-empty without '/' or '#': {name!r}")
-        parent = self.node_path or ""
-        counts = self._entries.setdefault(parent, {})
-        counts[name] = counts.get(name, 0) + 1
-        segment = name if counts[name] == 1 else f"{name}#{counts[name]}"
-        path = f"{parent}/{segment}" if parent else segment
+        path = enter_node(self._entries, self.node_path or "", name)
         attempt = (self.plan.node_attempts.get(path, 0) if self.plan else 0) + 1
         self._publish(
             EventType.NODE_STARTED, {"node_path": path, "attempt": attempt}, node_id=path, durable=False
