@@ -61,9 +61,22 @@ stack-status: venv
 topics: venv ## Create the topics on the running stack
 	$(BIN)/runjournal topics create
 
-bench: install ## Benchmarks side by side (see bench/README.md)
-	$(BIN)/runjournal stack up
-	$(BIN)/runjournal bench
+QUIX_VENV := bench/out/quix-venv
+BENCH_ARGS ?=
+
+$(VENV)/.bench-installed: pyproject.toml | $(BIN)/runjournal
+	$(BIN)/pip install -q -e '.[dev,bench]'
+	touch $@
+
+# Quix Streams (the projection anchor) pins confluent-kafka<2.13: it gets a venv of its own.
+$(QUIX_VENV)/.installed: bench/quix-requirements.txt
+	test -x $(QUIX_VENV)/bin/python || $(PYTHON) -m venv $(QUIX_VENV)
+	$(QUIX_VENV)/bin/pip install -q -r bench/quix-requirements.txt
+	touch $@
+
+bench: install $(VENV)/.bench-installed $(QUIX_VENV)/.installed ## Benchmarks side by side (bench/README.md); BENCH_ARGS=--quick|--json
+	$(BIN)/runjournal stack up || echo "bench: 'stack up' failed (ports in use?); the bench starts a private stack"
+	$(BIN)/runjournal bench $(BENCH_ARGS)
 
 clean: stack-down
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

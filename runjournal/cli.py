@@ -6,6 +6,7 @@ import json
 
 import typer
 
+from bench.cli import bench_command
 from consumers.approvals_cli import approve_command, deny_command
 from consumers.erase_cli import erase_command
 from consumers.memory.cli import memory_app, memory_extractor_command
@@ -39,6 +40,7 @@ app.command("approve")(approve_command)
 app.command("deny")(deny_command)
 app.command("erase")(erase_command)
 app.command("demo")(demo_command)
+app.command("bench")(bench_command)
 
 
 @app.command("settings")

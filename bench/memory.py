@@ -1,0 +1,155 @@
+"""Pair 5 — memory off the critical path: projector throughput beside the memory extractor.
+
+One topic of complete runs (``bench.projection.publish_workload``). Each round rebuilds the
+projection from nothing (as pair 3's projector side) in three conditions, interleaved:
+
+* extractor stopped — the anchor;
+* extractor running — ``runjournal memory-extractor`` (its own process and consumer group, MiniLM
+  embeddings, embedded Qdrant) started before the round and busy during all of it (the topic holds
+  far more memory items than it embeds in a round); it is given time to load its model and commit a
+  first batch before the projector starts;
+* Qdrant unreachable — the same extractor with ``RUNJOURNAL_QDRANT_URL`` pointing at a closed port
+  on 127.0.0.1: it consumes, fails to write, backs off and retries;
+* extractor running at ``nice 19`` — the deployment answer on a shared host (informational).
+
+The extractor's group is deleted before each start, so it works from the topic's start every round
+(its writes are idempotent by point id). Alongside throughput, the projector's own CPU time per
+1,000 events (``getrusage`` of the bench process, which runs only the projector then) separates
+"the projector does more work / waits on memory" from "it gets less CPU".
+
+On this 2-core machine the running extractor competes with the projector (and the broker) for CPU:
+that is the cost being measured, not a coupling (the projector never waits on memory).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+
+from bench._env import BenchEnv, child_env
+from bench._model import Row, goal_met, paired_ratios, summarise
+from bench._rounds import Side, interleave, progress
+from bench.projection import projector_rate, publish_workload
+from consumers.memory.service import memory_group
+from deploy.procs import free_port
+from runjournal.settings import Settings
+
+__all__ = ["run_memory"]
+
+PAIR = "5 memory off path"
+
+
+def _reset_group(settings: Settings) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": settings.bootstrap})
+    for fut in admin.delete_consumer_groups([memory_group(settings)], request_timeout=15).values():
+        try:
+            fut.result(20)
+        except Exception:  # noqa: BLE001 - the group does not exist yet
+            pass
+
+
+def _committed(settings: Settings) -> int:
+    c = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": memory_group(settings)})
+    try:
+        tps = c.committed([TopicPartition(settings.events_topic, p) for p in range(settings.partitions)], timeout=10)
+        return sum(max(0, tp.offset) for tp in tps)
+    finally:
+        c.close()
+
+
+class _Extractor:
+    """``runjournal memory-extractor`` as a child process, started and stopped around a round."""
+
+    def __init__(self, settings: Settings, *, qdrant_url: str | None, nice: int = 0) -> None:
+        self.settings, self.nice = settings, nice
+        self.env = child_env(settings, **({"RUNJOURNAL_QDRANT_URL": qdrant_url} if qdrant_url else {}))
+        self.reachable = qdrant_url is None
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, ready_timeout_s: float = 30.0) -> None:
+        _reset_group(self.settings)
+        before = _committed(self.settings)
+        nice = self.nice
+        self.proc = subprocess.Popen([sys.executable, "-m", "runjournal", "memory-extractor"],  # noqa: S603
+                                     env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     preexec_fn=(lambda: os.nice(nice)) if nice else None)  # noqa: PLW1509
+        deadline = time.monotonic() + (ready_timeout_s if self.reachable else 5.0)
+        while time.monotonic() < deadline:  # running: until it committed a batch; unreachable: 5 s
+            time.sleep(0.5)
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"memory extractor exited with {self.proc.returncode}")
+            if self.reachable and _committed(self.settings) > before:
+                return
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.proc = None
+
+
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _with(extractor: _Extractor | None, settings: Settings, n: int, cpu: list[float]) -> float:
+    """One projector rebuild with ``extractor`` running (or not); appends its CPU ms per 1k events to ``cpu``."""
+    if extractor is not None:
+        extractor.start()
+    try:
+        before = _cpu_s()
+        rate = projector_rate(settings, n)
+        cpu.append((_cpu_s() - before) * 1000 / (n / 1000))
+        return rate
+    finally:
+        if extractor is not None:
+            extractor.stop()
+
+
+def run_memory(env: BenchEnv, events: int, rounds: int) -> list[Row]:
+    """Run pair 5; returns its rows (see the module docstring)."""
+    settings = env.pair_settings("memory")
+    n = publish_workload(settings, events // 50, 50, seed=5)
+    running = _Extractor(settings, qdrant_url=None)
+    down = _Extractor(settings, qdrant_url=f"http://127.0.0.1:{free_port()}")
+    niced = _Extractor(settings, qdrant_url=None, nice=19)
+    cpu: dict[str, list[float]] = {k: [] for k in ("stopped", "running", "qdrant down", "running, nice 19")}
+    res: dict[str, Any] = interleave(PAIR, [
+        Side("stopped", lambda: _with(None, settings, n, cpu["stopped"])),
+        Side("running", lambda: _with(running, settings, n, cpu["running"])),
+        Side("qdrant down", lambda: _with(down, settings, n, cpu["qdrant down"])),
+        Side("running, nice 19", lambda: _with(niced, settings, n, cpu["running, nice 19"]))], rounds=rounds, warmup=0)
+    progress(f"{PAIR}: extractor committed {_committed(settings)} of {n} records over all rounds")
+    anchor = summarise(res["stopped"])
+    note = (f"{n} events; projector rebuilt from nothing per round; extractor = `runjournal memory-extractor` "
+            "(MiniLM int8, embedded Qdrant) in its own process on the same 2 cores")
+    rows = []
+    for label, side, goal in (("running", "projector, extractor running", "≥ 0.95"),
+                              ("qdrant down", "projector, extractor with Qdrant unreachable", "≥ 0.95"),
+                              ("running, nice 19", "projector, extractor running at nice 19", None)):
+        ours = summarise(res[label])
+        rows.append(Row(PAIR, "events/s", side, ours, "projector, extractor stopped", anchor,
+                        goal=goal, met=goal_met(ours.value / anchor.value, goal) if goal else None,
+                        note=note if label == "running" else "",
+                        ratio_rounds=paired_ratios(res[label], res["stopped"])))
+    for label in ("running", "qdrant down"):
+        rows.append(Row(PAIR, "projector CPU ms / 1k events", f"extractor {label}", summarise(cpu[label]),
+                        "extractor stopped", summarise(cpu["stopped"]),
+                        note="same work per event ⇒ a slowdown above is CPU contention, not coupling"
+                        if label == "running" else "", ratio_rounds=paired_ratios(cpu[label], cpu["stopped"])))
+    return rows

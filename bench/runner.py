@@ -1,0 +1,92 @@
+"""Runs the selected pairs one after another on one stack and collects their rows."""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from typing import Any
+
+from bench._env import BenchEnv, open_env
+from bench._model import Row
+from bench._rounds import progress
+from bench.cli import PAIRS
+
+__all__ = ["run_bench"]
+
+
+def _sizes(quick: bool, rounds: int | None) -> dict[str, Any]:
+    r = rounds or (2 if quick else 5)
+    return {
+        "rounds": r,
+        "publish_events": 8_000 if quick else 20_000,
+        "boundary_calls": 40 if quick else 120,
+        "projection_runs": 400 if quick else 2_000,
+        "recovery_runs": 2_000 if quick else 10_000,
+        "recovery_topics": (50_000, 200_000) if quick else (250_000, 1_000_000),
+        "projection_rounds": min(r, 2 if quick else 3),  # the Quix side runs at ~1.5-2k events/s here
+        "memory_events": 10_000 if quick else 30_000,
+        "memory_rounds": min(r, 2 if quick else 3),
+        "footprint_seconds": 4 if quick else 8,
+    }
+
+
+def _run_pair(name: str, env: BenchEnv, shared: dict[str, Any], sizes: dict[str, Any]) -> list[Row]:
+    """Run one pair (imported here: each pair's dependencies load only when it runs)."""
+    r = sizes["rounds"]
+    if name == "publish":
+        from bench.publish import PublishConfig, run_publish
+
+        return run_publish(env, PublishConfig(sizes["publish_events"], r))
+    if name == "boundary":
+        from bench.boundary import BoundaryConfig, run_boundary
+
+        return run_boundary(env, BoundaryConfig(sizes["boundary_calls"], r))
+    if name == "projection":
+        from bench.projection import ProjectionConfig, run_projection
+
+        return run_projection(env, ProjectionConfig(sizes["projection_runs"], 50, sizes["projection_rounds"]), shared)
+    if name == "recovery":
+        from bench.recovery import RecoveryConfig, run_recovery
+
+        return run_recovery(env, RecoveryConfig(sizes["recovery_runs"], sizes["recovery_topics"], r))
+    if name == "memory":
+        from bench.memory import run_memory
+
+        return run_memory(env, sizes["memory_events"], sizes["memory_rounds"])
+    from bench.footprint import run_footprint
+
+    return run_footprint(env, shared, sizes["footprint_seconds"])
+
+
+def run_bench(*, quick: bool, only: tuple[str, ...], rounds: int | None = None) -> tuple[list[Row], dict[str, Any]]:
+    """Run the pairs named in ``only`` (in the canonical order) and return ``(rows, header)``.
+
+    A pair that fails is reported in ``header["failed"]`` with its error; the others still run.
+    """
+    started = time.monotonic()
+    sizes = _sizes(quick, rounds)
+    env, where = open_env()
+    progress(f"stack: {where}")
+    rows: list[Row] = []
+    failed: dict[str, str] = {}
+    shared: dict[str, Any] = {}
+    load_start = os.getloadavg()[0]
+    try:
+        for name in PAIRS:
+            if name not in only:
+                continue
+            t0 = time.monotonic()
+            try:
+                rows.extend(_run_pair(name, env, shared, sizes))
+            except Exception as exc:  # noqa: BLE001 - one pair failing must not lose the others' rows
+                failed[name] = f"{type(exc).__name__}: {exc}"
+                progress(f"{name} FAILED: {traceback.format_exc()}")
+            progress(f"{name} done in {time.monotonic() - t0:.1f} s")
+    finally:
+        env.close()
+    header = {"mode": "quick" if quick else "full", "rounds": sizes["rounds"], "stack": where,
+              "cpus": os.cpu_count(), "load_1m_start": round(load_start, 2),
+              "load_1m_end": round(os.getloadavg()[0], 2), "elapsed_s": round(time.monotonic() - started, 1),
+              **({"failed": failed} if failed else {})}
+    return rows, header
