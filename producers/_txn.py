@@ -24,7 +24,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from producers._kafka_errors import Failure, Severity, classify
 from producers._txn_failures import FailureHandling, Item
-from producers.errors import DeliveryError, FatalProducerError, JournalError, QueueFullError
+from producers.errors import DeliveryError, FatalProducerError, JournalError, ProducerFencedError, QueueFullError
 
 __all__ = ["Item", "TxnPublisher"]
 
@@ -75,6 +75,8 @@ class TxnPublisher(FailureHandling):
         self._txn_opened_at = 0.0
         self._items: list[Item] = []
         self._closed = False
+        self._fenced_for_good = False
+        """Set once the broker fenced this transactional.id: every later publish raises ProducerFencedError."""
         self._settle_s = settle_ms / 1000
         self._committed_at = 0.0
         self.commits = 0
@@ -183,6 +185,10 @@ class TxnPublisher(FailureHandling):
     def _usable(self) -> None:
         if self._closed:
             raise JournalError("the journal is closed")
+        if self._fenced_for_good:  # checked under the lock: no publish slips past a fence
+            raise ProducerFencedError(
+                f"{self._config['transactional.id']} was fenced (a recovery job took this instance's runs); "
+                "this instance must stop — restart it with a new producer_id")
         if self._producer is None:
             self.rebuilds += 1
             self._producer = self._build()

@@ -13,8 +13,9 @@ transaction (generation *g*):
    producer epoch.)
 3. Otherwise **drop** it: *g* is resolved as failed, every durable publisher waiting on *g* raises
    (TransactionAbortedError / FatalProducerError / ProducerFencedError) and its seq is free again;
-   fatal → the producer is rebuilt (``init_transactions``); fenced → ``on_fenced`` stops every run
-   that existed. Non-durable records of *g* are produced again at the head of the next transaction,
+   fatal → the producer is rebuilt (``init_transactions``); fenced → the publisher stays fenced for
+   good (re-initialising the same transactional.id would un-fence the zombie) and every later
+   publish raises ProducerFencedError. Non-durable records of *g* are produced again at the head of the next transaction,
    except those of a run that had a record refused (or re-produced too often): such a run is told
    through ``on_lost`` and stops, rather than continue with a gap in its seqs.
 """
@@ -79,6 +80,7 @@ class FailureHandling:
     _txn_open: bool
     _items: list[Item]
     _on_fenced: Callable[[], None]
+    _fenced_for_good: bool
     _still_leased: Callable[[], bool]
     aborts: int
     rebuilds: int
@@ -139,8 +141,13 @@ class FailureHandling:
         self.aborts += 1
         self._resolve(failure)
         if severity is Severity.FENCED:
+            # Never init_transactions() again with this transactional.id: that would bump the epoch back
+            # and un-fence this zombie behind the recovery job's read (DESIGN.md § Zombies). The instance is
+            # done; a restart takes a new producer_id.
+            self._fenced_for_good = True
+            self._drop_producer()
             self._on_fenced()
-        if severity in (Severity.FENCED, Severity.FATAL):
+        elif severity is Severity.FATAL:
             self._rebuild()
         non_durable = [i for i in lost if not i.durable]
         if not failure.retryable:
@@ -152,7 +159,9 @@ class FailureHandling:
         again = [i for i in non_durable if i.run_id not in dead]
         if again:
             if self._producer is None:
-                self._notify_lost(again, FatalProducerError(f"{len(again)} events lost: no producer"))
+                error = (ProducerFencedError(f"{len(again)} events lost: this instance is fenced")
+                         if self._fenced_for_good else FatalProducerError(f"{len(again)} events lost: no producer"))
+                self._notify_lost(again, error)
             elif (err := self._reproduce(again)) is not None:
                 self._fail_open_txn(err)
         return failure.error()
@@ -190,14 +199,17 @@ class FailureHandling:
         self._items = []
         self._delivery_errors.clear()
 
-    def _rebuild(self) -> None:
-        self.rebuilds += 1
+    def _drop_producer(self) -> None:
         old, self._producer = self._producer, None
         if old is not None:
             try:
                 old.purge()  # then dropped: close() would try to abort a transaction it no longer owns
             except (KafkaException, RuntimeError) as exc:
                 log.debug("purging the failed producer: %s", exc)
+
+    def _rebuild(self) -> None:
+        self.rebuilds += 1
+        self._drop_producer()
         try:
             self._producer = self._build()
         except FatalProducerError as exc:

@@ -77,8 +77,10 @@ class ProducerFencedError(FatalProducerError):
     """Another producer called ``init_transactions()`` with this instance's ``transactional.id``
     (the recovery job fencing a presumed-dead instance; DESIGN.md § Zombies: fence first, then read).
 
-    Every run handle that existed when the fence fell refuses further writes with this error:
-    those runs now belong to the recovery job. Runs started afterwards are not affected.
+    The whole instance is done: every publish after the fence raises this error (its runs now belong
+    to the recovery job). It never re-initialises the same ``transactional.id`` — that would bump the
+    producer epoch back and un-fence the zombie behind the recovery job's read. Restart the process
+    with a new ``producer_id``.
     """
 
     retryable = False

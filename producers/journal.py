@@ -21,9 +21,10 @@ Durability design (DESIGN.md § The side-effect protocol, § Zombies: fence firs
   explicitly; the count is read at start and re-read every ``metadata_check_interval_s`` and
   after a delivery error; a change stops publishing with ``PartitionCountChangedError``.
 * Fencing: the recovery job calls ``init_transactions()`` with this instance's transactional id
-  (``fence_producer``). The next transactional call here fails as fenced: every handle that
-  existed then refuses further writes (``ProducerFencedError``); the producer is rebuilt so
-  runs started afterwards can still be written.
+  (``fence_producer``). The next transactional call here fails as fenced, and from then on every
+  publish of this instance raises ``ProducerFencedError`` (checked under the publisher lock, so no
+  thread slips a write past the fence). The same transactional.id is never initialised again:
+  that would un-fence the zombie. Restart with a new producer_id.
 """
 
 from __future__ import annotations
