@@ -29,6 +29,7 @@ from producers.errors import (
     ApprovalDeniedError,
     OutcomeUnknownError,
     PlanMismatchError,
+    RecordedFailureError,
     ResultUnavailableError,
 )
 from producers.plan import ApprovalStatus, CallStatus, PlannedCall
@@ -117,6 +118,17 @@ class CallMixin:
                     f"run {self.run_id} step {node_path or '<top>'} call {index}: plan records tool "
                     f"{planned.tool!r} for key {key}, the code calls {tool.name!r}"
                 )
+            if planned.args_digest is not None and planned.args_digest != common["args_digest"]:
+                raise PlanMismatchError(
+                    f"run {self.run_id} step {node_path or '<top>'} call {index}: {tool.name} was called with "
+                    f"other arguments before the crash (args digest {planned.args_digest[:12]}…, now "
+                    f"{common['args_digest'][:12]}…); its recorded outcome cannot answer this call"
+                )
+            if planned.status is CallStatus.FAILED and planned.retryable is False:
+                self._call_counts[node_path] = index
+                raise RecordedFailureError(
+                    f"{tool.name} call {planned.call_id} failed before the crash and is not retryable: "
+                    f"{planned.error}", error=planned.error, call_id=planned.call_id, tool=tool.name)
             if planned.status in _DONE:
                 result = self._recorded_result(planned)
                 self._call_counts[node_path] = index

@@ -15,9 +15,9 @@ transaction (generation *g*):
    (TransactionAbortedError / FatalProducerError / ProducerFencedError) and its seq is free again;
    fatal → the producer is rebuilt (``init_transactions``); fenced → the publisher stays fenced for
    good (re-initialising the same transactional.id would un-fence the zombie) and every later
-   publish raises ProducerFencedError. Non-durable records of *g* are produced again at the head of the next transaction,
-   except those of a run that had a record refused (or re-produced too often): such a run is told
-   through ``on_lost`` and stops, rather than continue with a gap in its seqs.
+   publish raises ProducerFencedError. Non-durable records of *g* are produced again at the head
+   of the next transaction, except those of a run that had a record refused (or re-produced too
+   often): such a run is told through ``on_lost`` and stops, rather than continue with a gap in its seqs.
 """
 
 from __future__ import annotations

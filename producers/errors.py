@@ -38,6 +38,7 @@ __all__ = [
     "PlanMismatchError",
     "ProducerFencedError",
     "QueueFullError",
+    "RecordedFailureError",
     "ResultUnavailableError",
     "RunClosedError",
     "TopicNotFoundError",
@@ -159,3 +160,21 @@ class ApprovalDeniedError(OutcomeUnknownError):
 
 class ResultUnavailableError(JournalError):
     """A recorded result is stored by reference (``result_ref``) and cannot be read back from Redis."""
+
+
+class RecordedFailureError(JournalError):
+    """A resumed step reached a call whose recorded attempt failed and was not retryable: the failure is
+    raised again in its place (the tool does not run), so the run's code takes the same path it took
+    before the crash (e.g. its fallback) instead of executing the effect a second time.
+
+    Attributes:
+        error: the recorded error text.
+        call_id: the call.
+        tool: the tool name.
+    """
+
+    def __init__(self, message: str, *, error: str | None, call_id: str, tool: str) -> None:
+        super().__init__(message)
+        self.error = error
+        self.call_id = call_id
+        self.tool = tool

@@ -84,6 +84,14 @@ class PlannedCall:
     """How many TOOL_CALL_INTENDED were published for it so far; the next attempt is ``attempts + 1``."""
     side_effect: bool = True
     """From the intent; a read-only call (False) of unknown outcome is simply run again."""
+    args_digest: str | None = None
+    """sha256 of the canonical JSON args the call was made with; a resumed step calling with other
+    args raises ``PlanMismatchError`` instead of silently getting this call's result."""
+    retryable: bool | None = None
+    """FAILED only: the recorded ``retryable`` flag. False: resuming raises the recorded failure
+    (``RecordedFailureError``) instead of running the tool again — the run already decided around it."""
+    error: str | None = None
+    """FAILED only: the recorded error text."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict (status as its string)."""
@@ -95,6 +103,9 @@ class PlannedCall:
             "result_ref": self.result_ref,
             "attempts": self.attempts,
             "side_effect": self.side_effect,
+            "args_digest": self.args_digest,
+            "retryable": self.retryable,
+            "error": self.error,
         }
 
     @classmethod
@@ -108,6 +119,9 @@ class PlannedCall:
             result_ref=data.get("result_ref"),
             attempts=int(data.get("attempts", 0)),
             side_effect=bool(data.get("side_effect", True)),
+            args_digest=data.get("args_digest"),
+            retryable=data.get("retryable"),
+            error=data.get("error"),
         )
 
 

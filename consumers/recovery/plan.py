@@ -9,7 +9,7 @@ the seq in the fold.
 | COMMITTED, RECONCILED(COMMITTED) | COMMITTED / RECONCILED_COMMITTED | returns the recorded result, never re-runs |
 | INTENDED / OUTCOME_UNKNOWN | OUTCOME_UNKNOWN | reconciles by key (1), else holds for approval |
 | RECONCILED(NOT_EXECUTED) | RECONCILED_NOT_EXECUTED | runs it (same idempotency key) |
-| FAILED, RECONCILED(FAILED) | FAILED | retry policy: runs again with attempt + 1 when retryable |
+| FAILED, RECONCILED(FAILED) | FAILED | retryable: runs again (attempt + 1); not: the recorded failure is raised again |
 | (no record) | NOT_STARTED | runs it |
 
 (1) ``tool.reconcile(idempotency_key)``, once the lease expired and the tool's timeout passed;
@@ -67,7 +67,10 @@ def classify(state: RunState) -> Classified:
         calls[rec.idempotency_key] = PlannedCall(
             call_id=rec.call_id, tool=rec.tool, status=cls, result_json=rec.result_json,
             result_ref=rec.result_ref, attempts=rec.attempts,
-            side_effect=True if rec.side_effect is None else bool(rec.side_effect))
+            side_effect=True if rec.side_effect is None else bool(rec.side_effect),
+            args_digest=rec.args_digest or None,
+            retryable=rec.retryable if cls == Plan.FAILED else None,
+            error=rec.error if cls == Plan.FAILED else None)
     return Classified(calls=calls, counts=dict(counts), reconcile_after_ms=after)
 
 
