@@ -164,6 +164,8 @@ class CallMixin:
         self._publish(EventType.TOOL_CALL_INTENDED, intended, node_id=node_id, durable=effect)
         self._call_counts[node_path] = index
         failpoints.hit("producers.call.after_intent")
+        if effect:
+            self.journal.check_still_owner()  # a paused zombie whose lease expired must not send now
         try:
             result = tool(args, common["idempotency_key"])
             failpoints.hit("producers.call.after_tool")

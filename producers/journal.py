@@ -46,6 +46,7 @@ from producers.errors import (
     JournalError,
     NoRecoveryPlanError,
     PartitionCountChangedError,
+    ProducerFencedError,
     TopicNotFoundError,
 )
 from producers.fencing import default_producer_id, transactional_id
@@ -281,6 +282,20 @@ class Journal:
             plan=plan,
             traceparent=check_traceparent(traceparent),
         )
+
+    def check_still_owner(self) -> None:
+        """Raise ``ProducerFencedError`` unless this instance still holds its lease (one Redis GET, ~0.2 ms).
+
+        Called between a side effect's acknowledged intent and the tool: an instance paused past its
+        lease TTL (GC, SIGSTOP) may have been declared dead and its runs handed over; it must not send
+        the request now. This narrows, but cannot close, the window between check and send — only the
+        provider can close it, by honouring the idempotency key or a fencing token (the run's epoch;
+        DESIGN.md § Zombies, step 3). Redis being unreachable does not fail the check (Kafka fences).
+        """
+        if not self._lease.still_ours():
+            raise ProducerFencedError(
+                f"instance {self.producer_id} lost its lease {self._lease.key}: it may have been declared dead "
+                "and its runs handed over; not running the tool")
 
     def claim_assignment(self, timeout_s: float) -> str | None:
         """The next run id assigned to this instance, waiting up to ``timeout_s`` seconds; None if none."""

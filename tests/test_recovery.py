@@ -164,3 +164,25 @@ def test_zombie_cannot_start_a_new_side_effect(topics: Settings, service_env: di
     first, second = sorted(state.records.values(), key=lambda r: r.intended_offset)
     assert first.status == CallStatus.COMMITTED and first.epoch == 1  # the zombie's effect is still on record
     assert second.status == CallStatus.COMMITTED and second.epoch == 2
+
+
+def test_zombie_paused_between_intent_and_send_is_stopped_by_the_providers_fencing_token(
+        topics: Settings, service_env: dict[str, str], provider: Provider) -> None:
+    """SIGSTOP right after the intent is acknowledged, before the request is sent; recovery reconciles (not
+    executed) and the new owner sends; SIGCONT: the zombie's lease is gone, so it does not send — and were it
+    to, the provider refuses its older epoch (the fence the reconcile registered). Idempotency is OFF."""
+    run_id = "zombie-2"
+    zombie = child(service_env, run_id, "agent-a", provider, failpoint="producers.call.after_intent=1:stop")
+    wait_lease(topics, "agent-a")
+    wait_lease_gone(topics, "agent-a", timeout_s=30)
+    taker = child(service_env, run_id, "agent-b", provider, resume=True)
+    wait_lease(topics, "agent-b")
+    job = RecoveryJob(topics)
+    report = job.recover(stale=True).as_dict()
+    job.close()
+    assert report["runs"][0]["calls"] == {"OUTCOME_UNKNOWN": 1}
+    assert taker.wait(60) == 0
+    assert provider.executions() == 1
+    zombie.send_signal(signal.SIGCONT)
+    assert zombie.wait(60) != 0
+    assert provider.executions() == 1, "the paused zombie must not send a second email"
