@@ -63,7 +63,9 @@ def inspect_command(
 
     report = inspect_run(Settings.load(), run_id, with_timeline=timeline)
     if report is None:
-        console.print(f"[red]no state for run {run_id}[/]")
+        console.print(f"[red]no state for run {run_id}[/] in Redis (prefix {Settings.load().topic_prefix}): is the "
+                      "projector running (`runjournal projector`), and is RUNJOURNAL_TOPIC_PREFIX right? "
+                      "`runjournal replay RUN_ID` rebuilds it from the topic alone.")
         raise typer.Exit(code=1)
     if as_json:
         print(json.dumps(report, default=str))

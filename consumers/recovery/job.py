@@ -169,6 +169,9 @@ class RecoveryJob:
         """
         started = time.monotonic()
         report = RecoveryReport()
+        if assign_to and assign_to not in self.instances.live():
+            raise RecoveryError(f"--assign-to {assign_to}: no live instance holds that lease "
+                                f"(live: {sorted(self.instances.live()) or 'none'})")
         chosen = self._select(stale=stale, instance=instance, runs=runs, force=force)  # 1
         self._force = force
         for owner in sorted({o for o in chosen.values() if o}):  # 2

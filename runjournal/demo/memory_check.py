@@ -50,7 +50,7 @@ def memory_counts(env: dict[str, str], final: subprocess.CompletedProcess[str] |
                            "memory_collections": names}
     if final is not None and final.stdout.strip():
         try:
-            out["memory_extractor"] = json.loads(final.stdout.strip().splitlines()[-1])
+            out["memory_extractor_final_pass"] = json.loads(final.stdout.strip().splitlines()[-1])
         except ValueError:
-            out["memory_extractor"] = final.stdout[-500:]
+            out["memory_extractor_final_pass"] = final.stdout[-500:]
     return out
