@@ -47,7 +47,7 @@ def main() -> None:
     settings = Settings.load()
     inbox = ApprovalInbox(redis.Redis.from_url(settings.redis_url), settings.topic_prefix) \
         if sys.argv[6:7] == ["approval"] else None
-    with Journal(settings, producer_id=producer_id, lease_ttl_ms=1000) as journal:
+    with Journal(settings, producer_id=producer_id, lease_ttl_ms=2500) as journal:  # short, for tests; 3x a heartbeat
         if resume:
             claimed = journal.claim_assignment(timeout_s=10)
             assert claimed == run_id, claimed
