@@ -15,6 +15,8 @@ partitioner would scatter a run; the journal therefore computes the partition he
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 __all__ = ["murmur2", "partition_for", "to_positive"]
 
 _SEED = 0x9747B28C
@@ -77,4 +79,10 @@ def partition_for(run_id: str, num_partitions: int) -> int:
     """
     if num_partitions < 1:
         raise ValueError(f"num_partitions must be >= 1, got {num_partitions}")
+    return _partition(run_id, num_partitions)
+
+
+@lru_cache(maxsize=65_536)
+def _partition(run_id: str, num_partitions: int) -> int:
+    """Memoised: murmur2 in pure Python costs ~6 µs, and every event of a run asks again (pure function)."""
     return to_positive(murmur2(run_id.encode("utf-8"))) % num_partitions
