@@ -47,7 +47,7 @@ def _redis_rows(settings: Any, runs: int) -> list[Row]:
                      "and offset keys add a few bytes per run")]
 
 
-def run_footprint(env: BenchEnv, shared: dict[str, Any], seconds: int) -> list[Row]:
+def run_footprint(env: BenchEnv, shared: dict[str, Any], seconds: int, rounds: int = 2) -> list[Row]:
     """Run pair 6; uses pair 3's topic and projection when it ran, else publishes its own."""
     proj = shared.get("projection")
     if proj is None:
@@ -70,7 +70,7 @@ def run_footprint(env: BenchEnv, shared: dict[str, Any], seconds: int) -> list[R
                             Side("ceiling", lambda: child(["ceiling", str(proj["events"])])),
                             Side("agent", lambda: child(["agent", str(seconds)])),
                             Side("raw producer", lambda: child(["raw-producer", str(agent_events[-1]), raw_topic]))],
-                     rounds=2, warmup=0)
+                     rounds=rounds, warmup=0)
     rows.insert(0, Row(PAIR, "peak RSS MiB", "projector process", summarise(res["projector"]),
                        "raw consume + decode process", summarise(res["ceiling"]),
                        note=f"{proj['events']} events, {proj['runs']} runs; fresh process each, VmHWM",

@@ -27,7 +27,9 @@ def _sizes(quick: bool, rounds: int | None) -> dict[str, Any]:
         "projection_rounds": min(r, 2 if quick else 3),  # the Quix side runs at ~1.5-2k events/s here
         "memory_events": 10_000 if quick else 30_000,
         "memory_rounds": min(r, 2 if quick else 3),
+        "memory_nice": not quick,  # the nice-19 side is informational: full runs only
         "footprint_seconds": 4 if quick else 8,
+        "footprint_rounds": 1 if quick else 2,
     }
 
 
@@ -53,10 +55,10 @@ def _run_pair(name: str, env: BenchEnv, shared: dict[str, Any], sizes: dict[str,
     if name == "memory":
         from bench.memory import run_memory
 
-        return run_memory(env, sizes["memory_events"], sizes["memory_rounds"])
+        return run_memory(env, sizes["memory_events"], sizes["memory_rounds"], nice=sizes["memory_nice"])
     from bench.footprint import run_footprint
 
-    return run_footprint(env, shared, sizes["footprint_seconds"])
+    return run_footprint(env, shared, sizes["footprint_seconds"], sizes["footprint_rounds"])
 
 
 def run_bench(*, quick: bool, only: tuple[str, ...], rounds: int | None = None) -> tuple[list[Row], dict[str, Any]]:
