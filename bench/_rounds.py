@@ -34,17 +34,20 @@ def _fmt(value: Any) -> str:
     return f"{value:,.1f}" if isinstance(value, float) else str(value)
 
 
-def interleave(pair: str, sides: Sequence[Side], *, rounds: int, warmup: int = 1) -> dict[str, list[Any]]:
+def interleave(pair: str, sides: Sequence[Side], *, rounds: int, warmup: int = 1,
+               rotate: bool = False) -> dict[str, list[Any]]:
     """Run ``warmup + rounds`` rounds of every side in order; return each side's measured rounds.
 
     Warm-up rounds are run and discarded (cold broker paths, first transactions, imports, JIT-less
-    caches such as the page cache of a topic).
+    caches such as the page cache of a topic). ``rotate`` starts round ``r`` at side ``r mod n``
+    (A B C, B C A, C A B …) so that no side always runs right after the same other side.
     """
     results: dict[str, list[Any]] = {s.label: [] for s in sides}
     for r in range(warmup + rounds):
         tag = "warm-up" if r < warmup else f"round {r - warmup + 1}/{rounds}"
         line = []
-        for side in sides:
+        order = [*sides[r % len(sides):], *sides[:r % len(sides)]] if rotate else list(sides)
+        for side in order:
             if r < warmup and not side.warmup:
                 continue
             value = side.run()

@@ -12,10 +12,12 @@ projection from nothing (as pair 3's projector side) in three conditions, interl
   on 127.0.0.1: it consumes, fails to write, backs off and retries;
 * extractor running at ``nice 19`` — the deployment answer on a shared host (informational).
 
-The extractor's group is deleted before each start, so it works from the topic's start every round
-(its writes are idempotent by point id). Alongside throughput, the projector's own CPU time per
-1,000 events (``getrusage`` of the bench process, which runs only the projector then) separates
-"the projector does more work / waits on memory" from "it gets less CPU".
+Sides rotate (stopped, running, down; running, down, stopped; …): each condition's round follows
+a different one, so a position effect (the previous side's extractor exiting, Redis rewriting its
+AOF) does not land on one side. The extractor's group is deleted before each start, so it works
+from the topic's start every round (its writes are idempotent by point id). Alongside throughput,
+the projector's own CPU time per 1,000 events (``getrusage`` of the bench process, which runs only
+the projector then) separates "the projector does more work / waits on memory" from "it gets less CPU".
 
 On this 2-core machine the running extractor competes with the projector (and the broker) for CPU:
 that is the cost being measured, not a coupling (the projector never waits on memory).
@@ -134,7 +136,7 @@ def run_memory(env: BenchEnv, events: int, rounds: int, *, nice: bool = True) ->
              Side("qdrant down", lambda: _with(down, settings, n, cpu["qdrant down"]))]
     if nice:
         sides.append(Side("running, nice 19", lambda: _with(niced, settings, n, cpu["running, nice 19"])))
-    res: dict[str, Any] = interleave(PAIR, sides, rounds=rounds, warmup=0)
+    res: dict[str, Any] = interleave(PAIR, sides, rounds=rounds, warmup=0, rotate=True)
     progress(f"{PAIR}: extractor committed {_committed(settings)} of {n} records over all rounds")
     anchor = summarise(res["stopped"])
     note = (f"{n} events; projector rebuilt from nothing per round; extractor = `runjournal memory-extractor` "

@@ -11,6 +11,9 @@ commits every ``max_txn_age_ms`` = 1 s), then ``flush()`` (commit). Anchors, on 
 * raw idempotent: the same without transactions (acks=all, idempotence), ``flush()`` at the end.
 
 Figure: events per second from the first emit to the final commit/flush returning.
+
+A fourth side re-runs ours with ``partition_for`` un-memoised (murmur2 in pure Python per event, as
+before the memo): the optimisation's before/after in the same run.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from confluent_kafka import Producer
 from bench._env import BenchEnv
 from bench._model import Row, goal_met, paired_ratios, summarise
 from bench._rounds import Side, interleave
-from producers import Journal, RunHandle, partition_for
+from producers import Journal, RunHandle, murmur2, partition_for, to_positive
+from producers import journal as journal_module
 from schemas import Event, EventType, codec_from_settings, new_event_id, utcnow
 
 __all__ = ["PublishConfig", "run_publish"]
@@ -106,6 +110,20 @@ def _on_delivery(err: Any, msg: Any) -> None:
         raise RuntimeError(f"raw delivery failed: {err}")
 
 
+def _unmemoised(run_id: str, num_partitions: int) -> int:
+    return to_positive(murmur2(run_id.encode("utf-8"))) % num_partitions
+
+
+def _emit_round_unmemoised(journal: Journal, handles: list[RunHandle], events: int) -> float:
+    """One round of ours with ``producers.journal.partition_for`` swapped for the un-memoised hash."""
+    saved = journal_module.partition_for
+    journal_module.partition_for = _unmemoised
+    try:
+        return _emit_round(journal, handles, events)
+    finally:
+        journal_module.partition_for = saved
+
+
 def _emit_round(journal: Journal, handles: list[RunHandle], events: int) -> float:
     started = time.perf_counter()
     n = len(handles)
@@ -126,7 +144,9 @@ def run_publish(env: BenchEnv, cfg: PublishConfig) -> list[Row]:
         idem = _Raw(journal, handles, cfg.events, transactional=False)
         commits_before = journal.stats["commits"]
         res = interleave(PAIR, [Side("runjournal emit", lambda: _emit_round(journal, handles, cfg.events)),
-                                Side("raw txn", txn.round), Side("raw idempotent", idem.round)],
+                                Side("raw txn", txn.round), Side("raw idempotent", idem.round),
+                                Side("emit, no partition memo",
+                                     lambda: _emit_round_unmemoised(journal, handles, cfg.events))],
                          rounds=cfg.rounds)
         ours_commits = journal.stats["commits"] - commits_before
     note = (f"{cfg.events} non-durable events/round over {RUNS} runs (MESSAGE/NODE_*, {len(txn.records[0][1])}-"
@@ -144,4 +164,7 @@ def run_publish(env: BenchEnv, cfg: PublishConfig) -> list[Row]:
     rows.append(Row(PAIR, "events/s", "raw txn", summarise(res["raw txn"]), "raw idempotent acks=all",
                     summarise(res["raw idempotent"]), note="what transactions cost raw throughput",
                     ratio_rounds=paired_ratios(res["raw txn"], res["raw idempotent"])))
+    rows.append(Row(PAIR, "events/s", "runjournal emit", ours, "the same, partition_for un-memoised (before)",
+                    summarise(res["emit, no partition memo"]), note="the partition_for memo: after / before",
+                    ratio_rounds=paired_ratios(res["runjournal emit"], res["emit, no partition memo"])))
     return rows

@@ -25,7 +25,7 @@ def _sizes(quick: bool, rounds: int | None) -> dict[str, Any]:
         "recovery_runs": 2_000 if quick else 10_000,
         "recovery_topics": (50_000, 200_000) if quick else (250_000, 1_000_000),
         "projection_rounds": min(r, 2 if quick else 3),  # the Quix side runs at ~1.5-2k events/s here
-        "memory_events": 10_000 if quick else 30_000,
+        "memory_events": 10_000 if quick else 60_000,
         "memory_rounds": min(r, 2 if quick else 3),
         "memory_nice": not quick,  # the nice-19 side is informational: full runs only
         "footprint_seconds": 4 if quick else 8,
