@@ -205,6 +205,6 @@ def run_recovery(env: BenchEnv, cfg: RecoveryConfig) -> list[Row]:
     progress(f"{PAIR}: full recover(): " + ", ".join(f"{k:,} events {v:.1f} s" for k, v in full.items()))
     rows.append(Row(PAIR, "s, full recover() once", f"{big.events:,} events", summarise([full[big.events]]),
                     f"{small.events:,} events", summarise([full[small.events]]),
-                    note="RecoveryJob.recover(runs=all, assign_to=live): selection (2 Redis reads per run), fence, "
-                         "fold, plans, RUN_RESUMED for every run in one transaction, one Redis MULTI per run"))
+                    note="RecoveryJob.recover(runs=all, assign_to=live): selection (3 Redis round trips per run), "
+                         "fence, fold, plans, RUN_RESUMED for every run in one transaction, one Redis MULTI per run"))
     return rows
