@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exponential
 
+from consumers._group import commit_pending, partition_lags
 from consumers.dlq import DeadLetters
 from consumers.memory.embed import Embedder, default_embedder
 from consumers.memory.errors import MemoryPlaneError
@@ -318,26 +319,14 @@ class MemoryExtractor:
 
     # -- offsets --------------------------------------------------------------------------------
     def _commit(self, partitions: set[int], *, asynchronous: bool) -> None:
-        offsets = [TopicPartition(self.topic, p, self._pending_commit.pop(p))
-                   for p in partitions if p in self._pending_commit]
-        if not offsets:
-            return
-        try:
-            self.consumer.commit(offsets=offsets, asynchronous=asynchronous)
-        except KafkaException as exc:  # e.g. the member left the group during a long outage: redelivery follows
-            log.warning("offset commit failed", extra={"error": str(exc)})
+        # A failed commit (e.g. the member left the group during a long outage) means redelivery, harmless.
+        commit_pending(self.consumer, self.topic, self._pending_commit, partitions, asynchronous=asynchronous,
+                       log=log)
 
     def _caught_up(self) -> bool:
         if not self._assigned_once.is_set():
             return False
-        assignment = self.consumer.assignment()
-        if not assignment:
-            return True
-        for tp in self.consumer.position(assignment):
-            _low, high = self.consumer.get_watermark_offsets(tp, timeout=5, cached=False)
-            if high - max(tp.offset, self._done.get(tp.partition, -1) + 1) > 0:
-                return False
-        return True
+        return not any(partition_lags(self.consumer, self._done).values())
 
 
 def _is_outage(exc: BaseException | None) -> bool:

@@ -31,6 +31,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message,
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
+from consumers._group import commit_pending, partition_lags
 from consumers.dlq import DeadLetters
 from consumers.projector._cache import StateCache
 from consumers.projector.metrics import ProjectorMetrics
@@ -312,30 +313,17 @@ class Projector:
         self.consumer.seek(TopicPartition(self.topic, partition, target))
 
     def _commit(self, partitions: set[int], *, asynchronous: bool) -> None:
-        offsets = [TopicPartition(self.topic, p, self._pending_commit.pop(p))
-                   for p in partitions if p in self._pending_commit]
-        if not offsets:
-            return
-        try:
-            self.consumer.commit(offsets=offsets, asynchronous=asynchronous)
-        except KafkaException as exc:  # group offsets are advisory here (Redis holds the truth)
-            log.warning("offset commit failed", extra={"error": str(exc)})
+        # Group offsets are advisory here (Redis holds the truth): a failed commit is only logged.
+        commit_pending(self.consumer, self.topic, self._pending_commit, partitions, asynchronous=asynchronous,
+                       log=log)
 
     def _caught_up(self) -> bool:
         if not self._assigned_once.is_set():
             return False
-        assignment = self.consumer.assignment()
-        if not assignment:
-            return True
-        positions = self.consumer.position(assignment)
-        for tp in positions:
-            _low, high = self.consumer.get_watermark_offsets(tp, timeout=5, cached=False)
-            applied = self.applied.get(tp.partition, -1)
-            lag = max(0, high - max(tp.offset, applied + 1))
-            self.metrics.lag.labels(str(tp.partition)).set(lag)
-            if lag > 0:
-                return False
-        return True
+        lags = partition_lags(self.consumer, self.applied)
+        for partition, lag in lags.items():
+            self.metrics.lag.labels(str(partition)).set(lag)
+        return not any(lags.values())
 
 
 def _run_id_from_key(key: bytes | None) -> str | None:
