@@ -22,25 +22,32 @@ deps: ## Install java, mvn and redis-server from Debian's packages when missing 
 	  else echo "missing:$$missing — run: sudo apt-get install -y$$missing" >&2; exit 1; fi; \
 	fi
 
+# .[dev] = every extra (cli, memory, registry) + the test, lint and type-check tools; make demo needs
+# .[demo] only, but one venv serves both targets.
 $(BIN)/runjournal: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
-venv: $(BIN)/runjournal ## Create .venv and install runjournal with dev extras
+venv: $(BIN)/runjournal ## Create .venv and install runjournal with every extra and the dev tools
 
 install: deps venv ## deps + venv
 
-lint: venv ## ruff, import-linter contracts
+lint: venv ## ruff, import-linter layers and cycles, mypy --strict on the public packages, deptry
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy
+	$(BIN)/deptry .
 
 schemas-check: venv ## Compatibility gate over every published schema version
 	$(BIN)/runjournal schemas check
 
 test: install ## Install everything, start a private real stack, run the whole suite, stop the stack
+	$(BIN)/ruff check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy
+	$(BIN)/deptry .
 	$(BIN)/runjournal schemas check
 	$(BIN)/pytest -q
 
@@ -76,7 +83,7 @@ $(QUIX_VENV)/.installed: bench/quix-requirements.txt
 
 bench: install $(VENV)/.bench-installed $(QUIX_VENV)/.installed ## Benchmarks side by side (bench/README.md); BENCH_ARGS=--quick|--json
 	$(BIN)/runjournal stack up || echo "bench: 'stack up' failed (ports in use?); the bench starts a private stack"
-	$(BIN)/runjournal bench $(BENCH_ARGS)
+	$(BIN)/python -m bench $(BENCH_ARGS)
 
 clean: stack-down
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

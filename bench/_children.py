@@ -21,14 +21,15 @@ import time
 import uuid
 from typing import Any
 
-from runjournal.settings import Settings
+from runjournal.core import kafka
+from runjournal.core.settings import Settings
 
 __all__ = ["main"]
 
 
 def _agent(settings: Settings, seconds: float) -> dict[str, Any]:
     from bench.boundary import NoopTool
-    from producers import Journal
+    from runjournal.producers import Journal
 
     stop, counts = threading.Event(), [0] * 4
     text = "Please move me to the morning flight and keep the aisle seat. " * 3
@@ -57,9 +58,8 @@ def _agent(settings: Settings, seconds: float) -> dict[str, Any]:
 
 
 def _raw_producer(settings: Settings, events: int, topic: str) -> dict[str, Any]:
-    from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": settings.bootstrap, "enable.idempotence": True, "acks": "all",
+    producer = kafka.producer(settings, **{"enable.idempotence": True, "acks": "all",
                          "compression.type": "lz4", "linger.ms": 5,
                          "transactional.id": f"{settings.topic_prefix}.raw-{uuid.uuid4().hex[:6]}"})
     producer.init_transactions(30)
@@ -80,8 +80,8 @@ def main() -> None:
     if kind == "projector":
         import redis
 
-        from consumers.projector import Projector
-        from consumers.projector.store import ProjectionStore
+        from runjournal.consumers.projector import Projector
+        from runjournal.consumers.projector.store import ProjectionStore
 
         ProjectionStore(redis.Redis.from_url(settings.redis_url), settings.topic_prefix).wipe()
         stats = Projector(settings, group_id=f"{settings.topic_prefix}.rss-{uuid.uuid4().hex[:6]}").run(

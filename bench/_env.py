@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runjournal.settings import Settings
+from runjournal.core import kafka
+from runjournal.core.settings import Settings
 
 __all__ = ["BenchEnv", "child_env", "open_env", "peak_rss_bytes", "run_child"]
 
@@ -34,7 +35,7 @@ class BenchEnv:
     work_dir: Path
     """Scratch directory (Qdrant paths, SQLite files, Quix state); removed by :meth:`close`."""
     private_stack: Any = None
-    """A ``deploy.stack.Stack`` the bench started (stopped by :meth:`close`), or None."""
+    """A ``runjournal.deploy.stack.Stack`` the bench started (stopped by :meth:`close`), or None."""
     prefixes: list[str] = field(default_factory=list)
     """Topic prefixes created so far."""
     extra_topics: list[str] = field(default_factory=list)
@@ -42,7 +43,7 @@ class BenchEnv:
 
     def pair_settings(self, name: str, *, partitions: int = 6) -> Settings:
         """Settings with a fresh prefix ``bench-{name}-{8 hex}``, its topics created."""
-        from deploy.topics import create_topics
+        from runjournal.deploy.topics import create_topics
 
         prefix = f"bench-{name}-{uuid.uuid4().hex[:8]}"
         settings = self.base.model_copy(update={"topic_prefix": prefix, "partitions": partitions,
@@ -53,10 +54,10 @@ class BenchEnv:
 
     def topic(self, name: str, *, partitions: int = 6, config: dict[str, str] | None = None) -> str:
         """Create a plain topic ``bench-{name}-{8 hex}`` (deleted at the end)."""
-        from confluent_kafka.admin import AdminClient, NewTopic
+        from confluent_kafka.admin import NewTopic
 
         topic = f"bench-{name}-{uuid.uuid4().hex[:8]}"
-        admin = AdminClient({"bootstrap.servers": self.base.bootstrap})
+        admin = kafka.admin_client(self.base)
         fut = admin.create_topics([NewTopic(topic, partitions, 1, config=config or {})])[topic]
         fut.result(30)
         self.extra_topics.append(topic)
@@ -74,9 +75,8 @@ class BenchEnv:
             log.warning("could not delete bench Redis keys: %s", exc)
 
     def _delete_topics(self) -> None:
-        from confluent_kafka.admin import AdminClient
 
-        admin = AdminClient({"bootstrap.servers": self.base.bootstrap})
+        admin = kafka.admin_client(self.base)
         existing = set(admin.list_topics(timeout=10).topics)
         ours = [t for t in existing if any(t.startswith(p + ".") or p in t for p in self.prefixes)]
         ours += [t for t in existing if any(t.startswith(e) or e in t for e in self.extra_topics)]
@@ -105,12 +105,11 @@ class BenchEnv:
 
 def _reachable(settings: Settings) -> bool:
     import redis
-    from confluent_kafka.admin import AdminClient
 
     try:
         if not redis.Redis.from_url(settings.redis_url, socket_timeout=2).ping():
             return False
-        meta = AdminClient({"bootstrap.servers": settings.bootstrap, "socket.timeout.ms": 3000}).list_topics(timeout=5)
+        meta = kafka.admin_client(settings, **{"socket.timeout.ms": 3000}).list_topics(timeout=5)
         return bool(meta.brokers)
     except Exception:  # noqa: BLE001 - unreachable either way
         return False
@@ -129,8 +128,8 @@ def open_env() -> tuple[BenchEnv, str]:
     settings = Settings.load()
     if _reachable(settings):
         return BenchEnv(base=settings, work_dir=work), f"running stack {settings.bootstrap} + {settings.redis_url}"
-    from deploy.procs import free_port
-    from deploy.stack import Stack, StackPorts
+    from runjournal.deploy.procs import free_port
+    from runjournal.deploy.stack import Stack, StackPorts
 
     stack = Stack(work / "stack", settings.cache_dir, ports=StackPorts(free_port(), free_port(), free_port()))
     started = time.monotonic()

@@ -3,7 +3,7 @@
 A run is what an agent with tools does (``shape``): RUN_STARTED, PLAN_COMPILED, then node blocks
 of NODE_STARTED, a user MESSAGE (~240 chars), two tool calls (INTENDED + COMMITTED), an assistant
 MESSAGE and NODE_SUCCEEDED, and RUN_SUCCEEDED when the run is complete. Events are real
-:class:`schemas.Event` objects encoded with the real codec; ``occurred_at`` is fixed so that the
+:class:`runjournal.schemas.Event` objects encoded with the real codec; ``occurred_at`` is fixed so that the
 bytes of two runs differ only in the run id and event ids (:class:`Templates` relies on it to build
 a million events in about a second).
 """
@@ -18,10 +18,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from confluent_kafka import Producer
-
-from producers.partitioner import partition_for
-from schemas import Event, EventCodec, EventType
+from runjournal.core import kafka
+from runjournal.producers.partitioner import partition_for
+from runjournal.schemas import Event, EventCodec, EventType
 
 __all__ = ["RawRecord", "Templates", "interleave", "json_value", "publish_raw", "run_events"]
 
@@ -145,7 +144,7 @@ def publish_raw(bootstrap: str, topic: str, records: Iterable[RawRecord]) -> tup
         RuntimeError: a delivery failed.
     """
     errors: list[Any] = []
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
+    producer = kafka.producer(None, bootstrap=bootstrap, **{"acks": "all", "enable.idempotence": True,
                          "compression.type": "lz4", "linger.ms": 50, "batch.size": 1_000_000,
                          "queue.buffering.max.messages": 500_000, "queue.buffering.max.kbytes": 1_048_576})
 

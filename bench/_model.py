@@ -7,7 +7,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["Row", "Summary", "goal_met", "paired_ratios", "percentile", "summarise"]
+__all__ = ["PAIRS", "Row", "Summary", "goal_met", "paired_ratios", "percentile", "summarise"]
+
+#: The bench's pairs, in the order they run.
+PAIRS = ("publish", "boundary", "projection", "recovery", "memory", "footprint")
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -1,7 +1,7 @@
 """The Quix Streams anchor of pair 3, run as a subprocess in its own venv (bench/out/quix-venv).
 
 A Quix Streams ``Application`` (RocksDB state, changelog topics on, at-least-once, read_committed)
-folds each run's events with runjournal's own pure reducer (``consumers.reducer.apply``, imported
+folds each run's events with runjournal's own pure reducer (``runjournal.model.reducer.apply``, imported
 from the repository) into per-key state: the same per-run fold the projector does, over the same
 events as JSON, keyed by run_id. State values are the same canonical state JSON the projector
 writes to Redis. Stops after ``--count`` messages; prints one JSON line with its timing.
@@ -29,8 +29,8 @@ def main() -> None:
     sys.path.insert(0, args.repo)
     from quixstreams import Application, message_context
 
-    from consumers.reducer import RunState, apply
-    from schemas.events import Event, EventType
+    from runjournal.model.reducer import RunState, apply
+    from runjournal.schemas.events import Event, EventType
 
     app = Application(broker_address=args.bootstrap, consumer_group=args.group, auto_offset_reset="earliest",
                       state_dir=args.state_dir, processing_guarantee="at-least-once", loglevel="WARNING",

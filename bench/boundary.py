@@ -30,8 +30,9 @@ from confluent_kafka import Producer
 from bench._env import BenchEnv
 from bench._model import Row, goal_met, paired_ratios, percentile, summarise
 from bench._rounds import Side, interleave
-from producers import Journal, partition_for
-from schemas import Event, EventType, codec_from_settings, new_event_id, utcnow
+from runjournal.core import kafka
+from runjournal.producers import Journal, partition_for
+from runjournal.schemas import Event, EventType, codec_from_settings, new_event_id, utcnow
 
 __all__ = ["BoundaryConfig", "run_boundary"]
 
@@ -78,8 +79,8 @@ class _RawPair:
         self.value, self.key = codec.encode(event), event.key.encode()
         self.part, self.topic = partition_for(run_id, journal.partitions), journal.topic
         self.transactional = transactional
-        config = {"bootstrap.servers": journal.settings.bootstrap, "enable.idempotence": True, "acks": "all",
-                  "compression.type": "lz4", "linger.ms": 5}
+        config = kafka.client_config(journal.settings, "producer", **{"enable.idempotence": True, "acks": "all",
+                                     "compression.type": "lz4", "linger.ms": 5})
         if transactional:
             config |= {"transactional.id": f"{journal.transactional_id}-raw", "transaction.timeout.ms": 15_000}
         self.producer = Producer(config)

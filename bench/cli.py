@@ -1,4 +1,7 @@
-"""``runjournal bench [--quick] [--json] [--only PAIR …]`` — light to import: heavy modules load in the command."""
+"""``python -m bench [--quick] [--json] [--only PAIR …]`` — light to import: heavy modules load in the command.
+
+Runs from a checkout only: the bench is not part of the installed package (``make bench`` runs it).
+"""
 
 from __future__ import annotations
 
@@ -6,11 +9,14 @@ from typing import Annotated
 
 import typer
 
-__all__ = ["PAIRS", "bench_command"]
+from bench._model import PAIRS
 
-PAIRS = ("publish", "boundary", "projection", "recovery", "memory", "footprint")
+__all__ = ["app", "bench_command"]
+
+app = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
 
 
+@app.command()
 def bench_command(
     quick: Annotated[bool, typer.Option("--quick", help="Smaller sizes and fewer rounds (about 3 minutes).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")] = False,

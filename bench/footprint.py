@@ -21,7 +21,7 @@ from bench._env import BenchEnv, run_child
 from bench._model import Row, paired_ratios, summarise
 from bench._rounds import Side, interleave
 from bench.projection import publish_workload
-from consumers.projector.store import ProjectionStore
+from runjournal.consumers.projector.store import ProjectionStore
 
 __all__ = ["run_footprint"]
 

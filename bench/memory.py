@@ -33,15 +33,16 @@ import sys
 import time
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import TopicPartition
 
 from bench._env import BenchEnv, child_env
 from bench._model import Row, goal_met, paired_ratios, summarise
 from bench._rounds import Side, interleave, progress
 from bench.projection import projector_rate, publish_workload
-from consumers.memory.service import memory_group
-from deploy.procs import free_port
-from runjournal.settings import Settings
+from runjournal.consumers.memory.service import memory_group
+from runjournal.core import kafka
+from runjournal.core.settings import Settings
+from runjournal.deploy.procs import free_port
 
 __all__ = ["run_memory"]
 
@@ -49,9 +50,8 @@ PAIR = "5 memory off path"
 
 
 def _reset_group(settings: Settings) -> None:
-    from confluent_kafka.admin import AdminClient
 
-    admin = AdminClient({"bootstrap.servers": settings.bootstrap})
+    admin = kafka.admin_client(settings)
     for fut in admin.delete_consumer_groups([memory_group(settings)], request_timeout=15).values():
         try:
             fut.result(20)
@@ -60,7 +60,7 @@ def _reset_group(settings: Settings) -> None:
 
 
 def _committed(settings: Settings) -> int:
-    c = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": memory_group(settings)})
+    c = kafka.consumer(settings, **{"group.id": memory_group(settings)})
     try:
         tps = c.committed([TopicPartition(settings.events_topic, p) for p in range(settings.partitions)], timeout=10)
         return sum(max(0, tp.offset) for tp in tps)

@@ -5,7 +5,7 @@ interleaved as 500 concurrent agents would write them, published once with the r
 (Avro single-object) to the pair's events topic, and once as JSON keyed by run_id (same
 partitions) for the Quix anchor. Sides, each from an empty state every round:
 
-* ours: :class:`consumers.projector.Projector` (fresh group, Redis prefix wiped) —
+* ours: :class:`runjournal.consumers.projector.Projector` (fresh group, Redis prefix wiped) —
   ``run(until_caught_up=True)``: decode, fold with the reducer, one atomic Redis script per
   partition batch, group commit;
 * Quix Streams 3.28 (``bench/_quix_app.py``, its own venv): the same reducer per run in RocksDB
@@ -35,18 +35,19 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from bench._env import BenchEnv
 from bench._events import interleave, json_value, publish_raw, run_events
 from bench._model import Row, goal_met, paired_ratios, summarise
 from bench._rounds import Side, progress
 from bench._rounds import interleave as rounds_of
-from consumers.projector import Projector
-from consumers.projector.store import ProjectionStore
-from producers import partition_for
-from runjournal.settings import Settings
-from schemas import codec_from_settings
+from runjournal.consumers.projector import Projector
+from runjournal.consumers.projector.store import ProjectionStore
+from runjournal.core import kafka
+from runjournal.core.settings import Settings
+from runjournal.producers import partition_for
+from runjournal.schemas import codec_from_settings
 
 __all__ = ["ProjectionConfig", "TimedProjector", "ceiling_rate", "publish_workload", "quix_python", "run_projection"]
 
@@ -116,7 +117,7 @@ def projector_rate(settings: Settings, expected: int, *, state_cache_runs: int =
 def ceiling_rate(settings: Settings, expected: int, *, deadline_s: float = 300.0) -> float:
     """Raw consume + decode of every record (no writes); records/s from the first batch to the last."""
     codec = codec_from_settings(settings)
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"bench-ceiling-{uuid.uuid4().hex}",
+    consumer = kafka.consumer(settings, **{"group.id": f"bench-ceiling-{uuid.uuid4().hex}",
                          "enable.auto.commit": False, "isolation.level": "read_committed",
                          "fetch.min.bytes": 1, "queued.max.messages.kbytes": 65536})
     consumer.assign([TopicPartition(settings.events_topic, p, OFFSET_BEGINNING) for p in range(settings.partitions)])

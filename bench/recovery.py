@@ -38,14 +38,14 @@ from bench._events import Templates, interleave, publish_raw, run_events
 from bench._model import Row, goal_met, paired_ratios, summarise
 from bench._rounds import Side, progress
 from bench._rounds import interleave as rounds_of
-from consumers.projector.store import ProjectionStore
-from consumers.recovery.job import RecoveryJob
-from consumers.recovery.plan import build_plan, classify
-from consumers.recovery.tail import end_offsets, fold_tails
-from consumers.reducer import RunState, apply
-from producers import partition_for
-from runjournal.settings import Settings
-from schemas import Event, codec_from_settings
+from runjournal.consumers.projector.store import ProjectionStore
+from runjournal.consumers.recovery.job import RecoveryJob
+from runjournal.consumers.recovery.plan import build_plan, classify
+from runjournal.consumers.recovery.tail import end_offsets, fold_tails
+from runjournal.core.settings import Settings
+from runjournal.model.reducer import RunState, apply
+from runjournal.producers import partition_for
+from runjournal.schemas import Event, codec_from_settings
 
 __all__ = ["RecoveryConfig", "run_recovery"]
 

@@ -8,9 +8,8 @@ import traceback
 from typing import Any
 
 from bench._env import BenchEnv, open_env
-from bench._model import Row
+from bench._model import PAIRS, Row
 from bench._rounds import progress
-from bench.cli import PAIRS
 
 __all__ = ["run_bench"]
 

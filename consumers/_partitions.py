@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import uuid
 
-from confluent_kafka import Consumer
-
-from producers.errors import TopicNotFoundError
-from producers.partitioner import partition_for
-from runjournal.settings import Settings
+from runjournal.core import kafka
+from runjournal.core.settings import Settings
+from runjournal.producers.errors import TopicNotFoundError
+from runjournal.producers.partitioner import partition_for
 
 __all__ = ["events_partition_count", "run_partition"]
 
@@ -27,7 +26,7 @@ def events_partition_count(settings: Settings, *, timeout_s: float = 10.0) -> in
         TopicNotFoundError: the events topic does not exist.
         KafkaException: the broker is unreachable.
     """
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"meta-{uuid.uuid4()}",
+    consumer = kafka.consumer(settings, **{"group.id": f"meta-{uuid.uuid4()}",
                          "allow.auto.create.topics": False})
     try:
         meta = consumer.list_topics(settings.events_topic, timeout=timeout_s)

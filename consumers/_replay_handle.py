@@ -7,7 +7,7 @@ nothing it does can publish, and ``call`` never invokes the tool (nor its ``reco
 How each method answers (``RunHandle`` semantics, recorded facts instead of effects):
 
 * ``node(name)`` derives paths exactly as ``RunHandle.node`` does (``outer/inner``, ``name#n``),
-  so ``call`` derives the same idempotency keys (``producers.idempotency_key``).
+  so ``call`` derives the same idempotency keys (``runjournal.producers.idempotency_key``).
 * ``call(tool, args)`` looks the step's key up in the folded execution records: a committed (or
   reconciled-as-committed) call returns its recorded result; a FAILED one raises
   :class:`ReplayedToolError` with the recorded error. A record for another tool, other arguments
@@ -17,7 +17,7 @@ How each method answers (``RunHandle`` semantics, recorded facts instead of effe
 * ``message`` / ``correction`` / ``emit`` / ``succeed`` / ``fail`` publish nothing; they are
   compared with the recorded events and a difference is noted in :attr:`ReplayHandle.mismatches`
   (transcript and node events are non-durable: a crash may have lost some, so they never raise).
-* ``request_approval`` and ``producers.approvals.await_approval`` see the journal's decisions
+* ``request_approval`` and ``runjournal.producers.approvals.await_approval`` see the journal's decisions
   through :attr:`ReplayHandle.plan`; an approval still pending at the replay point ends the replay
   (:class:`ReplayEndReachedError`) before any inbox is touched.
 """
@@ -31,17 +31,17 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from consumers.reducer import CallStatus, Decision, ExecutionRecord, ReconciledOutcome, RunState, RunStatus
-from producers import canonical_json, digest, enter_node, idempotency_key
-from producers.errors import ResultUnavailableError
-from producers.plan import ApprovalStatus, RecoveryPlan
-from producers.results import ResultStore
-from producers.tools import Tool
-from runjournal.errors import RunjournalError
-from schemas import Event, EventType
+from runjournal.core.errors import RunjournalError
+from runjournal.model.reducer import CallStatus, Decision, ExecutionRecord, ReconciledOutcome, RunState, RunStatus
+from runjournal.producers import canonical_json, digest, enter_node, idempotency_key
+from runjournal.producers.errors import ResultUnavailableError
+from runjournal.producers.plan import ApprovalStatus, RecoveryPlan
+from runjournal.producers.results import ResultStore
+from runjournal.producers.tools import Tool
+from runjournal.schemas import Event, EventType
 
 if TYPE_CHECKING:
-    from consumers.replay import ReplayedState
+    from runjournal.consumers._replay_state import ReplayedState
 
 __all__ = [
     "ReplayDivergedError",
@@ -126,10 +126,10 @@ class ReplayedCall:
 
 
 class ReplayHandle:
-    """Answers agent code from a :class:`~consumers.replay.ReplayedState`; see the module docstring.
+    """Answers agent code from a :class:`~runjournal.consumers._replay_state.ReplayedState`; see the module docstring.
 
     Args:
-        replayed: the folded state and events up to the replay point (``consumers.replay.replay_state``).
+        replayed: the folded state and events up to the replay point (``runjournal.consumers.replay.replay_state``).
         results: where results stored by reference (``result_ref``) are read; None: such a result
             raises ``ResultUnavailableError``.
         strict_args: a call whose arguments' digest differs from the recorded ``args_digest``

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, Message
 
-from runjournal.errors import RunjournalError
+from runjournal.core import kafka
+from runjournal.core.errors import RunjournalError
+from runjournal.core.settings import Settings
 
 __all__ = ["DeadLetterError", "DeadLetters"]
 
@@ -28,14 +30,13 @@ class DeadLetters:
     """An idempotent producer to one DLQ topic.
 
     Args:
-        bootstrap: Kafka bootstrap servers.
+        settings: where the cluster is (the client configuration comes from ``runjournal.core.kafka``).
         topic: the DLQ topic (``Settings.events_dlq_topic`` or ``memory_dlq_topic``).
     """
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
+    def __init__(self, settings: Settings, topic: str) -> None:
         self.topic = topic
-        self._producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
-                                   "linger.ms": 5})
+        self._producer = kafka.producer(settings, **{"acks": "all", "enable.idempotence": True, "linger.ms": 5})
         self._errors: list[KafkaError] = []
         self.sent = 0
 

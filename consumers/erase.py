@@ -29,20 +29,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import redis
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, Message
 
-from consumers._partitions import run_partition
-from consumers.inspect import read_run_events
-from consumers.projector.store import ProjectionStore
-from consumers.recovery.instances import Instances
-from producers.approvals import ApprovalInbox
-from producers.plan import PlanStore
-from runjournal.errors import RunjournalError
-from runjournal.settings import Settings
+from runjournal.consumers._partitions import run_partition
+from runjournal.consumers.inspect import read_run_events
+from runjournal.consumers.projector.store import ProjectionStore
+from runjournal.consumers.recovery.instances import Instances
+from runjournal.core import kafka
+from runjournal.core.errors import RunjournalError
+from runjournal.core.settings import Settings
+from runjournal.producers.approvals import ApprovalInbox
+from runjournal.producers.plan import PlanStore
 
 if TYPE_CHECKING:
-    from consumers.memory.embed import Embedder
-    from consumers.memory.store import QdrantMemoryStore
+    from runjournal.consumers.memory.embed import Embedder
+    from runjournal.consumers.memory.store import QdrantMemoryStore
 
 __all__ = ["EraseError", "EraseReport", "RunStillLiveError", "erase_run"]
 
@@ -91,7 +92,7 @@ def erase_run(settings: Settings, run_id: str, *, force: bool = False, erase_mem
         run_id: the run.
         force: erase even an unfinished run whose owner holds a live lease.
         erase_memory: step 5 (default True).
-        embedder: names the memory collection (default: ``consumers.memory.default_embedder()``).
+        embedder: names the memory collection (default: ``runjournal.consumers.memory.default_embedder()``).
         memory_store: an open store to delete from (default: opened from ``settings`` and closed).
         redis_client: default from ``settings.redis_url``.
         timeout_s: longest wait for the tombstones' acknowledgements, seconds (default 30).
@@ -137,7 +138,7 @@ def _tombstone(settings: Settings, partition: int, keys: list[str], timeout_s: f
         if err is not None:
             errors.append(err)
 
-    producer = Producer({"bootstrap.servers": settings.bootstrap, "acks": "all", "enable.idempotence": True,
+    producer = kafka.producer(settings, **{"acks": "all", "enable.idempotence": True,
                          "linger.ms": 5, "allow.auto.create.topics": False})
     for key in keys:
         for _ in range(100):  # a full local queue: serve deliveries and retry, bounded
@@ -181,9 +182,9 @@ def _erase_memory(settings: Settings, run_id: str, embedder: Embedder | None,
         return store.delete_by_run(run_id), None
     if not settings.qdrant_url and not Path(settings.effective_qdrant_path).exists():
         return 0, f"no local memory store at {settings.effective_qdrant_path}"
-    from consumers.memory.embed import default_embedder
-    from consumers.memory.errors import MemoryPlaneError, StoreLockedError
-    from consumers.memory.store import QdrantMemoryStore
+    from runjournal.consumers.memory.embed import default_embedder
+    from runjournal.consumers.memory.errors import MemoryPlaneError, StoreLockedError
+    from runjournal.consumers.memory.store import QdrantMemoryStore
 
     later = "the memory extractor erases the run's items as it reads the tombstones"
     try:

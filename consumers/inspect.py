@@ -9,11 +9,12 @@ from typing import Any
 import redis
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-from consumers.projector.store import ProjectionStore
-from producers.partitioner import partition_for
-from runjournal.settings import Settings
-from schemas import codec_from_settings
-from schemas.errors import SchemaError
+from runjournal.consumers.projector.store import ProjectionStore
+from runjournal.core import kafka
+from runjournal.core.settings import Settings
+from runjournal.producers.partitioner import partition_for
+from runjournal.schemas import codec_from_settings
+from runjournal.schemas.errors import SchemaError
 
 __all__ = ["inspect_run", "read_run_events"]
 
@@ -30,7 +31,7 @@ def read_run_events(settings: Settings, run_id: str, *, until_offset: int | None
     with the partition's size; fine for inspection and tests, not for a hot path.
     """
     codec = codec_from_settings(settings)
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"inspect-{uuid.uuid4()}",
+    consumer = kafka.consumer(settings, **{"group.id": f"inspect-{uuid.uuid4()}",
                          "enable.auto.commit": False, "isolation.level": "read_committed"})
     try:
         partition = partition_for(run_id, _partition_count(settings, consumer))
@@ -75,7 +76,7 @@ def _row(codec: Any, msg: Any) -> dict[str, Any]:
 
 def inspect_run(settings: Settings, run_id: str, *, with_timeline: bool = True) -> dict[str, Any] | None:
     """``{"run_id", "partition", "state": {...}, "timeline": [...]}``, or None when the run has no state."""
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"inspect-{uuid.uuid4()}"})
+    consumer = kafka.consumer(settings, **{"group.id": f"inspect-{uuid.uuid4()}"})
     try:
         partition = partition_for(run_id, _partition_count(settings, consumer))
     finally:
@@ -98,7 +99,7 @@ def read_all_events(settings: Settings, *, idle_limit: int = 20) -> dict[str, li
     Undecodable records and tombstones are left out. For verification and tests — cost grows with history.
     """
     codec = codec_from_settings(settings)
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"read-all-{uuid.uuid4()}",
+    consumer = kafka.consumer(settings, **{"group.id": f"read-all-{uuid.uuid4()}",
                          "enable.auto.commit": False, "isolation.level": "read_committed"})
     try:
         n = _partition_count(settings, consumer)

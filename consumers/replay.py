@@ -7,24 +7,23 @@ event, writes Redis or invokes a tool; Redis is only read for results stored by 
 
 * :func:`replay_state` (``runjournal replay RUN_ID [--until-seq N]``): reads the run's records from
   its partition (``read_committed``, offset order) and folds them with the pure reducer, stopping
-  as soon as ``last_seq`` reaches ``until_seq`` (the rule of ``consumers.reducer.fold``). An
+  as soon as ``last_seq`` reaches ``until_seq`` (the rule of ``runjournal.model.reducer.fold``). An
   undecodable record parks the run BLOCKED and a tombstone erases it, as in the projector.
 * :func:`replay_run`: calls ``agent_fn(handle)`` with a :class:`ReplayHandle` over that state; every
   ``handle.call`` returns the recorded result of its step's idempotency key (see
-  ``consumers._replay_handle`` for the rules and errors).
+  ``runjournal.consumers._replay_handle`` for the rules and errors).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypedDict, cast
+from typing import Any, cast
 
 import redis
 
-from consumers._partitions import run_partition
-from consumers._replay_handle import (
+from runjournal.consumers._partitions import run_partition
+from runjournal.consumers._replay_handle import (
     ReplayDivergedError,
     ReplayedCall,
     ReplayedToolError,
@@ -33,11 +32,12 @@ from consumers._replay_handle import (
     ReplayHandle,
     RunNotFoundError,
 )
-from consumers.inspect import read_run_events
-from consumers.reducer import RunState, apply, block
-from producers.results import ResultStore
-from runjournal.settings import Settings
-from schemas import Event
+from runjournal.consumers._replay_state import ReplayedState, TimelineRow
+from runjournal.consumers.inspect import read_run_events
+from runjournal.core.settings import Settings
+from runjournal.model.reducer import RunState, apply, block
+from runjournal.producers.results import ResultStore
+from runjournal.schemas import Event
 
 __all__ = [
     "AgentReplay",
@@ -53,52 +53,6 @@ __all__ = [
     "replay_run",
     "replay_state",
 ]
-
-
-class TimelineRow(TypedDict, total=False):
-    """One record of the run as replay folded it."""
-
-    offset: int
-    """Its offset in the run's partition."""
-    key: str
-    """Record key ``{run_id}:{epoch}:{seq}``."""
-    seq: int | None
-    """Event seq (None for a tombstone or an undecodable record)."""
-    epoch: int | None
-    """Event epoch (None as for seq)."""
-    type: str
-    """Event type, ``TOMBSTONE`` or ``UNDECODABLE``."""
-    node_id: str | None
-    """Envelope ``node_id``."""
-    error: str
-    """UNDECODABLE only: the codec's error."""
-
-
-@dataclass(frozen=True)
-class ReplayedState:
-    """A run's state as of a seq, rebuilt from the topic."""
-
-    run_id: str
-    """The run."""
-    partition: int
-    """Its partition of the events topic."""
-    until_seq: int | None
-    """The replay point asked for; None: the whole history."""
-    state: RunState | None
-    """The folded state (execution records included); None when the run has no event (or was erased)."""
-    timeline: tuple[TimelineRow, ...]
-    """The records folded, in offset order."""
-    events: tuple[Event, ...]
-    """The decoded events folded, in offset order."""
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-able: ``run_id``, ``partition``, ``until_seq``, ``state`` (``RunState.to_json`` as an object,
-        or None), ``execution_records`` (sorted by intent offset) and ``timeline``."""
-        state = json.loads(self.state.to_json()) if self.state is not None else None
-        records = sorted((state or {}).get("records", {}).values(),
-                         key=lambda r: (r["intended_offset"] is None, r["intended_offset"] or 0, r["call_id"]))
-        return {"run_id": self.run_id, "partition": self.partition, "until_seq": self.until_seq, "state": state,
-                "execution_records": records, "timeline": [dict(row) for row in self.timeline]}
 
 
 @dataclass(frozen=True)
@@ -146,7 +100,7 @@ def replay_state(settings: Settings, run_id: str, *, until_seq: int | None = Non
         if row["key"].rsplit(":", 2)[0] != run_id:
             continue  # another run whose id extends this one's (``a`` vs ``a:b``)
         if until_seq is not None and state is not None and state.last_seq >= until_seq:
-            break  # consumers.reducer.fold's rule
+            break  # runjournal.model.reducer.fold's rule
         event = row.get("event")
         if event is not None:
             state = apply(state, event, partition=partition, offset=row["offset"])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runjournal.errors import RunjournalError
+from runjournal.core.errors import RunjournalError
 
 __all__ = ["MissingToolError", "StackError", "TopicConfigError"]
 

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from deploy.errors import MissingToolError, StackError
-from deploy.procs import Proc, port_in_use, read_tail, spawn
+from runjournal.core import kafka
+from runjournal.deploy.errors import MissingToolError, StackError
+from runjournal.deploy.procs import Proc, port_in_use, read_tail, spawn
 
 __all__ = ["KafkaNode", "ensure_jars", "kafka_version", "require_tool"]
 
@@ -194,7 +195,6 @@ class KafkaNode:
         Raises:
             StackError: the process exited, or ``timeout_s`` passed; the broker log's tail is in the message.
         """
-        from confluent_kafka.admin import AdminClient  # imported lazily: the CLI starts fast
 
         started = time.monotonic()
         admin = None
@@ -205,7 +205,7 @@ class KafkaNode:
             # The listener socket opens only once the broker is unfenced and serving (notes G1),
             # so probe TCP first (quietly), then confirm with a real metadata request.
             if port_in_use(self.port):
-                admin = admin or AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 3})
+                admin = admin or kafka.admin_client(None, bootstrap=self.bootstrap, log_level=3)
                 try:
                     if admin.list_topics(timeout=5).brokers:
                         return time.monotonic() - started

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deploy.errors import StackError
-from deploy.kafka_node import KafkaNode, ensure_jars, kafka_version, require_tool
-from deploy.procs import Proc, port_in_use, read_tail, spawn
+from runjournal.deploy.errors import StackError
+from runjournal.deploy.kafka_node import KafkaNode, ensure_jars, kafka_version, require_tool
+from runjournal.deploy.procs import Proc, port_in_use, read_tail, spawn
 
 __all__ = ["Stack", "StackPorts"]
 
@@ -204,10 +204,10 @@ def _kafka_health(entry: dict[str, Any]) -> dict[str, Any]:
            "pid": proc.pid if proc else None, "running": bool(proc and proc.alive())}
     if not out["running"]:
         return {**out, "healthy": False, "detail": "process not running"}
-    from confluent_kafka.admin import AdminClient
+    from runjournal.core import kafka
 
     try:
-        meta = AdminClient({"bootstrap.servers": entry["bootstrap"]}).list_topics(timeout=5)
+        meta = kafka.admin_client(None, bootstrap=entry["bootstrap"]).list_topics(timeout=5)
         return {**out, "healthy": bool(meta.brokers), "brokers": len(meta.brokers), "topics": len(meta.topics),
                 "rss_bytes": _rss_bytes(proc.pid)}
     except Exception as exc:  # noqa: BLE001 - reported, not raised

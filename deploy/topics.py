@@ -25,8 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from deploy.errors import TopicConfigError
-from runjournal.settings import Settings
+from runjournal.core import kafka
+from runjournal.core.settings import Settings
+from runjournal.deploy.errors import TopicConfigError
 
 __all__ = ["EVENTS_TOPIC_CONFIG", "TopicReport", "create_topics", "describe_topics"]
 
@@ -54,9 +55,8 @@ class TopicReport:
 
 
 def _admin(settings: Settings) -> Any:
-    from confluent_kafka.admin import AdminClient
 
-    return AdminClient({"bootstrap.servers": settings.bootstrap})
+    return kafka.admin_client(settings)
 
 
 def create_topics(settings: Settings, partitions: int | None = None, *, timeout_s: float = 30.0) -> list[TopicReport]:

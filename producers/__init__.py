@@ -6,8 +6,8 @@ Start here: :class:`Journal` (one per agent instance) → :meth:`Journal.start_r
 protocol, § Topic layout and § Zombies: fence first, then read are the rules implemented here.
 """
 
-from producers._digest import canonical_json, digest, enter_node, idempotency_key
-from producers.errors import (
+from runjournal.producers._digest import canonical_json, digest, enter_node, idempotency_key
+from runjournal.producers.errors import (
     ApprovalDeniedError,
     DeliveryError,
     FatalProducerError,
@@ -24,14 +24,14 @@ from producers.errors import (
     TopicNotFoundError,
     TransactionAbortedError,
 )
-from producers.fencing import fence_producer, transactional_id
-from producers.handle import RunHandle
-from producers.journal import Journal
-from producers.partitioner import murmur2, partition_for, to_positive
-from producers.plan import ApprovalStatus, CallStatus, PlannedCall, PlanStore, RecoveryPlan
-from producers.results import ResultStore
-from producers.tools import Outcome, Reconcilable, Tool
-from producers.tracing import current_traceparent, use_traceparent, valid_traceparent
+from runjournal.producers.fencing import fence_producer, transactional_id
+from runjournal.producers.handle import RunHandle
+from runjournal.producers.journal import Journal
+from runjournal.producers.partitioner import partition_for
+from runjournal.producers.plan import ApprovalStatus, CallStatus, PlannedCall, PlanStore, RecoveryPlan
+from runjournal.producers.results import ResultStore
+from runjournal.producers.tools import Outcome, Reconcilable, Tool
+from runjournal.producers.tracing import current_traceparent, use_traceparent, valid_traceparent
 
 __all__ = [
     "ApprovalDeniedError",
@@ -66,9 +66,7 @@ __all__ = [
     "fence_producer",
     "enter_node",
     "idempotency_key",
-    "murmur2",
     "partition_for",
-    "to_positive",
     "transactional_id",
     "use_traceparent",
     "valid_traceparent",

@@ -24,26 +24,26 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
-from producers._digest import canonical_json, digest, idempotency_key
-from producers.errors import (
+from runjournal.core import failpoints
+from runjournal.producers._digest import canonical_json, digest, idempotency_key
+from runjournal.producers.errors import (
     ApprovalDeniedError,
     OutcomeUnknownError,
     PlanMismatchError,
     RecordedFailureError,
     ResultUnavailableError,
 )
-from producers.plan import ApprovalStatus, CallStatus, PlannedCall
-from producers.tools import Outcome, Tool
-from runjournal import failpoints
-from schemas import Event, EventType
+from runjournal.producers.plan import ApprovalStatus, CallStatus, PlannedCall
+from runjournal.producers.tools import Outcome, Tool
+from runjournal.schemas import Event, EventType
 
 if TYPE_CHECKING:
-    from producers.journal import Journal
-    from producers.plan import RecoveryPlan
+    from runjournal.producers._port import JournalPort
+    from runjournal.producers.plan import RecoveryPlan
 
 __all__ = ["CallMixin", "error_text"]
 
-log = logging.getLogger("producers.calls")
+log = logging.getLogger("runjournal.producers.calls")
 
 _MAX_ERROR_CHARS = 4000
 _DONE = frozenset({CallStatus.COMMITTED, CallStatus.RECONCILED_COMMITTED})
@@ -56,15 +56,17 @@ def error_text(exc: BaseException) -> str:
 
 
 class CallMixin:
-    """The ``call`` half of :class:`~producers.handle.RunHandle` (kept apart to keep modules small)."""
+    """The ``call`` half of :class:`~runjournal.producers.handle.RunHandle` (kept apart to keep modules small)."""
 
-    journal: Journal
+    journal: JournalPort
     run_id: str
     plan: RecoveryPlan | None
     _call_counts: dict[str, int]
 
     # provided by RunHandle
-    node_path: str | None
+    @property
+    def node_path(self) -> str | None:  # pragma: no cover - overridden
+        raise NotImplementedError
 
     def _check_writable(self) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
@@ -78,7 +80,7 @@ class CallMixin:
         """Run ``tool(args, idempotency_key)`` under the side-effect protocol and return its result.
 
         Args:
-            tool: a :class:`~producers.tools.Tool` (``name``, ``side_effect``, ``timeout_ms``,
+            tool: a :class:`~runjournal.producers.tools.Tool` (``name``, ``side_effect``, ``timeout_ms``,
                 optional ``reconcile``).
             args: JSON-serialisable arguments; recorded as ``args_digest`` (sha256 of canonical JSON) and,
                 when at most ``inline_result_bytes``, as ``args_json``.
@@ -213,7 +215,7 @@ class CallMixin:
         return True, outcome.result
 
     def _result_fields(self, result: Any) -> dict[str, Any]:
-        """``result_json`` inline if small, else ``result_ref`` (producers.results); always the digest."""
+        """``result_json`` inline if small, else ``result_ref`` (runjournal.producers.results); always the digest."""
         text = canonical_json(result)
         fields: dict[str, Any] = {"result_json": None, "result_ref": None, "result_digest": digest(text)}
         if len(text.encode("utf-8")) <= self.journal.inline_result_bytes:

@@ -17,7 +17,7 @@ from enum import StrEnum
 
 from confluent_kafka import KafkaError, KafkaException
 
-from producers.errors import DeliveryError
+from runjournal.producers.errors import DeliveryError
 
 __all__ = ["Failure", "Severity", "classify", "kafka_error"]
 

@@ -17,11 +17,11 @@ import socket
 import time
 from typing import Any
 
-from producers.errors import JournalError
+from runjournal.producers.errors import JournalError
 
 __all__ = ["InstanceLease"]
 
-log = logging.getLogger("producers.lease")
+log = logging.getLogger("runjournal.producers.lease")
 
 # Delete the lease only if it is still ours (compare-and-delete).
 _RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end"

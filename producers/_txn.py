@@ -9,7 +9,7 @@ All producer calls (begin / produce / commit / abort / rebuild) happen under one
 Kafka transactional producer has one open transaction at a time, and a run's events must
 enter it in publish order.
 
-A failed transaction is aborted and re-run, or dropped, as ``producers._txn_failures`` describes.
+A failed transaction is aborted and re-run, or dropped, as ``runjournal.producers._txn_failures`` describes.
 """
 
 from __future__ import annotations
@@ -22,13 +22,19 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from producers._kafka_errors import Failure, Severity, classify
-from producers._txn_failures import FailureHandling, Item
-from producers.errors import DeliveryError, FatalProducerError, JournalError, ProducerFencedError, QueueFullError
+from runjournal.producers._kafka_errors import Failure, Severity, classify
+from runjournal.producers._txn_failures import FailureHandling, Item
+from runjournal.producers.errors import (
+    DeliveryError,
+    FatalProducerError,
+    JournalError,
+    ProducerFencedError,
+    QueueFullError,
+)
 
 __all__ = ["Item", "TxnPublisher"]
 
-log = logging.getLogger("producers.txn")
+log = logging.getLogger("runjournal.producers.txn")
 
 
 class TxnPublisher(FailureHandling):

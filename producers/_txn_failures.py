@@ -29,8 +29,8 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from producers._kafka_errors import Failure, Severity, classify
-from producers.errors import (
+from runjournal.producers._kafka_errors import Failure, Severity, classify
+from runjournal.producers.errors import (
     DeliveryError,
     FatalProducerError,
     ProducerFencedError,
@@ -40,7 +40,7 @@ from producers.errors import (
 
 __all__ = ["MAX_RESENDS", "FailureHandling", "Item"]
 
-log = logging.getLogger("producers.txn")
+log = logging.getLogger("runjournal.producers.txn")
 
 #: A record is produced again at most this many times before its run is declared lost.
 MAX_RESENDS = 3

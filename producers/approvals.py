@@ -4,7 +4,7 @@ A run has one writer at a time (its epoch's owner), so a human's decision is not
 to the run's stream by the approver — that would race the owner for the next seq. Instead:
 
 1. The owner publishes APPROVAL_REQUESTED (durable) for a ``call_id`` — :func:`await_approval`.
-2. A human decides: ``runjournal approve RUN_ID CALL_ID`` / ``deny`` (``consumers.approvals_cli``;
+2. A human decides: ``runjournal approve RUN_ID CALL_ID`` / ``deny`` (``runjournal.cli.approvals``;
    refused unless the projected run shows ``call_id`` pending) → :meth:`ApprovalInbox.decide` writes
    ``{prefix}:approvals:{run_id}`` field ``call_id`` (the first decision wins).
 3. The owner sees the decision and publishes APPROVAL_GRANTED / APPROVAL_DENIED (durable) — the
@@ -21,10 +21,10 @@ import json
 import time
 from typing import Any
 
-from producers.errors import JournalError
-from producers.handle import RunHandle
-from producers.plan import ApprovalStatus
-from schemas import EventType
+from runjournal.producers.errors import JournalError
+from runjournal.producers.handle import RunHandle
+from runjournal.producers.plan import ApprovalStatus
+from runjournal.schemas import EventType
 
 __all__ = ["ApprovalInbox", "ApprovalTimeoutError", "await_approval"]
 
@@ -142,7 +142,7 @@ def await_approval(
                 f"no decision on {call_id} of run {handle.run_id} within {timeout_s} s"
             )
         time.sleep(poll_s)
-    granted = decided["decision"] == "GRANTED"
+    granted = bool(decided["decision"] == "GRANTED")
     etype = EventType.APPROVAL_GRANTED if granted else EventType.APPROVAL_DENIED
     payload = {
         "call_id": call_id,

@@ -1,7 +1,7 @@
 """Named errors of the producer library, one base (:class:`JournalError`) with subclasses by failure kind.
 
 Third-party errors (``confluent_kafka.KafkaException``, ``redis.RedisError``) are chained as
-``__cause__``. Codec errors (``schemas.EventTooLargeError``, ``schemas.InvalidEventError``,
+``__cause__``. Codec errors (``runjournal.schemas.EventTooLargeError``, ``runjournal.schemas.InvalidEventError``,
 ``NaiveDatetimeError``) pass through unchanged: they are raised before anything is sent.
 
 Hierarchy::
@@ -25,7 +25,7 @@ Hierarchy::
 
 from __future__ import annotations
 
-from runjournal.errors import RunjournalError
+from runjournal.core.errors import RunjournalError
 
 __all__ = [
     "ApprovalDeniedError",
@@ -127,7 +127,7 @@ class RunClosedError(JournalError):
 
 
 class NoRecoveryPlanError(JournalError):
-    """``Journal.resume(run_id)`` found no :class:`~producers.plan.RecoveryPlan` for the run."""
+    """``Journal.resume(run_id)`` found no :class:`~runjournal.producers.plan.RecoveryPlan` for the run."""
 
 
 class PlanMismatchError(JournalError):

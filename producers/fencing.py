@@ -15,10 +15,11 @@ import os
 import socket
 import uuid
 
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaException
 
-from producers.errors import JournalError
-from runjournal.settings import Settings
+from runjournal.core import kafka
+from runjournal.core.settings import Settings
+from runjournal.producers.errors import JournalError
 
 __all__ = ["default_producer_id", "fence_producer", "transactional_id"]
 
@@ -40,8 +41,7 @@ def fence_producer(settings: Settings, producer_id: str, *, timeout_s: float = 3
     Raises:
         JournalError: the broker did not complete ``init_transactions`` (Kafka error chained).
     """
-    producer = Producer(
-        {"bootstrap.servers": settings.bootstrap, "transactional.id": transactional_id(settings, producer_id)}
+    producer = kafka.producer(settings, **{"transactional.id": transactional_id(settings, producer_id)}
     )
     try:
         producer.init_transactions(timeout_s)

@@ -1,7 +1,7 @@
 """RunHandle: one run's writer — seq, epoch, node paths, the side-effect protocol (``call``).
 
 A handle is **not** thread-safe (one run is one ordered stream: use it from one thread at a
-time); the :class:`~producers.journal.Journal` it came from is, and many handles share it.
+time); the :class:`~runjournal.producers.journal.Journal` it came from is, and many handles share it.
 
 Per-run rules it enforces (DESIGN.md § Events):
 
@@ -21,19 +21,19 @@ from contextlib import contextmanager
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from producers._calls import CallMixin, error_text
-from producers._digest import canonical_json, enter_node
-from producers.errors import DeliveryError, ProducerFencedError, RunClosedError
-from producers.tracing import current_traceparent
-from schemas import DURABLE_TYPES, Event, EventType, new_event_id, utcnow
+from runjournal.producers._calls import CallMixin, error_text
+from runjournal.producers._digest import canonical_json, enter_node
+from runjournal.producers.errors import DeliveryError, ProducerFencedError, RunClosedError
+from runjournal.producers.tracing import current_traceparent
+from runjournal.schemas import DURABLE_TYPES, Event, EventType, new_event_id, utcnow
 
 if TYPE_CHECKING:
-    from producers.journal import Journal
-    from producers.plan import RecoveryPlan
+    from runjournal.producers._port import JournalPort
+    from runjournal.producers.plan import RecoveryPlan
 
 __all__ = ["RunHandle"]
 
-log = logging.getLogger("producers.handle")
+log = logging.getLogger("runjournal.producers.handle")
 
 _NOT_EMITTABLE = frozenset(
     {EventType.RUN_STARTED, EventType.RUN_RESUMED, EventType.RUN_SUCCEEDED, EventType.RUN_FAILED}
@@ -56,7 +56,7 @@ class RunHandle(CallMixin):
 
     def __init__(
         self,
-        journal: Journal,
+        journal: JournalPort,
         *,
         run_id: str,
         tenant_id: str,
@@ -85,7 +85,7 @@ class RunHandle(CallMixin):
     @classmethod
     def start_new(
         cls,
-        journal: Journal,
+        journal: JournalPort,
         *,
         run_id: str,
         tenant_id: str,
@@ -195,13 +195,13 @@ class RunHandle(CallMixin):
         Args:
             type: the event type (not RUN_STARTED / RUN_RESUMED / RUN_SUCCEEDED / RUN_FAILED: those
                 have their own methods or belong to the recovery job).
-            payload: fields for ``type`` (``schemas.PAYLOAD_FIELDS``); absent optional fields are None.
+            payload: fields for ``type`` (``runjournal.schemas.PAYLOAD_FIELDS``); absent optional fields are None.
             node_id: node path the event belongs to; default: the innermost open node.
-            durable: None → durable iff ``type`` is in ``schemas.DURABLE_TYPES``; True forces a commit
+            durable: None → durable iff ``type`` is in ``runjournal.schemas.DURABLE_TYPES``; True forces a commit
                 (broker ack) before returning. False is refused for a durable type.
 
         Returns:
-            The published :class:`~schemas.Event`.
+            The published :class:`~runjournal.schemas.Event`.
 
         Raises:
             ValueError: a reserved type, or ``durable=False`` for a durable type.

@@ -6,7 +6,7 @@ Durability design (DESIGN.md § The side-effect protocol, § Zombies: fence firs
   ``compression.type=lz4``, ``linger.ms=5`` — with ``transactional.id =
   transactional_id(settings, producer_id)``; ``init_transactions()`` at start. All events of
   the instance go through it (two producers could reorder a run).
-* Every event is produced into the open transaction. A **durable** event (``schemas.DURABLE_TYPES``:
+* Every event is produced into the open transaction. A **durable** event (``runjournal.schemas.DURABLE_TYPES``:
   TOOL_CALL_INTENDED / COMMITTED / FAILED / RECONCILED, approvals, RUN_RESUMED and terminal events)
   then commits it: ``commit_transaction()`` returning *is* the broker's ack, for it and every
   event before it. Concurrent durable publishes from several threads share one commit.
@@ -17,7 +17,7 @@ Durability design (DESIGN.md § The side-effect protocol, § Zombies: fence firs
   aborts the open transaction), but never reorders or gaps a run — a lost tail is a clean tail,
   and consumers read ``read_committed``. A side effect is never in that window: its intent commits
   before the tool runs.
-* The partition is ``murmur2(run_id) % partitions`` (``producers.partitioner``), passed
+* The partition is ``murmur2(run_id) % partitions`` (``runjournal.producers.partitioner``), passed
   explicitly; the count is read at start and re-read every ``metadata_check_interval_s`` and
   after a delivery error; a change stops publishing with ``PartitionCountChangedError``.
 * Fencing: the recovery job calls ``init_transactions()`` with this instance's transactional id
@@ -38,10 +38,12 @@ from typing import Any
 
 from confluent_kafka import KafkaException
 
-from producers._digest import canonical_json
-from producers._lease import InstanceLease
-from producers._txn import Item, TxnPublisher
-from producers.errors import (
+from runjournal.core import failpoints, kafka
+from runjournal.core.settings import Settings
+from runjournal.producers._digest import canonical_json
+from runjournal.producers._lease import InstanceLease
+from runjournal.producers._txn import Item, TxnPublisher
+from runjournal.producers.errors import (
     DeliveryError,
     JournalError,
     NoRecoveryPlanError,
@@ -49,19 +51,17 @@ from producers.errors import (
     ProducerFencedError,
     TopicNotFoundError,
 )
-from producers.fencing import default_producer_id, transactional_id
-from producers.handle import RunHandle
-from producers.partitioner import partition_for
-from producers.plan import PlanStore
-from producers.results import ResultStore
-from producers.tracing import check_traceparent
-from runjournal import failpoints
-from runjournal.settings import Settings
-from schemas import Event, EventType
+from runjournal.producers.fencing import default_producer_id, transactional_id
+from runjournal.producers.handle import RunHandle
+from runjournal.producers.partitioner import partition_for
+from runjournal.producers.plan import PlanStore
+from runjournal.producers.results import ResultStore
+from runjournal.producers.tracing import check_traceparent
+from runjournal.schemas import Event, EventType
 
 __all__ = ["Journal"]
 
-log = logging.getLogger("producers.journal")
+log = logging.getLogger("runjournal.producers.journal")
 
 
 class Journal:
@@ -72,10 +72,10 @@ class Journal:
     (age-bounded commits, partition-count checks). Use as a context manager, or call :meth:`close`.
 
     Args:
-        settings: ``runjournal.settings.Settings`` (bootstrap, redis_url, topic_prefix → events topic).
+        settings: ``runjournal.core.settings.Settings`` (bootstrap, redis_url, topic_prefix → events topic).
         producer_id: this instance's id (default ``{host}-{pid}-{8 hex}``); base of the transactional id,
             the lease key and the owned set. Two live instances must not share one.
-        codec: an ``schemas.EventCodec`` (default ``schemas.codec_from_settings(settings)``).
+        codec: an ``runjournal.schemas.EventCodec`` (default ``runjournal.schemas.codec_from_settings(settings)``).
         redis_client: a ``redis.Redis`` (default: from ``settings.redis_url``).
         redis_prefix: Redis key prefix (default ``settings.topic_prefix``).
         lease_ttl_ms: lease TTL in ms (default 10 000); renewed every ttl/3.
@@ -86,7 +86,7 @@ class Journal:
         metadata_check_interval_s: seconds between partition-count checks (default 30).
         commit_timeout_s: timeout of each commit/abort/init call, seconds (default 30).
         inline_result_bytes: results (and args) up to this many bytes of canonical JSON go inline in
-            events; larger results go to Redis by reference (default 8192; see ``producers.results``).
+            events; larger results go to Redis by reference (default 8192; see ``runjournal.producers.results``).
         queue_full_retries: bounded retries of a full local queue before ``QueueFullError`` (default 20).
         txn_settle_ms: a durable publish opening a transaction less than this many ms after the last
             commit waits out the rest (default 0: off). Right after a commit a slow (cold or loaded)
@@ -123,7 +123,7 @@ class Journal:
         producer_config: dict[str, Any] | None = None,
     ) -> None:
         if codec is None:
-            from schemas import codec_from_settings
+            from runjournal.schemas import codec_from_settings
 
             codec = codec_from_settings(settings)
         if redis_client is None:
@@ -147,9 +147,7 @@ class Journal:
         self._fence_count = 0
         self._partition_error: PartitionCountChangedError | None = None
         self._closed = False
-        config = {
-            "bootstrap.servers": settings.bootstrap,
-            "client.id": self.producer_id,
+        config = kafka.client_config(settings, "producer", client_id=self.producer_id, **{
             "transactional.id": self.transactional_id,
             "enable.idempotence": True,
             "acks": "all",
@@ -160,7 +158,7 @@ class Journal:
             # the coordinator aborts its open transaction after this (live ones commit every max_txn_age_ms).
             "transaction.timeout.ms": max(15_000, 10 * max_txn_age_ms),
             **(producer_config or {}),
-        }
+        })
         self._txn = TxnPublisher(
             config,
             self.topic,
@@ -229,7 +227,7 @@ class Journal:
             run_id: the run's id (default: a uuid4).
             user_id: the user who started it, if any.
             traceparent: W3C trace context for every event of the run (default: the active
-                ``producers.tracing.current_traceparent`` at each emit).
+                ``runjournal.producers.tracing.current_traceparent`` at each emit).
 
         Returns:
             The run's :class:`RunHandle`.
@@ -255,7 +253,7 @@ class Journal:
             raise
 
     def resume(self, run_id: str, *, traceparent: str | None = None) -> RunHandle:
-        """Continue a run the recovery job handed to this instance (``producers.plan``).
+        """Continue a run the recovery job handed to this instance (``runjournal.producers.plan``).
 
         The handle writes with ``plan.epoch`` from ``seq = plan.last_seq + 1``; ``call`` follows the
         plan's per-call classification. Publishes nothing by itself (RUN_RESUMED is the recovery job's).

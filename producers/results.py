@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from producers._digest import digest
+from runjournal.producers._digest import digest
 
 __all__ = ["ResultStore"]
 

@@ -4,8 +4,8 @@ Public API (see ``schemas/README.md``): the :class:`Event` shape, :class:`EventC
 :func:`codec_from_settings`, the schema versions, and the named errors.
 """
 
-from schemas.codec import DEFAULT_MAX_EVENT_BYTES, EventCodec, codec_from_settings, is_tombstone
-from schemas.errors import (
+from runjournal.schemas.codec import DEFAULT_MAX_EVENT_BYTES, EventCodec, codec_from_settings, is_tombstone
+from runjournal.schemas.errors import (
     CorruptEventError,
     DecodeError,
     EventTooLargeError,
@@ -15,7 +15,7 @@ from schemas.errors import (
     TombstoneError,
     UnsupportedSchemaError,
 )
-from schemas.events import (
+from runjournal.schemas.events import (
     CONTROL_FLOW_TYPES,
     DURABLE_TYPES,
     PAYLOAD_FIELDS,
@@ -25,7 +25,7 @@ from schemas.events import (
     new_event_id,
     utcnow,
 )
-from schemas.versions import SchemaVersion, current_version, load_versions
+from runjournal.schemas.versions import SchemaVersion, current_version, load_versions
 
 __all__ = [
     "CONTROL_FLOW_TYPES",

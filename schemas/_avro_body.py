@@ -1,6 +1,6 @@
 """Read one Avro binary body (after whatever framing) into a record resolved to the reader schema.
 
-Private: shared by the single-object and the Confluent framings of :mod:`schemas.codec`.
+Private: shared by the single-object and the Confluent framings of :mod:`runjournal.schemas.codec`.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 from fastavro import schemaless_reader
 from fastavro.read import SchemaResolutionError
 
-from schemas.errors import CorruptEventError, UnsupportedSchemaError
-from schemas.versions import SchemaVersion
+from runjournal.schemas.errors import CorruptEventError, UnsupportedSchemaError
+from runjournal.schemas.versions import SchemaVersion
 
 __all__ = ["read_body"]
 
@@ -58,4 +58,6 @@ def read_body(
             fingerprint=writer.fingerprint,
             **where,
         )
+    if not isinstance(record, dict):
+        raise CorruptEventError(f"the {writer.label} body is not a record", fingerprint=writer.fingerprint, **where)
     return record

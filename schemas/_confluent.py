@@ -1,6 +1,6 @@
 """Confluent Schema Registry framing (``00`` + 4-byte big-endian schema id + Avro body).
 
-Private: used by :class:`schemas.codec.EventCodec` when a registry URL is configured.
+Private: used by :class:`runjournal.schemas.codec.EventCodec` when a registry URL is configured.
 Writing goes through ``confluent_kafka.schema_registry.avro.AvroSerializer`` (registration,
 subject ``{topic}-value`` by the topic name strategy, framing). Reading parses the 5-byte
 framing here and fetches the writer schema from the registry by id; the bytes are the
@@ -23,9 +23,9 @@ from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from fastavro.schema import SchemaParseException, parse_schema
 
-from schemas._avro_body import read_body
-from schemas.errors import CorruptEventError, InvalidEventError, RegistryError, UnsupportedSchemaError
-from schemas.versions import SchemaVersion, fingerprint_of
+from runjournal.schemas._avro_body import read_body
+from runjournal.schemas.errors import CorruptEventError, InvalidEventError, RegistryError, UnsupportedSchemaError
+from runjournal.schemas.versions import SchemaVersion, fingerprint_of
 
 __all__ = ["ConfluentWire", "registry_client"]
 
@@ -81,7 +81,7 @@ class ConfluentWire:
             raise RegistryError(f"schema registry unreachable for subject {topic}-value: {exc!r}") from exc
         if not data:
             raise InvalidEventError(f"serializer produced no bytes for event {record.get('event_id')}")
-        return data
+        return bytes(data)
 
     def loads(self, value: bytes, where: dict[str, Any]) -> tuple[dict[str, Any], SchemaVersion]:
         """Deserialise to a record resolved to the current schema, plus the writer's envelope version.

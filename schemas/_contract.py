@@ -1,6 +1,6 @@
-"""Does the newest published envelope schema match the Python contract in :mod:`schemas.events`?
+"""Does the newest published envelope schema match the Python contract in :mod:`runjournal.schemas.events`?
 
-Private helper of :mod:`schemas.compat`. ``schemas.events`` (Event, EventType, PAYLOAD_FIELDS)
+Private helper of :mod:`runjournal.schemas.compat`. ``runjournal.schemas.events`` (Event, EventType, PAYLOAD_FIELDS)
 and the newest ``.avsc`` describe the same thing; this lists every place they disagree.
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from schemas._resolution import kind, short_name
-from schemas.events import PAYLOAD_FIELDS, Event, EventType
-from schemas.versions import payload_record_name
+from runjournal.schemas._resolution import kind, short_name
+from runjournal.schemas.events import PAYLOAD_FIELDS, Event, EventType
+from runjournal.schemas.versions import payload_record_name
 
 __all__ = ["contract_findings"]
 
@@ -24,15 +24,15 @@ _AVRO_KINDS: dict[type, set[str]] = {
 
 
 def contract_findings(expanded: dict[str, Any]) -> list[tuple[str, str]]:
-    """``(path, message)`` for each disagreement between an expanded envelope schema and schemas.events."""
+    """``(path, message)`` for each disagreement between an expanded envelope schema and runjournal.schemas.events."""
     fields = {f["name"]: f for f in expanded["fields"]}
     event_fields = {f.name for f in dataclasses.fields(Event)}
     out = [
-        ("Event." + n, "in the schema but not in schemas.events.Event")
+        ("Event." + n, "in the schema but not in runjournal.schemas.events.Event")
         for n in sorted(fields.keys() - event_fields)
     ]
     out += [
-        ("Event." + n, "in schemas.events.Event but not in the schema")
+        ("Event." + n, "in runjournal.schemas.events.Event but not in the schema")
         for n in sorted(event_fields - fields.keys())
     ]
     if "type" in fields and kind(fields["type"]["type"]) == "enum":

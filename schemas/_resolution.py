@@ -1,6 +1,6 @@
 """Static Avro schema-resolution rules (Avro spec § Schema Resolution), walked field by field.
 
-Private helper of :mod:`schemas.compat`: it names the *field* a resolution would fail on,
+Private helper of :mod:`runjournal.schemas.compat`: it names the *field* a resolution would fail on,
 which fastavro's own errors often do not. Both schemas are fastavro-parsed with
 ``expand=True`` (named types inlined, names fully qualified).
 """

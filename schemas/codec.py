@@ -1,4 +1,4 @@
-"""EventCodec: :class:`~schemas.events.Event` ⇄ Kafka record value bytes.
+"""EventCodec: :class:`~runjournal.schemas.events.Event` ⇄ Kafka record value bytes.
 
 Two steps, reversed on read (style note 10):
 
@@ -14,7 +14,7 @@ Single-object wire format (Avro spec § Single object encoding)::
     +------+------+---------------------------------+---------------------------+
 
 On read the fingerprint selects the writer version among every published one; fastavro
-resolves it to the current reader schema; upcasters (:mod:`schemas.upcasters`) then fix meaning.
+resolves it to the current reader schema; upcasters (:mod:`runjournal.schemas.upcasters`) then fix meaning.
 """
 
 from __future__ import annotations
@@ -25,22 +25,23 @@ from typing import TYPE_CHECKING, Any
 from fastavro import schemaless_writer
 from fastavro.validation import ValidationError, validate
 
-from schemas._avro_body import read_body
-from schemas.errors import (
+from runjournal.core.errors import ConfigError
+from runjournal.schemas._avro_body import read_body
+from runjournal.schemas.errors import (
     CorruptEventError,
     EventTooLargeError,
     InvalidEventError,
     TombstoneError,
     UnsupportedSchemaError,
 )
-from schemas.events import PAYLOAD_FIELDS, Event, EventType, NaiveDatetimeError
-from schemas.upcasters import upcast
-from schemas.versions import MAGIC, SchemaVersion, load_versions, payload_record_name
+from runjournal.schemas.events import PAYLOAD_FIELDS, Event, EventType, NaiveDatetimeError
+from runjournal.schemas.upcasters import upcast
+from runjournal.schemas.versions import MAGIC, SchemaVersion, load_versions, payload_record_name
 
 if TYPE_CHECKING:
     from confluent_kafka.schema_registry import SchemaRegistryClient
 
-    from runjournal.settings import Settings
+    from runjournal.core.settings import Settings
 
 __all__ = ["DEFAULT_MAX_EVENT_BYTES", "DEFAULT_TOPIC", "EventCodec", "codec_from_settings", "is_tombstone"]
 
@@ -105,7 +106,12 @@ class EventCodec:
         }
         self._registry = None
         if schema_registry_client is not None or schema_registry_url:
-            from schemas._confluent import ConfluentWire, registry_client
+            try:
+                from runjournal.schemas._confluent import ConfluentWire, registry_client
+            except ModuleNotFoundError as exc:
+                raise ConfigError(
+                    f"RUNJOURNAL_SCHEMA_REGISTRY_URL is set but the registry client is not installed ({exc.name}): "
+                    "pip install 'runjournal[registry]'") from exc
 
             client = schema_registry_client or registry_client(schema_registry_url or "")
             self._registry = ConfluentWire(client, versions)
@@ -188,7 +194,7 @@ class EventCodec:
                 symbol this reader does not know.
             RegistryError: registry framing only: the registry could not be reached.
         """
-        where = {"topic": topic, "partition": partition, "offset": offset}
+        where: dict[str, Any] = {"topic": topic, "partition": partition, "offset": offset}
         if value is None:
             raise TombstoneError("tombstone (None value) has no event; check is_tombstone() first", **where)
         if self._registry is not None:
@@ -318,7 +324,7 @@ def codec_from_settings(settings: Settings, *, max_event_bytes: int = DEFAULT_MA
     """The codec the settings ask for: registry framing when ``settings.schema_registry_url`` is set.
 
     Args:
-        settings: ``runjournal.settings.Settings`` (env ``RUNJOURNAL_SCHEMA_REGISTRY_URL``,
+        settings: ``runjournal.core.settings.Settings`` (env ``RUNJOURNAL_SCHEMA_REGISTRY_URL``,
             ``RUNJOURNAL_TOPIC_PREFIX``).
         max_event_bytes: cap on one encoded event, bytes.
 

@@ -11,7 +11,7 @@ events with today's code. Each ``(writer vI, reader vJ)`` with ``I <= J`` is che
 
 Per schema it also checks that every enum has a ``default`` symbol and that the type enum and
 the payload branches agree; for the newest published version, that it matches
-``schemas.events`` (Event fields and PAYLOAD_FIELDS); and that the published ledger holds.
+``runjournal.schemas.events`` (Event fields and PAYLOAD_FIELDS); and that the published ledger holds.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from fastavro import schemaless_reader, schemaless_writer
 from fastavro.schema import parse_schema
 from fastavro.utils import generate_one
 
-from schemas._contract import contract_findings
-from schemas._resolution import enum_schemas, kind, resolution_findings
-from schemas.errors import SchemaError
-from schemas.published import verify_published
-from schemas.versions import ENVELOPE_DIR, SchemaVersion, load_version, load_versions, payload_record_name
+from runjournal.schemas._contract import contract_findings
+from runjournal.schemas._resolution import enum_schemas, kind, resolution_findings
+from runjournal.schemas.errors import SchemaError
+from runjournal.schemas.published import verify_published
+from runjournal.schemas.versions import ENVELOPE_DIR, SchemaVersion, load_version, load_versions, payload_record_name
 
 __all__ = ["POLICY", "Problem", "check_all", "check_pair", "check_schema"]
 

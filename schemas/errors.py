@@ -1,6 +1,6 @@
 """Named errors of the event contract's wire side (codec, schema versions, compatibility gate).
 
-Every error here subclasses :class:`SchemaError` (itself a :class:`runjournal.errors.RunjournalError`).
+Every error here subclasses :class:`SchemaError` (itself a :class:`runjournal.core.errors.RunjournalError`).
 Third-party errors (fastavro, confluent_kafka) are chained as ``__cause__``.
 
 Decode-side errors (:class:`DecodeError` and its subclasses) carry where the bad value was
@@ -10,7 +10,7 @@ read (``topic``, ``partition``, ``offset``) so a consumer can quarantine it with
 
 from __future__ import annotations
 
-from runjournal.errors import RunjournalError
+from runjournal.core.errors import RunjournalError
 
 __all__ = [
     "CorruptEventError",
@@ -29,7 +29,7 @@ class SchemaError(RunjournalError):
 
 
 class DecodeError(SchemaError):
-    """A Kafka record value could not be turned into an :class:`~schemas.events.Event`.
+    """A Kafka record value could not be turned into an :class:`~runjournal.schemas.events.Event`.
 
     Attributes:
         fingerprint: CRC-64-AVRO fingerprint (unsigned 64-bit int) of the writer schema, when known.
@@ -81,7 +81,7 @@ class CorruptEventError(DecodeError):
 class TombstoneError(DecodeError, TypeError):
     """``decode(None)``: a tombstone (erased event) has no event to decode.
 
-    Check :func:`schemas.codec.is_tombstone` before decoding. Also a :class:`TypeError`.
+    Check :func:`runjournal.schemas.codec.is_tombstone` before decoding. Also a :class:`TypeError`.
     """
 
 
@@ -105,7 +105,7 @@ class EventTooLargeError(SchemaError):
 
 
 class InvalidEventError(SchemaError, ValueError):
-    """An :class:`~schemas.events.Event` does not fit the current schema (encode side).
+    """An :class:`~runjournal.schemas.events.Event` does not fit the current schema (encode side).
 
     Attributes:
         field: dotted path of the offending field (``payload.attempt``), when known.

@@ -1,7 +1,7 @@
 """The decoded shape of a journal event: the contract between codec, producers and consumers.
 
 Every service works on :class:`Event` (the *current* shape, after upcasting). The Avro
-schemas under ``schemas/avro/`` are the wire form of the same thing; ``schemas.codec``
+schemas under ``schemas/avro/`` are the wire form of the same thing; ``runjournal.schemas.codec``
 converts between the two. Nothing here does I/O.
 
 Rules (``DESIGN.md`` § Events):
@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from schemas.errors import SchemaError
+from runjournal.schemas.errors import SchemaError
 
 __all__ = [
     "CONTROL_FLOW_TYPES",
@@ -146,7 +146,7 @@ PAYLOAD_FIELDS: dict[EventType, dict[str, tuple[type, bool]]] = {
 class NaiveDatetimeError(SchemaError, ValueError):
     """``occurred_at`` had no tzinfo; it would be read in the host's zone. Pass an aware datetime.
 
-    A :class:`~schemas.errors.SchemaError` (so a codec caller catches one base) and still a ValueError.
+    A :class:`~runjournal.schemas.errors.SchemaError` (so a codec caller catches one base) and still a ValueError.
     """
 
 

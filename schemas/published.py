@@ -3,7 +3,7 @@
 Every published ``.avsc`` is kept forever and never edited.
 
 Format: one line per file, ``sha256sum`` style: ``<64 hex>  <path relative to schemas/>``.
-Lines are only ever appended (``python -m schemas.tools.publish``); a published file that
+Lines are only ever appended (``python -m runjournal.schemas.tools.publish``); a published file that
 changes or disappears is a problem for :func:`verify_published` and fails CI.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from schemas.errors import SchemaError
+from runjournal.schemas.errors import SchemaError
 
 __all__ = ["LEDGER", "SCHEMAS_DIR", "publish", "read_ledger", "sha256_of", "verify_published"]
 
@@ -67,7 +67,7 @@ def verify_published(root: Path = SCHEMAS_DIR, ledger: Path | None = None) -> li
             problems.append(f"published schema {rel} was edited: add a new version instead")
     for rel in _avsc_files(root):
         if rel not in entries:
-            problems.append(f"schema {rel} is not published: run `python -m schemas.tools.publish`")
+            problems.append(f"schema {rel} is not published: run `python -m runjournal.schemas.tools.publish`")
     return problems
 
 

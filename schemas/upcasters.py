@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from schemas.errors import UnsupportedSchemaError
+from runjournal.schemas.errors import UnsupportedSchemaError
 
 __all__ = ["UPCASTERS", "Upcaster", "no_semantic_change", "upcast", "upcast_v1_to_v2"]
 

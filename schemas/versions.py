@@ -16,7 +16,7 @@ from typing import Any
 
 from fastavro.schema import SchemaParseException, fingerprint, parse_schema, to_parsing_canonical_form
 
-from schemas.errors import SchemaError
+from runjournal.schemas.errors import SchemaError
 
 __all__ = [
     "ENVELOPE_DIR",
@@ -110,6 +110,8 @@ def load_version(path: Path, version: int | None = None) -> SchemaVersion:
     except (OSError, ValueError, SchemaParseException) as exc:
         raise SchemaError(f"cannot load Avro schema {path}: {exc}") from exc
     canonical = to_parsing_canonical_form(parsed)
+    if not isinstance(raw, dict) or not isinstance(parsed, dict):
+        raise SchemaError(f"cannot load Avro schema {path}: the top level is not a record")
     return SchemaVersion(version, path, raw, parsed, canonical, fingerprint_of(parsed))
 
 

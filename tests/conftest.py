@@ -2,7 +2,7 @@
 
 * ``RUNJOURNAL_BOOTSTRAP`` and ``RUNJOURNAL_REDIS_URL`` set → use those services.
 * ``RJ_TEST_DOCKER=1`` and a Docker engine → testcontainers (optional, never required).
-* otherwise → start a private stack with ``deploy.stack.Stack`` (the launcher behind
+* otherwise → start a private stack with ``runjournal.deploy.stack.Stack`` (the launcher behind
   ``runjournal stack up``) in a temp directory on free ports, and stop it at session end.
 
 Each test gets uuid-named topics (a fresh ``topic_prefix``), so tests never see each
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from deploy.procs import free_port
-from deploy.stack import Stack, StackPorts
-from runjournal.settings import Settings, default_cache_dir
+from runjournal.core.settings import Settings, default_cache_dir
+from runjournal.deploy.procs import free_port
+from runjournal.deploy.stack import Stack, StackPorts
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ def settings(endpoints: Endpoints, tmp_path: Path) -> Settings:
 @pytest.fixture
 def topics(settings: Settings) -> Settings:
     """``settings`` with its events topic and DLQs created."""
-    from deploy.topics import create_topics
+    from runjournal.deploy.topics import create_topics
 
     create_topics(settings)
     return settings

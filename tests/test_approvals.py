@@ -18,16 +18,16 @@ from pathlib import Path
 import pytest
 import redis
 
-from consumers.approvals_cli import ApprovalRefusedError, submit_decision
-from consumers.inspect import read_run_events
-from consumers.recovery.job import RecoveryJob
-from consumers.reducer import CallStatus, Decision, RunStatus
-from consumers.replay import replay_run
-from producers.approvals import ApprovalInbox
-from producers.partitioner import partition_for
-from producers.plan import ApprovalStatus, PlanStore
-from runjournal.settings import Settings
-from schemas import Event, EventType
+from runjournal.cli.approvals import ApprovalRefusedError, submit_decision
+from runjournal.consumers.inspect import read_run_events
+from runjournal.consumers.recovery.job import RecoveryJob
+from runjournal.consumers.replay import replay_run
+from runjournal.core.settings import Settings
+from runjournal.model.reducer import CallStatus, Decision, RunStatus
+from runjournal.producers.approvals import ApprovalInbox
+from runjournal.producers.partitioner import partition_for
+from runjournal.producers.plan import ApprovalStatus, PlanStore
+from runjournal.schemas import Event, EventType
 from tests.support.agent_child import script
 from tests.support.provider import Provider, child, project, running_provider, wait_lease, wait_lease_gone
 from tests.support.workload import publish

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +26,9 @@ def test_demo_generated_workload_under_chaos(service_env: dict[str, str], tmp_pa
         [sys.executable, "-m", "runjournal", "demo", "--runs", "16", "--agents", "3", "--kills", "4", "--seed", "3",
          "--provider-idempotency", idempotency, "--json", "--report", str(report)],
         env=service_env, capture_output=True, text=True, timeout=600, check=False)
-    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    summary = json.loads(proc.stdout)  # --json: stdout is one JSON document and nothing else
+    raw_librdkafka = [line for line in proc.stderr.splitlines() if re.match(r"^%\d+\|", line)]
+    assert raw_librdkafka == []  # librdkafka's lines go through Python logging (runjournal.core.kafka)
     assert REQUIRED <= set(summary)
     assert summary["ok"] is True and proc.returncode == 0, {k: summary[k] for k in REQUIRED}
     assert summary["crashes_injected"] >= 4 and summary["projector_kills"] == 1

@@ -11,14 +11,15 @@ from datetime import UTC, datetime
 
 import pytest
 import redis
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from consumers.erase import RunStillLiveError, erase_run
-from consumers.memory import ItemKind, MemoryItem, Provenance, QdrantMemoryStore, Scope
-from consumers.reducer import state_digest
-from producers.approvals import ApprovalInbox
-from producers.partitioner import partition_for
-from runjournal.settings import Settings
+from runjournal.consumers.erase import RunStillLiveError, erase_run
+from runjournal.consumers.memory import ItemKind, MemoryItem, Provenance, QdrantMemoryStore, Scope
+from runjournal.core import kafka
+from runjournal.core.settings import Settings
+from runjournal.model.reducer import state_digest
+from runjournal.producers.approvals import ApprovalInbox
+from runjournal.producers.partitioner import partition_for
 from tests.support.provider import project
 from tests.support.workload import publish, run_events
 from tests.test_memory_doubles import HashingEmbedder
@@ -28,7 +29,7 @@ pytestmark = [pytest.mark.integration]
 
 def topic_records(settings: Settings) -> list[tuple[str, bytes | None]]:
     """Every record of the events topic as ``(key, value)``, partition by partition, with a plain consumer."""
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"check-{uuid.uuid4()}",
+    consumer = kafka.consumer(settings, **{"group.id": f"check-{uuid.uuid4()}",
                          "enable.auto.commit": False, "isolation.level": "read_committed"})
     out: list[tuple[str, bytes | None]] = []
     try:

@@ -2,7 +2,7 @@
 (Kafka, Qdrant, supersession, isolation) without paying for the real model on every test.
 
 It is not a model: similarity here is word overlap, nothing more. Production code never uses it —
-the default embedder is ``consumers.memory.embed.MiniLMEmbedder`` (tested in test_memory_embedder.py).
+the default embedder is ``runjournal.consumers.memory.embed.MiniLMEmbedder`` (tested in test_memory_embedder.py).
 Its ``embedder_id`` starts with ``TEST-DOUBLE`` so its vectors can never share a collection with real ones.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from consumers.memory.embed import Embedder
+from runjournal.consumers.memory.embed import Embedder
 
 
 class HashingEmbedder:
@@ -29,7 +29,7 @@ class HashingEmbedder:
         self.calls = 0
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
-        from consumers.memory.errors import EmbedderError
+        from runjournal.consumers.memory.errors import EmbedderError
 
         self.calls += 1
         if self.fail_on is not None and any(self.fail_on in t for t in texts):

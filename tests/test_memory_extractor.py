@@ -17,13 +17,21 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import TopicPartition
 
-from consumers.memory import MemoryExtractor, QdrantMemoryStore, RuleExtractor, RunContexts, Scope, memory_group
-from consumers.projector import Projector
-from deploy.procs import free_port
-from runjournal.settings import Settings
-from schemas import Event, EventType
+from runjournal.consumers.memory import (
+    MemoryExtractor,
+    QdrantMemoryStore,
+    RuleExtractor,
+    RunContexts,
+    Scope,
+    memory_group,
+)
+from runjournal.consumers.projector import Projector
+from runjournal.core import kafka
+from runjournal.core.settings import Settings
+from runjournal.deploy.procs import free_port
+from runjournal.schemas import Event, EventType
 from tests.support.workload import publish, run_events
 from tests.test_memory_doubles import HashingEmbedder
 
@@ -73,7 +81,7 @@ def snapshot(store: QdrantMemoryStore) -> dict[str, dict]:
 
 
 def committed(settings: Settings, group: str) -> dict[int, int]:
-    c = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": group})
+    c = kafka.consumer(settings, **{"group.id": group})
     try:
         tps = c.committed([TopicPartition(settings.events_topic, p) for p in range(settings.partitions)], timeout=10)
         return {tp.partition: tp.offset for tp in tps}
@@ -88,7 +96,7 @@ def assert_committed_to_the_end(settings: Settings, group: str) -> None:
 
 
 def high_watermarks(settings: Settings) -> dict[int, int]:
-    c = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"wm-{uuid.uuid4()}"})
+    c = kafka.consumer(settings, **{"group.id": f"wm-{uuid.uuid4()}"})
     try:
         return {p: c.get_watermark_offsets(TopicPartition(settings.events_topic, p), timeout=10)[1]
                 for p in range(settings.partitions)}
@@ -147,7 +155,7 @@ def test_failures_are_dead_lettered_with_their_offsets(topics: Settings, store: 
     hits = store.search(Scope("acme", user_id="u1"), "window seats poison", limit=10)
     assert sorted(h.text for h in hits) == ['A prior run of agent airline for input {"trip": "LIS"} succeeded; '
                                             'output: "booked"', "I prefer window seats"]
-    c = Consumer({"bootstrap.servers": topics.bootstrap, "group.id": f"dlq-{uuid.uuid4()}",
+    c = kafka.consumer(topics, **{"group.id": f"dlq-{uuid.uuid4()}",
                   "auto.offset.reset": "earliest"})
     c.subscribe([topics.memory_dlq_topic])
     dead: list = []

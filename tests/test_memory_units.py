@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from qdrant_client import QdrantClient
 
-from consumers.memory import (
+from runjournal.consumers.memory import (
     ItemKind,
     MemoryItem,
     MemoryStore,
@@ -30,9 +30,9 @@ from consumers.memory import (
     VectorSpaceError,
     scope_filter,
 )
-from consumers.memory._payload import collection_name, point_id, resolve
-from runjournal.settings import Settings
-from schemas import Event, EventType
+from runjournal.consumers.memory._payload import collection_name, point_id, resolve
+from runjournal.core.settings import Settings
+from runjournal.schemas import Event, EventType
 from tests.test_memory_doubles import HashingEmbedder
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

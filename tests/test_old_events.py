@@ -14,16 +14,17 @@ from io import BytesIO
 from typing import Any
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 from fastavro import schemaless_writer
 
-from consumers.inspect import read_run_events
-from consumers.projector import Projector
-from consumers.reducer import CallStatus, RunStatus, fold, state_digest
-from producers.partitioner import partition_for
-from runjournal.settings import Settings
-from schemas import Event, EventType, load_versions
-from schemas.versions import payload_record_name
+from runjournal.consumers.inspect import read_run_events
+from runjournal.consumers.projector import Projector
+from runjournal.core import kafka
+from runjournal.core.settings import Settings
+from runjournal.model.reducer import CallStatus, RunStatus, fold, state_digest
+from runjournal.producers.partitioner import partition_for
+from runjournal.schemas import Event, EventType, load_versions
+from runjournal.schemas.versions import payload_record_name
 from tests.support.workload import publish
 from tests.test_schemas_fixture import MANIFEST, RECORDS, _expected
 
@@ -63,7 +64,7 @@ def unknown_fingerprint_value() -> bytes:
 
 
 def dlq_records(settings: Settings) -> list[tuple[str, dict[str, bytes], bytes]]:
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"dlq-{uuid.uuid4()}",
+    consumer = kafka.consumer(settings, **{"group.id": f"dlq-{uuid.uuid4()}",
                          "enable.auto.commit": False})
     out = []
     try:

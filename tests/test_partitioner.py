@@ -1,4 +1,5 @@
-"""murmur2 partitioning: Kafka's own test vectors, then the real broker path (librdkafka murmur2_random)."""
+"""murmur2 partitioning: the oracle against Kafka's own test vectors, the product (confluent_kafka.murmur2)
+against the oracle on 100k random keys, then the real broker path (librdkafka murmur2_random)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import uuid
 from collections import Counter
 
 import pytest
-from confluent_kafka import Consumer, Producer
 
-from producers.partitioner import murmur2, partition_for, to_positive
-from runjournal.settings import Settings
+from runjournal.core import kafka
+from runjournal.core.settings import Settings
+from runjournal.producers.partitioner import partition_for
+from tests.support.murmur2_oracle import murmur2, oracle_partition, to_positive
 
 # org.apache.kafka.common.utils.UtilsTest#testMurmur2 (apache/kafka, clients/src/test/java/...)
 KAFKA_UTILS_TEST = [
@@ -43,6 +45,16 @@ def test_to_positive_clears_sign_bit_only() -> None:
     assert to_positive(12345) == 12345
 
 
+@pytest.mark.parametrize("num_partitions", [1, 2, 3, 6, 7, 12, 50, 101, 1000])
+def test_partition_for_equals_the_oracle_on_100k_random_keys(num_partitions: int) -> None:
+    rng = random.Random(num_partitions)
+    alphabet = string.ascii_letters + string.digits + "-_:.é☃\u00e9\U0001f600"
+    keys = [str(uuid.UUID(int=rng.getrandbits(128))) for _ in range(50_000)]
+    keys += ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 64))) for _ in range(50_000)]
+    mismatched = [k for k in keys if partition_for(k, num_partitions) != oracle_partition(k, num_partitions)]
+    assert mismatched == []
+
+
 def test_partition_for_hashes_utf8_and_rejects_zero_partitions() -> None:
     run_id = "rün-☃"
     assert partition_for(run_id, 7) == to_positive(murmur2(run_id.encode("utf-8"))) % 7
@@ -57,16 +69,12 @@ def test_partition_for_equals_librdkafka_murmur2_random_on_real_broker(topics: S
     alphabet = string.ascii_letters + string.digits + "-_:é☃"
     run_ids = [str(uuid.uuid4()) for _ in range(150)]
     run_ids += ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40))) for _ in range(50)]
-    producer = Producer(
-        {"bootstrap.servers": topics.bootstrap, "partitioner": "murmur2_random", "linger.ms": 5}
+    producer = kafka.producer(topics, **{"partitioner": "murmur2_random", "linger.ms": 5}
     )
     for run_id in run_ids:
         producer.produce(topics.events_topic, key=run_id.encode("utf-8"), value=b"x")
     assert producer.flush(30) == 0
-    consumer = Consumer(
-        {
-            "bootstrap.servers": topics.bootstrap,
-            "group.id": f"g-{uuid.uuid4()}",
+    consumer = kafka.consumer(topics, **{"group.id": f"g-{uuid.uuid4()}",
             "auto.offset.reset": "earliest",
             "enable.auto.commit": False,
         }

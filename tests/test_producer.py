@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 import redis
-from confluent_kafka.admin import AdminClient
 
-from producers import (
+from runjournal.core import kafka
+from runjournal.core.settings import Settings
+from runjournal.producers import (
     Journal,
     JournalError,
     RunClosedError,
@@ -25,8 +26,7 @@ from producers import (
     transactional_id,
     use_traceparent,
 )
-from runjournal.settings import Settings
-from schemas import EventCodec, EventTooLargeError, EventType
+from runjournal.schemas import EventCodec, EventTooLargeError, EventType
 from tests.helpers.readback import events_of, read_committed
 
 pytestmark = pytest.mark.integration
@@ -252,7 +252,7 @@ def test_missing_topic_and_producer_id_in_use_are_refused_without_side_effects(
     with pytest.raises(TopicNotFoundError):
         Journal(other, producer_id="lonely")
     assert not r.exists(f"{other.topic_prefix}:lease:lonely")  # released again
-    admin = AdminClient({"bootstrap.servers": other.bootstrap})
+    admin = kafka.admin_client(other)
     assert other.events_topic not in admin.list_topics(timeout=10).topics  # the probe did not create it
     with Journal(topics, producer_id="twin") as first:
         with pytest.raises(JournalError, match="in use"):

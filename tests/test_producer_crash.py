@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 import redis
-from confluent_kafka import Producer
 
-from producers import Journal, ProducerFencedError, fence_producer, transactional_id
-from runjournal.settings import Settings
-from schemas import EventType
+from runjournal.core import kafka
+from runjournal.core.settings import Settings
+from runjournal.producers import Journal, ProducerFencedError, fence_producer, transactional_id
+from runjournal.schemas import EventType
 from tests.helpers.readback import events_of, read_committed
 
 pytestmark = pytest.mark.integration
@@ -104,8 +104,7 @@ def test_fenced_journal_refuses_the_run_and_nothing_after_the_fence_is_visible(t
     try:
         run = journal.start_run("tenant-a", "pay-agent", {"amount": 5})
         assert run.call(tool, {"amount": 5}) == {"charged": 5}
-        fencer = Producer(
-            {"bootstrap.servers": topics.bootstrap, "transactional.id": transactional_id(topics, producer_id)}
+        fencer = kafka.producer(topics, **{"transactional.id": transactional_id(topics, producer_id)}
         )
         fencer.init_transactions(30)  # the recovery job's fence: bumps the producer epoch
         fencer.close()

@@ -8,9 +8,11 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewPartitions
+from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, NewPartitions
 
-from producers import (
+from runjournal.core import kafka
+from runjournal.core.settings import Settings
+from runjournal.producers import (
     DeliveryError,
     Journal,
     PartitionCountChangedError,
@@ -18,8 +20,7 @@ from producers import (
     TransactionAbortedError,
     partition_for,
 )
-from runjournal.settings import Settings
-from schemas import EventType
+from runjournal.schemas import EventType
 from tests.helpers.readback import events_of, read_committed
 
 pytestmark = pytest.mark.integration
@@ -28,7 +29,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def small_records(topics: Settings) -> Settings:
     """The events topic refuses records over 3000 bytes (the broker, not our codec, says no)."""
-    admin = AdminClient({"bootstrap.servers": topics.bootstrap})
+    admin = kafka.admin_client(topics)
     entry = ConfigEntry("max.message.bytes", "3000", incremental_operation=AlterConfigOpType.SET)
     res = ConfigResource("topic", topics.events_topic, incremental_configs=[entry])
     for fut in admin.incremental_alter_configs([res]).values():
@@ -96,7 +97,7 @@ def test_refused_non_durable_event_stops_its_run_only(journal: Journal, small_re
 def test_partition_count_change_stops_publishing(topics: Settings) -> None:
     with Journal(topics, metadata_check_interval_s=0.1) as journal:
         run = journal.start_run("tenant-a", "agent", {})
-        admin = AdminClient({"bootstrap.servers": topics.bootstrap})
+        admin = kafka.admin_client(topics)
         admin.create_partitions([NewPartitions(topics.events_topic, topics.partitions + 1)])[
             topics.events_topic
         ].result()

@@ -7,11 +7,12 @@ import time
 import uuid
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import TopicPartition
 
-from producers import Journal, ProducerFencedError, fence_producer
-from runjournal.settings import Settings
-from schemas import EventType, codec_from_settings
+from runjournal.core import kafka
+from runjournal.core.settings import Settings
+from runjournal.producers import Journal, ProducerFencedError, fence_producer
+from runjournal.schemas import EventType, codec_from_settings
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +31,7 @@ class Counting:
 
 
 def _high_watermarks(settings: Settings) -> dict[int, int]:
-    c = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"hw-{uuid.uuid4()}",
+    c = kafka.consumer(settings, **{"group.id": f"hw-{uuid.uuid4()}",
                   "isolation.level": "read_uncommitted"})
     try:
         return {p: c.get_watermark_offsets(TopicPartition(settings.events_topic, p), timeout=10, cached=False)[1]
@@ -41,7 +42,7 @@ def _high_watermarks(settings: Settings) -> dict[int, int]:
 
 def _committed_after(settings: Settings, marks: dict[int, int]) -> list[tuple[int, int, str]]:
     codec = codec_from_settings(settings)
-    c = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"rd-{uuid.uuid4()}",
+    c = kafka.consumer(settings, **{"group.id": f"rd-{uuid.uuid4()}",
                   "isolation.level": "read_committed", "auto.offset.reset": "earliest"})
     c.assign([TopicPartition(settings.events_topic, p, off) for p, off in marks.items()])
     out = []

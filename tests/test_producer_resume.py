@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 import redis
 
-from producers import (
+from runjournal.core.settings import Settings
+from runjournal.producers import (
     ApprovalDeniedError,
     ApprovalStatus,
     CallStatus,
@@ -25,8 +26,7 @@ from producers import (
     canonical_json,
     idempotency_key,
 )
-from runjournal.settings import Settings
-from schemas import Event, EventType, new_event_id, utcnow
+from runjournal.schemas import Event, EventType, new_event_id, utcnow
 from tests.helpers.readback import events_of, read_committed
 
 pytestmark = pytest.mark.integration

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from producers import (
+from runjournal.core.errors import RunjournalError
+from runjournal.producers import (
     ApprovalStatus,
     CallStatus,
     DeliveryError,
@@ -20,8 +21,7 @@ from producers import (
     idempotency_key,
     valid_traceparent,
 )
-from producers._kafka_errors import Failure, Severity, classify
-from runjournal.errors import RunjournalError
+from runjournal.producers._kafka_errors import Failure, Severity, classify
 
 
 def test_idempotency_key_depends_only_on_run_node_path_and_index() -> None:

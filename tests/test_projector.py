@@ -8,13 +8,14 @@ import uuid
 
 import pytest
 import redis
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import TopicPartition
 
-from consumers.inspect import read_all_events
-from consumers.projector import ProjectionStore, Projector
-from consumers.reducer import RunStatus, fold, state_digest
-from producers.partitioner import partition_for
-from runjournal.settings import Settings
+from runjournal.consumers.inspect import read_all_events
+from runjournal.consumers.projector import ProjectionStore, Projector
+from runjournal.core import kafka
+from runjournal.core.settings import Settings
+from runjournal.model.reducer import RunStatus, fold, state_digest
+from runjournal.producers.partitioner import partition_for
 from tests.support.workload import interleave, publish, run_events
 
 pytestmark = pytest.mark.integration
@@ -59,7 +60,7 @@ def test_projection_equals_a_fold_of_the_topic(topics: Settings) -> None:
     done = store.get(partition_for("run-1", topics.partitions), "run-1")
     assert done.status == RunStatus.SUCCEEDED and done.last_seq == len(runs[1])
     # The group offset was committed (for lag tools): next offset = last handled + 1 == high watermark.
-    c = Consumer({"bootstrap.servers": topics.bootstrap, "group.id": projector.group_id})
+    c = kafka.consumer(topics, **{"group.id": projector.group_id})
     committed = c.committed([TopicPartition(topics.events_topic, p) for p in range(topics.partitions)], timeout=10)
     for tp in committed:
         _low, high = c.get_watermark_offsets(tp, timeout=10)
@@ -91,7 +92,7 @@ def test_undecodable_event_is_quarantined_and_blocks_only_its_run(topics: Settin
     blocked = projector.store.get(p_bad, "bad-run")
     assert blocked.status == RunStatus.BLOCKED and "offset" in blocked.blocked_reason
     assert projector.store.get(p_bad, good_id).status == RunStatus.SUCCEEDED
-    c = Consumer({"bootstrap.servers": topics.bootstrap, "group.id": f"dlq-{uuid.uuid4()}",
+    c = kafka.consumer(topics, **{"group.id": f"dlq-{uuid.uuid4()}",
                   "auto.offset.reset": "earliest"})
     c.subscribe([topics.events_dlq_topic])
     msgs = []

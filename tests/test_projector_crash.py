@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from consumers.projector import Projector
-from deploy.procs import free_port, spawn
-from runjournal.settings import Settings
+from runjournal.consumers.projector import Projector
+from runjournal.core.settings import Settings
+from runjournal.deploy.procs import free_port, spawn
 from tests.support.workload import interleave, publish, run_events
 from tests.test_projector import redis_digests, topic_fold_digests
 

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import redis
 
-from consumers.recovery.job import RecoveryJob
-from consumers.reducer import CallStatus, RunStatus
-from producers.partitioner import partition_for
-from producers.plan import CallStatus as PlanClass
-from producers.plan import PlanStore
-from runjournal.settings import Settings
+from runjournal.consumers.recovery.job import RecoveryJob
+from runjournal.core.settings import Settings
+from runjournal.model.reducer import CallStatus, RunStatus
+from runjournal.producers.partitioner import partition_for
+from runjournal.producers.plan import CallStatus as PlanClass
+from runjournal.producers.plan import PlanStore
 from tests.support.provider import Provider, child, project, running_provider, wait_lease, wait_lease_gone
 from tests.test_projector import redis_digests, topic_fold_digests
 
@@ -121,7 +121,7 @@ def _write_misleading_memory(settings: Settings, run_id: str) -> None:
     """Put "the email has been sent" into the memory plane, for this run's tenant, user and run."""
     from datetime import UTC, datetime
 
-    from consumers.memory import ItemKind, MemoryItem, Provenance, QdrantMemoryStore, Scope
+    from runjournal.consumers.memory import ItemKind, MemoryItem, Provenance, QdrantMemoryStore, Scope
     from tests.test_memory_doubles import HashingEmbedder
 
     item = MemoryItem(text="The confirmation email has been sent to bob.", kind=ItemKind.FACT, subject="email",

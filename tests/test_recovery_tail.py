@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 import redis
-from confluent_kafka import Producer
 
-from consumers.projector.store import ProjectionStore
-from consumers.recovery.tail import end_offsets, fold_tails
-from producers.partitioner import partition_for
-from runjournal.settings import Settings
-from schemas import codec_from_settings
+from runjournal.consumers.projector.store import ProjectionStore
+from runjournal.consumers.recovery.tail import end_offsets, fold_tails
+from runjournal.core import kafka
+from runjournal.core.settings import Settings
+from runjournal.producers.partitioner import partition_for
+from runjournal.schemas import codec_from_settings
 from tests.support.workload import publish, run_events
 
 pytestmark = pytest.mark.integration
@@ -21,7 +21,7 @@ def test_a_record_committed_beyond_an_open_transaction_is_waited_for_not_missed(
     p = partition_for("tail-run", topics.partitions)
     publish(topics, run[:3])
     # Another instance opens a transaction in the same partition and keeps it open: the LSO stops there.
-    holder = Producer({"bootstrap.servers": topics.bootstrap, "transactional.id": f"{topics.topic_prefix}.holder"})
+    holder = kafka.producer(topics, **{"transactional.id": f"{topics.topic_prefix}.holder"})
     holder.init_transactions(30)
     holder.begin_transaction()
     holder.produce(topics.events_topic, key=b"other:1:1", value=b"\xc3\x01x", partition=p)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from consumers.reducer import (
+from runjournal.model.reducer import (
     DUPLICATE_WINDOW,
     CallStatus,
     Decision,
@@ -31,7 +31,7 @@ from consumers.reducer import (
     state_digest,
     unsettled_calls,
 )
-from schemas.events import Event, EventType
+from runjournal.schemas.events import Event, EventType
 
 T = EventType
 T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)

@@ -20,7 +20,7 @@ from typing import Any
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from consumers.reducer import (
+from runjournal.model.reducer import (
     DUPLICATE_WINDOW,
     CallStatus,
     RunState,
@@ -29,7 +29,7 @@ from consumers.reducer import (
     fold,
     state_digest,
 )
-from schemas.events import CONTROL_FLOW_TYPES, Event, EventType
+from runjournal.schemas.events import CONTROL_FLOW_TYPES, Event, EventType
 
 T = EventType
 T0 = datetime(2026, 3, 1, tzinfo=UTC)

@@ -16,14 +16,15 @@ from typing import Any
 
 import pytest
 import redis
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import TopicPartition
 
-from consumers.recovery.job import RecoveryJob
-from consumers.reducer import CallStatus, RunStatus, state_digest
-from consumers.replay import ReplayDivergedError, ReplayHandle, replay_run, replay_state
-from producers.partitioner import partition_for
+from runjournal.consumers.recovery.job import RecoveryJob
+from runjournal.consumers.replay import ReplayDivergedError, ReplayHandle, replay_run, replay_state
+from runjournal.core import kafka
+from runjournal.core.settings import Settings
 from runjournal.demo.tools import ProviderTool
-from runjournal.settings import Settings
+from runjournal.model.reducer import CallStatus, RunStatus, state_digest
+from runjournal.producers.partitioner import partition_for
 from tests.support.agent_child import script
 from tests.support.provider import Provider, child, project, running_provider, wait_lease, wait_lease_gone
 
@@ -37,7 +38,7 @@ def provider(tmp_path: Path, service_env: dict[str, str]) -> Iterator[Provider]:
 
 
 def end_offsets(settings: Settings) -> list[int]:
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": "offsets-probe"})
+    consumer = kafka.consumer(settings, **{"group.id": "offsets-probe"})
     try:
         return [consumer.get_watermark_offsets(TopicPartition(settings.events_topic, p), timeout=10, cached=False)[1]
                 for p in range(settings.partitions)]

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from consumers.recovery.job import RecoveryJob
-from producers import Journal, PlanMismatchError, RunHandle
-from runjournal.settings import Settings
+from runjournal.consumers.recovery.job import RecoveryJob
+from runjournal.core.settings import Settings
+from runjournal.producers import Journal, PlanMismatchError, RunHandle
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from fastavro import schemaless_writer
 
-from schemas import (
+from runjournal.schemas import (
     DEFAULT_MAX_EVENT_BYTES,
     CorruptEventError,
     DecodeError,
@@ -26,7 +26,7 @@ from schemas import (
     is_tombstone,
     load_versions,
 )
-from schemas.versions import fingerprint_of, payload_record_name
+from runjournal.schemas.versions import fingerprint_of, payload_record_name
 
 CODEC = EventCodec()
 V1, V2 = load_versions()

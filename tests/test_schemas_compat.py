@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from schemas import UnsupportedSchemaError, load_versions
-from schemas.cli import app
-from schemas.compat import POLICY, check_all
-from schemas.published import SCHEMAS_DIR, publish, read_ledger, verify_published
-from schemas.upcasters import UPCASTERS, upcast
+from runjournal.cli.schemas import app
+from runjournal.schemas import UnsupportedSchemaError, load_versions
+from runjournal.schemas.compat import POLICY, check_all
+from runjournal.schemas.published import SCHEMAS_DIR, publish, read_ledger, verify_published
+from runjournal.schemas.upcasters import UPCASTERS, upcast
 
 V2_RAW = json.loads((SCHEMAS_DIR / "avro" / "envelope" / "v2.avsc").read_text())
 

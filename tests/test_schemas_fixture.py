@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from schemas import Event, EventCodec, EventType, load_versions
+from runjournal.schemas import Event, EventCodec, EventType, load_versions
 
 FIXTURES = Path(__file__).parent / "fixtures"
 BIN = FIXTURES / "v1_events.bin"

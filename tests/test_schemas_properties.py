@@ -11,8 +11,8 @@ from fastavro import schemaless_writer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from schemas import PAYLOAD_FIELDS, Event, EventCodec, EventType, load_versions
-from schemas.versions import payload_record_name
+from runjournal.schemas import PAYLOAD_FIELDS, Event, EventCodec, EventType, load_versions
+from runjournal.schemas.versions import payload_record_name
 
 CODEC = EventCodec()
 V1, V2 = load_versions()

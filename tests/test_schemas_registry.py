@@ -13,8 +13,8 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerialize
 from confluent_kafka.serialization import MessageField, SerializationContext
 from fastavro import parse_schema
 
-from runjournal.settings import Settings
-from schemas import (
+from runjournal.core.settings import Settings
+from runjournal.schemas import (
     CorruptEventError,
     Event,
     EventCodec,
@@ -25,8 +25,8 @@ from schemas import (
     codec_from_settings,
     load_versions,
 )
-from schemas._confluent import registry_client
-from schemas.versions import fingerprint_of, payload_record_name
+from runjournal.schemas._confluent import registry_client
+from runjournal.schemas.versions import fingerprint_of, payload_record_name
 
 V1, V2 = load_versions()
 TOPIC = "runjournal.events"

@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 import redis
-from confluent_kafka import Consumer, Producer
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
+from confluent_kafka.admin import ConfigResource, NewTopic, ResourceType
 
-from deploy.errors import MissingToolError, TopicConfigError
-from deploy.kafka_node import require_tool
-from deploy.procs import free_port
-from deploy.topics import create_topics
-from runjournal.errors import ConfigError
-from runjournal.settings import Settings, mask_url
+from runjournal.core import kafka
+from runjournal.core.errors import ConfigError
+from runjournal.core.settings import Settings, mask_url
+from runjournal.deploy.errors import MissingToolError, TopicConfigError
+from runjournal.deploy.kafka_node import require_tool
+from runjournal.deploy.procs import free_port
+from runjournal.deploy.topics import create_topics
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +35,7 @@ def test_topics_create_is_compacted_and_idempotent(settings: Settings) -> None:
     again = create_topics(settings)
     assert {r.action for r in again} == {"exists"}
     # Read the config back through AdminClient, not through our own report.
-    admin = AdminClient({"bootstrap.servers": settings.bootstrap})
+    admin = kafka.admin_client(settings)
     res = ConfigResource(ResourceType.TOPIC, settings.events_topic)
     cfg = admin.describe_configs([res])[res].result()
     assert cfg["cleanup.policy"].value == "compact"
@@ -51,7 +51,7 @@ def test_topics_create_refuses_other_partition_count(settings: Settings) -> None
 
 
 def test_topics_create_refuses_non_compacted_events_topic(settings: Settings) -> None:
-    admin = AdminClient({"bootstrap.servers": settings.bootstrap})
+    admin = kafka.admin_client(settings)
     topic = NewTopic(settings.events_topic, num_partitions=3, replication_factor=1, config={"cleanup.policy": "delete"})
     admin.create_topics([topic])[settings.events_topic].result()
     with pytest.raises(TopicConfigError, match="cleanup.policy=delete, not compact"):
@@ -59,7 +59,7 @@ def test_topics_create_refuses_non_compacted_events_topic(settings: Settings) ->
 
 
 def test_thousand_unique_keys_round_trip_in_order_per_partition(topics: Settings) -> None:
-    producer = Producer({"bootstrap.servers": topics.bootstrap, "acks": "all", "enable.idempotence": True,
+    producer = kafka.producer(topics, **{"acks": "all", "enable.idempotence": True,
                          "linger.ms": 5})
     sent: dict[int, list[str]] = defaultdict(list)
     for i in range(1000):
@@ -67,7 +67,7 @@ def test_thousand_unique_keys_round_trip_in_order_per_partition(topics: Settings
         producer.produce(topics.events_topic, key=key, value=f"v{i}".encode(), partition=i % topics.partitions)
         sent[i % topics.partitions].append(key)
     assert producer.flush(30) == 0
-    consumer = Consumer({"bootstrap.servers": topics.bootstrap, "group.id": f"g-{uuid.uuid4()}",
+    consumer = kafka.consumer(topics, **{"group.id": f"g-{uuid.uuid4()}",
                          "auto.offset.reset": "earliest", "enable.auto.commit": False,
                          "isolation.level": "read_committed"})
     consumer.subscribe([topics.events_topic])

@@ -1,7 +1,7 @@
 """Memory extraction: events -> advisory long-term memory in Qdrant, off the critical path.
 
 Memory tells the model what it may *know* (preferences, corrections, how prior runs ended). It is
-never an execution fact: nothing here reads or exposes run state, and ``consumers.recovery`` may
+never an execution fact: nothing here reads or exposes run state, and ``runjournal.consumers.recovery`` may
 not import this package (import-linter contract). Every point is ``authority: "advisory"``.
 
 Public API:
@@ -26,24 +26,25 @@ from typing import Any
 # importing qdrant-client, onnxruntime and numpy (~1.5 s) unless memory is actually used.
 _EXPORTS: dict[str, str] = {
     **dict.fromkeys(["MODEL_SHA256", "TOKENIZER_SHA256", "Embedder", "MiniLMEmbedder", "default_embedder"],
-                    "consumers.memory.embed"),
+                    "runjournal.consumers.memory.embed"),
     **dict.fromkeys(["EmbedderError", "EmbedderUnavailableError", "IsolationError", "MemoryPlaneError",
                      "ModelIntegrityError", "ScopeError", "StoreError", "StoreLockedError", "StoreUnavailableError",
-                     "StoreWriteError", "VectorSpaceError"], "consumers.memory.errors"),
-    **dict.fromkeys(["Draft", "Extractor", "RuleExtractor", "RunContext", "RunContexts"], "consumers.memory.extract"),
-    "scope_filter": "consumers.memory.filters",
+                     "StoreWriteError", "VectorSpaceError"], "runjournal.consumers.memory.errors"),
+    **dict.fromkeys(["Draft", "Extractor", "RuleExtractor", "RunContext", "RunContexts"],
+                    "runjournal.consumers.memory.extract"),
+    "scope_filter": "runjournal.consumers.memory.filters",
     **dict.fromkeys(["AUTHORITY", "ItemKind", "MemoryHit", "MemoryItem", "Provenance", "Scope", "Status"],
-                    "consumers.memory.items"),
-    **dict.fromkeys(["Evidence", "MemoryStore", "Retriever"], "consumers.memory.ports"),
-    **dict.fromkeys(["ExtractorStats", "MemoryExtractor", "memory_group"], "consumers.memory.service"),
-    "QdrantMemoryStore": "consumers.memory.store",
+                    "runjournal.consumers.memory.items"),
+    **dict.fromkeys(["Evidence", "MemoryStore", "Retriever"], "runjournal.consumers.memory.ports"),
+    **dict.fromkeys(["ExtractorStats", "MemoryExtractor", "memory_group"], "runjournal.consumers.memory.service"),
+    "QdrantMemoryStore": "runjournal.consumers.memory.store",
 }
 
 
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
-        raise AttributeError(f"module 'consumers.memory' has no attribute {name!r}")
+        raise AttributeError(f"module 'runjournal.consumers.memory' has no attribute {name!r}")
     return getattr(importlib.import_module(module), name)
 
 

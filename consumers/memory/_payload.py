@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from consumers.memory.errors import ScopeError
-from consumers.memory.items import AUTHORITY, MemoryHit, MemoryItem, Scope, Status
+from runjournal.consumers.memory.errors import ScopeError
+from runjournal.consumers.memory.items import AUTHORITY, MemoryHit, MemoryItem, Scope, Status
 
 __all__ = ["GroupKey", "build_payload", "collection_name", "group_key", "hit_from", "iso", "point_id", "resolve"]
 

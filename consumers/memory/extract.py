@@ -38,8 +38,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from consumers.memory.items import ItemKind, slug
-from schemas.events import Event, EventType
+from runjournal.consumers.memory.items import ItemKind, slug
+from runjournal.schemas.events import Event, EventType
 
 __all__ = ["MAX_ITEMS_PER_EVENT", "TOPICS", "Draft", "Extractor", "RuleExtractor", "RunContext", "RunContexts"]
 

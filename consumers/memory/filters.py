@@ -1,9 +1,9 @@
 """The one place where scoped Qdrant filters are built. Every search and every supersession lookup goes
-through :func:`scope_filter`, which cannot be called without a :class:`~consumers.memory.items.Scope`
+through :func:`scope_filter`, which cannot be called without a :class:`~runjournal.consumers.memory.items.Scope`
 (and a Scope cannot exist without a tenant): no search path exists without a tenant filter. The one
 unscoped selection is the admin erase, ``MemoryStore.delete_by_run``, which returns only a count.
 
-Payload keys used (nested; see :mod:`consumers.memory.store` for the whole payload):
+Payload keys used (nested; see :mod:`runjournal.consumers.memory.store` for the whole payload):
 ``scope.tenant_id``, ``scope.user_id``, ``scope.agent_id``, ``status``, ``subject``, ``kind``,
 ``provenance.run_id``, ``provenance.event_key``.
 """
@@ -14,8 +14,8 @@ from collections.abc import Collection, Iterable, Mapping
 
 from qdrant_client import models
 
-from consumers.memory.errors import ScopeError
-from consumers.memory.items import Scope, Status
+from runjournal.consumers.memory.errors import ScopeError
+from runjournal.consumers.memory.items import Scope, Status
 
 __all__ = ["FILTERABLE_KEYS", "IDENTITY_KEYS", "TENANT_KEY", "group_filter", "scope_filter"]
 

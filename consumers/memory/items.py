@@ -14,7 +14,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from consumers.memory.errors import ScopeError
+from runjournal.consumers.memory.errors import ScopeError
 
 __all__ = ["AUTHORITY", "ItemKind", "MemoryHit", "MemoryItem", "Provenance", "Scope", "Status", "slug"]
 
@@ -47,7 +47,7 @@ class Status(StrEnum):
 @dataclass(frozen=True, slots=True)
 class Scope:
     """Who an item belongs to and who may find it. The only input from which search and write
-    filters are built (:func:`consumers.memory.filters.scope_filter`).
+    filters are built (:func:`runjournal.consumers.memory.filters.scope_filter`).
 
     Raises:
         ScopeError: ``tenant_id`` is empty or not a string; ``user_id`` / ``agent_id`` is an empty string.

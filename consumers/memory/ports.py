@@ -12,7 +12,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from consumers.memory.items import MemoryHit, MemoryItem, Scope
+from runjournal.consumers.memory.items import MemoryHit, MemoryItem, Scope
 
 __all__ = ["Evidence", "MemoryStore", "Retriever"]
 
@@ -21,7 +21,7 @@ __all__ = ["Evidence", "MemoryStore", "Retriever"]
 class MemoryStore(Protocol):
     """Advisory long-term memory, scoped by tenant.
 
-    Implementation: :class:`~consumers.memory.store.QdrantMemoryStore`.
+    Implementation: :class:`~runjournal.consumers.memory.store.QdrantMemoryStore`.
     """
 
     def upsert(self, items: Sequence[MemoryItem], vectors: np.ndarray | None = None) -> int:

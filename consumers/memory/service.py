@@ -36,21 +36,22 @@ from typing import Any, TypeVar
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exponential
 
-from consumers._group import commit_pending, partition_lags
-from consumers.dlq import DeadLetters
-from consumers.memory.embed import Embedder, default_embedder
-from consumers.memory.errors import MemoryPlaneError
-from consumers.memory.extract import Extractor, RuleExtractor, RunContexts
-from consumers.memory.items import MemoryItem, Provenance, Scope
-from consumers.memory.store import QdrantMemoryStore
-from runjournal.settings import Settings
-from schemas import EventCodec, codec_from_settings
-from schemas.errors import RegistryError
-from schemas.events import Event
+from runjournal.consumers._group import commit_pending, partition_lags
+from runjournal.consumers.dlq import DeadLetters
+from runjournal.consumers.memory.embed import Embedder, default_embedder
+from runjournal.consumers.memory.errors import MemoryPlaneError
+from runjournal.consumers.memory.extract import Extractor, RuleExtractor, RunContexts
+from runjournal.consumers.memory.items import MemoryItem, Provenance, Scope
+from runjournal.consumers.memory.store import QdrantMemoryStore
+from runjournal.core import kafka
+from runjournal.core.settings import Settings
+from runjournal.schemas import EventCodec, codec_from_settings
+from runjournal.schemas.errors import RegistryError
+from runjournal.schemas.events import Event
 
 __all__ = ["ExtractorStats", "MemoryExtractor", "memory_group"]
 
-log = logging.getLogger("consumers.memory")
+log = logging.getLogger("runjournal.consumers.memory")
 T = TypeVar("T")
 
 
@@ -91,14 +92,14 @@ class _Unit:
 
 
 class MemoryExtractor:
-    """Consumes ``{prefix}.events`` into a :class:`~consumers.memory.store.QdrantMemoryStore`.
+    """Consumes ``{prefix}.events`` into a :class:`~runjournal.consumers.memory.store.QdrantMemoryStore`.
 
     Args:
         settings: bootstrap, topic prefix, Qdrant path or URL.
         store: where items go (default: :meth:`QdrantMemoryStore.open` with ``embedder``).
-        embedder: default :func:`~consumers.memory.embed.default_embedder` (ignored when ``store`` is given:
+        embedder: default :func:`~runjournal.consumers.memory.embed.default_embedder` (ignored when ``store`` is given:
             the store's embedder names the collection).
-        extractor: default :class:`~consumers.memory.extract.RuleExtractor`.
+        extractor: default :class:`~runjournal.consumers.memory.extract.RuleExtractor`.
         batch_size: records per consume call (default 500).
         poll_timeout_s: consume timeout, seconds.
         group_id: consumer group (default ``{prefix}.memory``).
@@ -129,15 +130,13 @@ class MemoryExtractor:
         self.backoff_base_s = backoff_base_s
         self.backoff_cap_s = backoff_cap_s
         self.group_id = group_id or memory_group(settings)
-        self.dlq = DeadLetters(settings.bootstrap, settings.memory_dlq_topic)
+        self.dlq = DeadLetters(settings, settings.memory_dlq_topic)
         self.stats = ExtractorStats()
         self._stop = threading.Event()
         self._done: dict[int, int] = {}
         self._pending_commit: dict[int, int] = {}
         self._assigned_once = threading.Event()
-        self.consumer = Consumer({
-            "bootstrap.servers": settings.bootstrap,
-            "group.id": self.group_id,
+        self.consumer = kafka.consumer(settings, **{"group.id": self.group_id,
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest",

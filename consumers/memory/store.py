@@ -1,4 +1,4 @@
-"""``QdrantMemoryStore``: the :class:`~consumers.memory.ports.MemoryStore` on Qdrant.
+"""``QdrantMemoryStore``: the :class:`~runjournal.consumers.memory.ports.MemoryStore` on Qdrant.
 
 Embedded local mode by default (``QdrantClient(path=settings.effective_qdrant_path)``: one process
 at a time may open the directory), a server when ``RUNJOURNAL_QDRANT_URL`` is set.
@@ -34,7 +34,7 @@ import numpy as np
 from qdrant_client import QdrantClient, models
 from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
-from consumers.memory._payload import (
+from runjournal.consumers.memory._payload import (
     GroupKey,
     build_payload,
     collection_name,
@@ -43,8 +43,8 @@ from consumers.memory._payload import (
     point_id,
     resolve,
 )
-from consumers.memory.embed import Embedder
-from consumers.memory.errors import (
+from runjournal.consumers.memory.embed import Embedder
+from runjournal.consumers.memory.errors import (
     IsolationError,
     MemoryPlaneError,
     StoreLockedError,
@@ -52,11 +52,11 @@ from consumers.memory.errors import (
     StoreWriteError,
     VectorSpaceError,
 )
-from consumers.memory.filters import TENANT_KEY, group_filter, scope_filter
-from consumers.memory.items import MemoryHit, MemoryItem, Scope, Status
+from runjournal.consumers.memory.filters import TENANT_KEY, group_filter, scope_filter
+from runjournal.consumers.memory.items import MemoryHit, MemoryItem, Scope, Status
 
 if TYPE_CHECKING:
-    from runjournal.settings import Settings
+    from runjournal.core.settings import Settings
 
 __all__ = ["INDEXED_KEYS", "QdrantMemoryStore"]
 
@@ -173,7 +173,7 @@ class QdrantMemoryStore:
 
     # -- writes -------------------------------------------------------------------------------
     def upsert(self, items: Sequence[MemoryItem], vectors: np.ndarray | None = None) -> int:
-        """See :meth:`consumers.memory.ports.MemoryStore.upsert`. Waits for Qdrant to apply (``wait=True``)."""
+        """See :meth:`runjournal.consumers.memory.ports.MemoryStore.upsert`; waits for Qdrant to apply."""
         if not items:
             return 0
         dim = self.embedder.dimension
@@ -205,7 +205,7 @@ class QdrantMemoryStore:
         return len(points)
 
     def delete_by_run(self, run_id: str) -> int:
-        """See :meth:`consumers.memory.ports.MemoryStore.delete_by_run`; groups that lose a member are
+        """See :meth:`runjournal.consumers.memory.ports.MemoryStore.delete_by_run`; groups that lose a member are
         re-resolved (an older item becomes active again if its successor was erased)."""
         return self._delete_where(models.Filter(must=[_eq("provenance.run_id", run_id)]))
 
@@ -234,7 +234,7 @@ class QdrantMemoryStore:
     # -- reads --------------------------------------------------------------------------------
     def search(self, scope: Scope, query: str, *, limit: int = 10, all_statuses: bool = False,
                where: Mapping[str, str] | None = None) -> list[MemoryHit]:
-        """See :meth:`consumers.memory.ports.MemoryStore.search`. Scores are cosine similarities.
+        """See :meth:`runjournal.consumers.memory.ports.MemoryStore.search`. Scores are cosine similarities.
 
         Raises:
             IsolationError: a hit of another tenant came back (never expected; nothing is returned).

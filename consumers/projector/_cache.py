@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from consumers.reducer import RunState
+from runjournal.model.reducer import RunState
 
 __all__ = ["StateCache"]
 

@@ -8,8 +8,8 @@ Per poll (DESIGN.md § Projector; numbered as in the code):
    events DLQ with its offset and its run (parsed from the key) is marked BLOCKED; the
    partition's other runs go on.
 4. Take the touched runs' states from the in-memory cache when it is valid at the partition's
-   applied offset (``consumers.projector._cache``), the others from Redis (one MGET), and fold
-   each event with the pure reducer (``consumers.reducer.apply``).
+   applied offset (``runjournal.consumers.projector._cache``), the others from Redis (one MGET), and fold
+   each event with the pure reducer (``runjournal.model.reducer.apply``).
 5. Flush the DLQ (durable before the offset passes the record).
 6. One script call writes every changed state and advances the partition's applied offset,
    atomically, refusing a batch folded from a stale view (then: reload and re-seek).
@@ -31,20 +31,20 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message,
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from consumers._group import commit_pending, partition_lags
-from consumers.dlq import DeadLetters
-from consumers.projector._cache import StateCache
-from consumers.projector.metrics import ProjectorMetrics
-from consumers.projector.store import ProjectionStore
-from consumers.reducer import RunState, RunStatus, apply, block
-from runjournal import failpoints
-from runjournal.settings import Settings
-from schemas import EventCodec, codec_from_settings
-from schemas.errors import SchemaError
+from runjournal.consumers._group import commit_pending, partition_lags
+from runjournal.consumers.dlq import DeadLetters
+from runjournal.consumers.projector._cache import StateCache
+from runjournal.consumers.projector.metrics import ProjectorMetrics
+from runjournal.consumers.projector.store import ProjectionStore
+from runjournal.core import failpoints, kafka
+from runjournal.core.settings import Settings
+from runjournal.model.reducer import RunState, RunStatus, apply, block
+from runjournal.schemas import EventCodec, codec_from_settings
+from runjournal.schemas.errors import SchemaError
 
 __all__ = ["Projector", "ProjectorStats", "projector_group"]
 
-log = logging.getLogger("consumers.projector")
+log = logging.getLogger("runjournal.consumers.projector")
 
 
 def projector_group(settings: Settings) -> str:
@@ -91,7 +91,7 @@ class Projector:
             takes its partitions back at once instead of waiting out the session timeout.
         state_cache_runs: run states kept in memory between batches (default 10,000; 0 disables),
             used only while the partition's applied offset in Redis is the one they were written at
-            (``consumers.projector._cache``). Saves the per-batch MGET and JSON parse of each run.
+            (``runjournal.consumers.projector._cache``). Saves the per-batch MGET and JSON parse of each run.
     """
 
     def __init__(self, settings: Settings, *, batch_size: int = 2000, poll_timeout_s: float = 0.2,
@@ -114,16 +114,14 @@ class Projector:
         self.store = ProjectionStore(self.redis, settings.topic_prefix)
         self.lag_key = f"rj:{settings.topic_prefix}:projector:lag_ms"
         """Redis list of the last 10,000 per-poll lag samples ``"<unix ms>:<lag ms>"``, newest first."""
-        self.dlq = DeadLetters(settings.bootstrap, settings.events_dlq_topic)
+        self.dlq = DeadLetters(settings, settings.events_dlq_topic)
         self.group_id = group_id or projector_group(settings)
         self.applied: dict[int, int] = {}
         self.cache = StateCache(state_cache_runs)
         self._pending_commit: dict[int, int] = {}
         self._assigned_once = threading.Event()
         self.stats = ProjectorStats()
-        self.consumer = Consumer({
-            "bootstrap.servers": settings.bootstrap,
-            "group.id": self.group_id,
+        self.consumer = kafka.consumer(settings, **{"group.id": self.group_id,
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest",

@@ -22,7 +22,7 @@ from typing import Any
 
 import redis
 
-from consumers.reducer import RunState
+from runjournal.model.reducer import RunState
 
 __all__ = ["ApplyResult", "ProjectionStore", "partition_tag"]
 

@@ -1,5 +1,5 @@
 """Recovery job: fence, read end offsets, fold the tail, classify tool calls, resume under a new epoch.
 
-Never imports ``consumers.memory`` (import-linter contract in pyproject.toml): execution facts
+Never imports ``runjournal.consumers.memory`` (import-linter contract in pyproject.toml): execution facts
 come from the journal only.
 """

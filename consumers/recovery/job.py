@@ -7,7 +7,7 @@ Order (DESIGN.md § Zombies: fence first, then read), numbered as in :meth:`Reco
    bumps the producer epoch and aborts its open transaction; it can write no new intent.
 3. Then read the end offsets of the partitions involved — nothing of the zombie lands behind them.
 4. Fold each partition's tail (projector's applied offset → end offset) onto the Redis snapshot.
-5. Classify every tool call (``consumers.recovery.plan``); a run whose unknown calls are still
+5. Classify every tool call (``runjournal.consumers.recovery.plan``); a run whose unknown calls are still
    inside their tool timeout is waited for (up to ``max_wait_s``) or deferred to the next sweep.
 6. Publish RUN_RESUMED (seq = last + 1, epoch + 1, plan summary) for all runs in one
    transaction of the recovery job's own transactional producer (two concurrent recovery jobs
@@ -30,21 +30,22 @@ from typing import Any
 import redis
 from confluent_kafka import Producer
 
-from consumers.projector.store import ProjectionStore
-from consumers.recovery.instances import Instances
-from consumers.recovery.plan import Classified, build_plan, classify, plan_summary
-from consumers.recovery.tail import PartitionRead, end_offsets, fold_tails
-from consumers.reducer import RunState, RunStatus
-from producers.fencing import fence_producer
-from producers.partitioner import partition_for
-from producers.plan import PlanStore
-from runjournal.errors import RunjournalError
-from runjournal.settings import Settings
-from schemas import Event, EventType, codec_from_settings, new_event_id, utcnow
+from runjournal.consumers.projector.store import ProjectionStore
+from runjournal.consumers.recovery.instances import Instances
+from runjournal.consumers.recovery.plan import Classified, build_plan, classify, plan_summary
+from runjournal.consumers.recovery.tail import PartitionRead, end_offsets, fold_tails
+from runjournal.core import kafka
+from runjournal.core.errors import RunjournalError
+from runjournal.core.settings import Settings
+from runjournal.model.reducer import RunState, RunStatus
+from runjournal.producers.fencing import fence_producer
+from runjournal.producers.partitioner import partition_for
+from runjournal.producers.plan import PlanStore
+from runjournal.schemas import Event, EventType, codec_from_settings, new_event_id, utcnow
 
 __all__ = ["RecoveryError", "RecoveryJob", "RecoveryReport", "RunOutcome"]
 
-log = logging.getLogger("consumers.recovery")
+log = logging.getLogger("runjournal.consumers.recovery")
 
 RECOVERY_PRODUCER_ID = "recovery"
 
@@ -152,8 +153,7 @@ class RecoveryJob:
 
     def _kafka_producer(self) -> Producer:
         if self._producer is None:
-            self._producer = Producer({
-                "bootstrap.servers": self.settings.bootstrap, "acks": "all", "enable.idempotence": True,
+            self._producer = kafka.producer(self.settings, **{"acks": "all", "enable.idempotence": True,
                 "transactional.id": f"{self.settings.topic_prefix}.{RECOVERY_PRODUCER_ID}", "linger.ms": 5})
             self._producer.init_transactions(30)
         return self._producer

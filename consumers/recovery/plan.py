@@ -22,10 +22,10 @@ import json
 from collections import Counter
 from dataclasses import dataclass
 
-from consumers.reducer import CallStatus as Rec
-from consumers.reducer import ReconciledOutcome, RunState
-from producers.plan import ApprovalStatus, PlannedCall, RecoveryPlan
-from producers.plan import CallStatus as Plan
+from runjournal.model.reducer import CallStatus as Rec
+from runjournal.model.reducer import ReconciledOutcome, RunState
+from runjournal.producers.plan import ApprovalStatus, PlannedCall, RecoveryPlan
+from runjournal.producers.plan import CallStatus as Plan
 
 __all__ = ["Classified", "build_plan", "classify"]
 

@@ -22,11 +22,12 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, TopicPartition
 
-from consumers.projector.store import ProjectionStore
-from consumers.reducer import RunState, apply, block
-from runjournal.settings import Settings
-from schemas import EventCodec
-from schemas.errors import SchemaError
+from runjournal.consumers.projector.store import ProjectionStore
+from runjournal.core import kafka
+from runjournal.core.settings import Settings
+from runjournal.model.reducer import RunState, apply, block
+from runjournal.schemas import EventCodec
+from runjournal.schemas.errors import SchemaError
 
 __all__ = ["PartitionRead", "end_offsets", "fold_tails"]
 
@@ -48,14 +49,14 @@ class PartitionRead:
 
 
 def _consumer(settings: Settings) -> Consumer:
-    return Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"recovery-{uuid.uuid4()}",
+    return kafka.consumer(settings, **{"group.id": f"recovery-{uuid.uuid4()}",
                      "enable.auto.commit": False, "isolation.level": "read_committed",
                      "auto.offset.reset": "earliest"})
 
 
 def end_offsets(settings: Settings, partitions: Iterable[int], *, timeout_s: float = 10.0) -> dict[int, int]:
     """High watermark of each partition of the events topic (a ``read_uncommitted`` ListOffsets)."""
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap, "group.id": f"recovery-{uuid.uuid4()}",
+    consumer = kafka.consumer(settings, **{"group.id": f"recovery-{uuid.uuid4()}",
                          "enable.auto.commit": False, "isolation.level": "read_uncommitted"})
     try:
         return {p: consumer.get_watermark_offsets(TopicPartition(settings.events_topic, p), timeout=timeout_s,

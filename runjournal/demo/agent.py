@@ -18,11 +18,11 @@ from typing import Any
 
 import redis
 
-from producers import Journal, OutcomeUnknownError, RunHandle
-from producers.approvals import ApprovalInbox, await_approval
+from runjournal.core.settings import Settings
 from runjournal.demo.tools import ProviderTool, RecordedTool
 from runjournal.demo.workload import RunScript, Step
-from runjournal.settings import Settings
+from runjournal.producers import Journal, OutcomeUnknownError, RunHandle
+from runjournal.producers.approvals import ApprovalInbox, await_approval
 
 __all__ = ["DemoKeys", "execute", "load_scripts", "main"]
 

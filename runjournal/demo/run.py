@@ -31,20 +31,20 @@ from typing import Any
 import httpx
 import redis
 
-from consumers.projector import Projector
-from consumers.projector.store import ProjectionStore
-from consumers.recovery.job import RecoveryError, RecoveryJob
-from consumers.reducer import RunStatus
-from deploy.procs import free_port
-from deploy.topics import create_topics
-from producers.approvals import ApprovalInbox
-from producers.fencing import fence_producer
-from producers.partitioner import partition_for
+from runjournal.consumers.projector import Projector
+from runjournal.consumers.projector.store import ProjectionStore
+from runjournal.consumers.recovery.job import RecoveryError, RecoveryJob
+from runjournal.core.settings import Settings
 from runjournal.demo.agent import DemoKeys
 from runjournal.demo.fleet import Fleet, write_workload
 from runjournal.demo.verify import verify
 from runjournal.demo.workload import RunScript, generated_workload, load_tau_bench
-from runjournal.settings import Settings
+from runjournal.deploy.procs import free_port
+from runjournal.deploy.topics import create_topics
+from runjournal.model.reducer import RunStatus
+from runjournal.producers.approvals import ApprovalInbox
+from runjournal.producers.fencing import fence_producer
+from runjournal.producers.partitioner import partition_for
 
 __all__ = ["DemoOptions", "run_demo"]
 
@@ -281,9 +281,9 @@ def _wait_http(url: str, timeout_s: float = 30.0) -> None:
 
 
 def _start_memory(env: dict[str, str], workdir: Path) -> subprocess.Popen | None:
-    try:
-        import consumers.memory.cli  # noqa: F401 - the extractor exists in this build
-    except ImportError:
+    import importlib.util
+
+    if importlib.util.find_spec("qdrant_client") is None:  # installed without the [memory] extra
         return None
     log_file = open(workdir / "memory.log", "ab")  # noqa: SIM115 - owned by the child
     return subprocess.Popen([sys.executable, "-m", "runjournal", "memory-extractor"], env=env, stdout=log_file,

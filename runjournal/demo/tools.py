@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from producers.tools import Outcome
+from runjournal.producers.tools import Outcome
 
 __all__ = ["FencedByProvider", "ProviderTool", "RecordedTool"]
 

@@ -15,14 +15,14 @@ from typing import Any
 
 import redis
 
-from consumers.inspect import read_all_events
-from consumers.projector.store import ProjectionStore
-from consumers.reducer import RunStatus, fold, state_digest
-from producers.partitioner import partition_for
+from runjournal.consumers.inspect import read_all_events
+from runjournal.consumers.projector.store import ProjectionStore
+from runjournal.core.settings import Settings
 from runjournal.demo.provider import ledger_stats
 from runjournal.demo.workload import RunScript
-from runjournal.settings import Settings
-from schemas import EventType
+from runjournal.model.reducer import RunStatus, fold, state_digest
+from runjournal.producers.partitioner import partition_for
+from runjournal.schemas import EventType
 
 __all__ = ["verify"]
 

@@ -1,4 +1,4 @@
-"""Write the golden v1 fixture: ``python -m schemas.tools.make_v1_fixture`` (run once; then frozen).
+"""Write the golden v1 fixture: ``python -m runjournal.schemas.tools.make_v1_fixture`` (run once; then frozen).
 
 Produces, under ``tests/fixtures/``:
 
@@ -8,7 +8,7 @@ Produces, under ``tests/fixtures/``:
   codec must decode it to (current Event shape, after Avro resolution and upcasting).
 
 The bytes are written with fastavro and the v1 ``.avsc`` directly, not with the codec, and the
-expected values follow the v1 → v2 rules spelled out below, not ``schemas.upcasters``: the
+expected values follow the v1 → v2 rules spelled out below, not ``runjournal.schemas.upcasters``: the
 fixture is an independent witness. It refuses to overwrite an existing fixture without ``--force``.
 """
 
@@ -23,7 +23,7 @@ from typing import Any
 
 from fastavro import schemaless_writer
 
-from schemas.versions import ENVELOPE_DIR, load_version, payload_record_name
+from runjournal.schemas.versions import ENVELOPE_DIR, load_version, payload_record_name
 
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures"
 BASE_TIME = datetime(2024, 3, 1, 12, 0, 0, 123000, tzinfo=UTC)

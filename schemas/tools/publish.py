@@ -1,4 +1,4 @@
-"""Publish new schema versions: ``python -m schemas.tools.publish``.
+"""Publish new schema versions: ``python -m runjournal.schemas.tools.publish``.
 
 Appends the sha256 of every not-yet-published ``schemas/avro/**/*.avsc`` to
 ``schemas/published.sha256``. Refuses (exit 1, nothing written) when a published file was
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import sys
 
-from schemas.errors import SchemaError
-from schemas.published import LEDGER, publish
+from runjournal.schemas.errors import SchemaError
+from runjournal.schemas.published import LEDGER, publish
 
 
 def main() -> int:

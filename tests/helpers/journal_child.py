@@ -18,9 +18,9 @@ from typing import Any
 
 import redis
 
-from producers import Journal
-from producers._txn import TxnPublisher
-from runjournal.settings import Settings
+from runjournal.core.settings import Settings
+from runjournal.producers import Journal
+from runjournal.producers._txn import TxnPublisher
 
 
 def _signal_and_hang(path: Path) -> None:

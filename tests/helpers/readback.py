@@ -6,10 +6,11 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import TopicPartition
 
-from runjournal.settings import Settings
-from schemas import Event, codec_from_settings
+from runjournal.core import kafka
+from runjournal.core.settings import Settings
+from runjournal.schemas import Event, codec_from_settings
 
 
 @dataclass(frozen=True)
@@ -31,10 +32,7 @@ def read_committed(settings: Settings, *, timeout_s: float = 20.0) -> list[Recor
     transactions — e.g. by fencing — before calling this).
     """
     codec = codec_from_settings(settings)
-    consumer = Consumer(
-        {
-            "bootstrap.servers": settings.bootstrap,
-            "group.id": f"read-{uuid.uuid4()}",
+    consumer = kafka.consumer(settings, **{"group.id": f"read-{uuid.uuid4()}",
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
         }

@@ -16,10 +16,10 @@ import sys
 
 import redis
 
-from producers import Journal
-from producers.approvals import ApprovalInbox, await_approval
+from runjournal.core.settings import Settings
 from runjournal.demo.tools import ProviderTool
-from runjournal.settings import Settings
+from runjournal.producers import Journal
+from runjournal.producers.approvals import ApprovalInbox, await_approval
 
 
 def script(handle, provider_url: str, sends: int = 1, inbox: ApprovalInbox | None = None) -> None:  # noqa: ANN001

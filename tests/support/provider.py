@@ -17,10 +17,10 @@ from pathlib import Path
 
 import redis
 
-from consumers.projector import ProjectionStore, Projector
-from deploy.procs import free_port
+from runjournal.consumers.projector import ProjectionStore, Projector
+from runjournal.core.settings import Settings
 from runjournal.demo.provider import ledger_stats
-from runjournal.settings import Settings
+from runjournal.deploy.procs import free_port
 
 
 @dataclass

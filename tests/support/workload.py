@@ -10,11 +10,10 @@ import random
 import uuid
 from datetime import UTC, datetime, timedelta
 
-from confluent_kafka import Producer
-
-from producers.partitioner import partition_for
-from runjournal.settings import Settings
-from schemas import Event, EventType, codec_from_settings
+from runjournal.core import kafka
+from runjournal.core.settings import Settings
+from runjournal.producers.partitioner import partition_for
+from runjournal.schemas import Event, EventType, codec_from_settings
 
 T = EventType
 _BASE = datetime(2026, 1, 1, tzinfo=UTC)
@@ -64,7 +63,7 @@ def interleave(runs: list[list[Event]], rng: random.Random) -> list[Event]:
 def publish(settings: Settings, items: list[Event | tuple[str, bytes | None]]) -> None:
     """Produce events (encoded, key ``run:epoch:seq``, murmur2 partition) or raw ``(key, value)`` pairs."""
     codec = codec_from_settings(settings)
-    producer = Producer({"bootstrap.servers": settings.bootstrap, "acks": "all", "enable.idempotence": True,
+    producer = kafka.producer(settings, **{"acks": "all", "enable.idempotence": True,
                          "linger.ms": 5, "compression.type": "lz4"})
     for item in items:
         if isinstance(item, Event):

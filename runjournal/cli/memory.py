@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Annotated, TypeVar
 import typer
 from rich.console import Console
 
-from consumers.memory.errors import MemoryPlaneError, ScopeError
-from consumers.memory.items import MemoryHit, Scope
-from runjournal.settings import Settings
+from runjournal.consumers.memory.errors import MemoryPlaneError, ScopeError
+from runjournal.consumers.memory.items import MemoryHit, Scope
+from runjournal.core.settings import Settings
 
 if TYPE_CHECKING:
-    from consumers.memory.store import QdrantMemoryStore
+    from runjournal.consumers.memory.store import QdrantMemoryStore
 
 __all__ = ["memory_app", "memory_extractor_command"]
 
@@ -38,10 +38,10 @@ def memory_extractor_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the final stats as JSON.")] = False,
 ) -> None:
     """Run the memory extractor (group ``{prefix}.memory``) until SIGINT/SIGTERM, or until caught up."""
-    from consumers.memory.service import MemoryExtractor
-    from runjournal.logs import setup_logging
+    from runjournal.consumers.memory.service import MemoryExtractor
+    from runjournal.core.logs import setup_logging
 
-    setup_logging()
+    setup_logging("INFO")
     try:
         extractor = MemoryExtractor(Settings.load(), batch_size=batch_size)
     except MemoryPlaneError as exc:
@@ -117,7 +117,7 @@ def _guarded(fn: Callable[[], T]) -> T:
 
 
 def _open_store() -> QdrantMemoryStore:
-    from consumers.memory.embed import default_embedder
-    from consumers.memory.store import QdrantMemoryStore
+    from runjournal.consumers.memory.embed import default_embedder
+    from runjournal.consumers.memory.store import QdrantMemoryStore
 
     return _guarded(lambda: QdrantMemoryStore.open(Settings.load(), default_embedder()))

@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from consumers._records import CallStatus, ExecutionRecord, ReconciledOutcome, evolve, ms
-from schemas.events import Event
+from runjournal.model._records import CallStatus, ExecutionRecord, ReconciledOutcome, evolve, ms
+from runjournal.schemas.events import Event
 
 __all__ = ["Violation", "commit", "fail", "intend", "mark_superseded_intents", "reconcile", "required"]
 

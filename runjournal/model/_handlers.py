@@ -1,8 +1,8 @@
-"""Per-type handlers of the reducer (rule 7 of :mod:`consumers.reducer`) for a running run.
+"""Per-type handlers of the reducer (rule 7 of :mod:`runjournal.model.reducer`) for a running run.
 
 Each takes ``(state, event, offset)`` for an in-sequence event of a run that is neither parked
 nor terminal and returns the field changes (a dict) the reducer applies with the new seq and
-position; it may raise :class:`~consumers._calls.Violation`, which blocks the run.
+position; it may raise :class:`~runjournal.model._calls.Violation`, which blocks the run.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from consumers import _calls
-from consumers._calls import Violation, required
-from consumers._records import (
+from runjournal.model import _calls
+from runjournal.model._calls import Violation, required
+from runjournal.model._records import (
     ApprovalDecision,
     Decision,
     NodeState,
@@ -21,8 +21,8 @@ from consumers._records import (
     RunStatus,
     ms,
 )
-from consumers._state import RunState
-from schemas.events import Event, EventType
+from runjournal.model._state import RunState
+from runjournal.schemas.events import Event, EventType
 
 __all__ = ["HANDLERS", "OUTCOMES", "Changes"]
 

@@ -1,6 +1,6 @@
 """``runjournal approve`` / ``runjournal deny``: a human's decision on a pending approval.
 
-The decision goes to the run's approval inbox (``producers.approvals.ApprovalInbox``, Redis); the
+The decision goes to the run's approval inbox (``runjournal.producers.approvals.ApprovalInbox``, Redis); the
 run's owner journals it as APPROVAL_GRANTED / APPROVAL_DENIED — the approver never writes the run's
 stream (one writer per epoch). Before writing, the projected run state is checked: a call with no
 pending APPROVAL_REQUESTED is refused, so a typo or a second decision never lands in an inbox.
@@ -16,11 +16,11 @@ import redis
 import typer
 from rich.console import Console
 
-from consumers._partitions import run_partition
-from consumers.projector.store import ProjectionStore
-from producers.approvals import ApprovalInbox
-from runjournal.errors import RunjournalError
-from runjournal.settings import Settings
+from runjournal.consumers._partitions import run_partition
+from runjournal.consumers.projector.store import ProjectionStore
+from runjournal.core.errors import RunjournalError
+from runjournal.core.settings import Settings
+from runjournal.producers.approvals import ApprovalInbox
 
 __all__ = ["ApprovalRefusedError", "approve_command", "deny_command", "submit_decision"]
 

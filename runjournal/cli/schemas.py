@@ -1,6 +1,6 @@
 """``schemas`` commands (mounted as ``runjournal schemas …``): the compatibility gate for CI.
 
-Run standalone: ``python -m typer schemas.cli run check [--json] [--candidate PATH]``.
+Run standalone: ``python -m typer runjournal.cli.schemas run check [--json] [--candidate PATH]``.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from schemas.compat import POLICY, Problem, check_all
-from schemas.versions import load_versions
+from runjournal.schemas.compat import POLICY, Problem, check_all
+from runjournal.schemas.versions import load_versions
 
 __all__ = ["app"]
 

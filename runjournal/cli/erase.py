@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from runjournal.settings import Settings
+from runjournal.core.settings import Settings
 
 __all__ = ["erase_command"]
 
@@ -28,7 +28,7 @@ def erase_command(
     never held the run. A local Qdrant held by a running memory extractor is reported, not an error:
     the extractor erases the run's items when it reads the tombstones.
     """
-    from consumers.erase import EraseError, erase_run
+    from runjournal.consumers.erase import EraseError, erase_run
 
     if not yes:
         typer.confirm(f"Erase run {run_id} (events, Redis state, memory)? This cannot be undone", abort=True)

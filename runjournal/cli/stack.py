@@ -10,9 +10,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from deploy.errors import StackError, TopicConfigError
-from deploy.stack import Stack, StackPorts
-from runjournal.settings import Settings
+from runjournal.core.settings import Settings
+from runjournal.deploy.errors import StackError, TopicConfigError
+from runjournal.deploy.stack import Stack, StackPorts
 
 __all__ = ["stack_app", "topics_app"]
 
@@ -118,7 +118,7 @@ def topics_create(
 
 
 def _create(settings: Settings, partitions: int | None) -> list[Any]:
-    from deploy.topics import create_topics
+    from runjournal.deploy.topics import create_topics
 
     return create_topics(settings, partitions)
 
@@ -126,7 +126,7 @@ def _create(settings: Settings, partitions: int | None) -> list[Any]:
 @topics_app.command("describe")
 def topics_describe(as_json: JsonOpt = False) -> None:
     """Show partition counts and the configs runjournal relies on."""
-    from deploy.topics import describe_topics
+    from runjournal.deploy.topics import describe_topics
 
     _print_topics(describe_topics(Settings.load()), as_json)
 

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from runjournal.settings import Settings
+from runjournal.core.settings import Settings
 
 __all__ = ["replay_command"]
 
@@ -27,7 +27,7 @@ def replay_command(
     Reads only the journal (not the Redis projection) and runs no tool: DESIGN.md § Replay is not resume.
     Exits 1 when the topic holds nothing of the run.
     """
-    from consumers.replay import replay_state
+    from runjournal.consumers.replay import replay_state
 
     replayed = replay_state(Settings.load(), run_id, until_seq=until_seq)
     if replayed.state is None:

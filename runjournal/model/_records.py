@@ -1,9 +1,9 @@
 """Value types of a run's state: errors, enums, nodes, approvals and execution records.
 
-Frozen dataclasses treated as immutable (see :mod:`consumers._state`). Times are integers in
+Frozen dataclasses treated as immutable (see :mod:`runjournal.model._state`). Times are integers in
 **milliseconds since the Unix epoch, UTC** (``*_ms``); offsets are Kafka partition offsets of
 ``runjournal.events`` (DESIGN.md § Topic layout). Public names are re-exported by
-:mod:`consumers.reducer`.
+:mod:`runjournal.model.reducer`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from runjournal.errors import RunjournalError
+from runjournal.core.errors import RunjournalError
 
 __all__ = [
     "ApprovalDecision",

@@ -7,7 +7,7 @@ other command finds the broker and Redis without any variable set.
 Variables (each field of :class:`Settings`, upper-cased, with the ``RUNJOURNAL_`` prefix; the
 README's Settings table lists meanings and defaults): ``BOOTSTRAP``, ``REDIS_URL``,
 ``QDRANT_PATH``, ``QDRANT_URL``, ``QDRANT_API_KEY``, ``SCHEMA_REGISTRY_URL``, ``TOPIC_PREFIX``,
-``STACK_DIR``, ``CACHE_DIR``, ``PARTITIONS``.
+``STACK_DIR``, ``CACHE_DIR``, ``PARTITIONS``, ``LOG_LEVEL``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from runjournal.errors import ConfigError
+from runjournal.core.errors import ConfigError
 
 __all__ = ["Settings", "default_cache_dir", "default_stack_dir", "mask_url"]
 
@@ -82,6 +82,15 @@ class Settings(BaseSettings):
     """Cache of Maven-resolved broker jars."""
     partitions: int = Field(default=6, ge=1, le=10_000)
     """Partition count for ``topics create`` (fixed at creation: the run-to-partition map depends on it)."""
+    log_level: str | None = None
+    """Log level of every command (DEBUG … CRITICAL); None: INFO for services, WARNING otherwise."""
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, v: str | None) -> str | None:
+        if v is not None and v.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise ValueError("must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL")
+        return v.upper() if v else None
 
     @field_validator("topic_prefix")
     @classmethod

@@ -3,7 +3,7 @@
 Everything here is a frozen dataclass treated as immutable. Mapping fields are plain
 ``dict`` objects for speed and JSON, typed :class:`~collections.abc.Mapping`: they are never
 mutated after construction; the reducer copies-on-write only the one mapping an event changes
-(no deep copies per event). Public names are re-exported by :mod:`consumers.reducer`.
+(no deep copies per event). Public names are re-exported by :mod:`runjournal.model.reducer`.
 
 Times are integers in **milliseconds since the Unix epoch, UTC** (``*_ms``); offsets are Kafka
 partition offsets of ``runjournal.events`` (DESIGN.md § Topic layout).
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from consumers._records import (
+from runjournal.model._records import (
     ApprovalDecision,
     CallStatus,
     Decision,
@@ -41,7 +41,7 @@ _T = TypeVar("_T")
 
 @dataclass(frozen=True)
 class RunState:
-    """One run's state, folded from its events by :func:`consumers.reducer.apply`.
+    """One run's state, folded from its events by :func:`runjournal.model.reducer.apply`.
 
     Serialise with :meth:`to_json` (canonical: compact, sorted keys) and compare with
     :func:`state_digest`. Mapping fields are read-only by convention (see module docstring).

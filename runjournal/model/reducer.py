@@ -33,7 +33,7 @@ of the event's record):
    GAP with ``gap_expected_seq`` / ``gap_seen_seq`` / ``gap_reason``. Includes RUN_RESUMED: a
    resume whose seq collides with events the recovery job did not see parks the run.
 7. **Apply by type** (consumes the seq): RUN_STARTED again -> BLOCKED; PLAN_COMPILED -> plan
-   fields; NODE_* -> ``nodes``; TOOL_CALL_* -> ``records`` (merge rules in ``consumers._calls``:
+   fields; NODE_* -> ``nodes``; TOOL_CALL_* -> ``records`` (merge rules in ``runjournal.model._calls``:
    a commit is sticky, a re-intent opens a new attempt, an older attempt's failure never
    overwrites a newer attempt); APPROVAL_REQUESTED -> pending,
    WAITING_APPROVAL; APPROVAL_GRANTED / DENIED -> decided, RUNNING when none is pending;
@@ -53,10 +53,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from consumers import _calls
-from consumers._calls import Violation, required
-from consumers._handlers import HANDLERS, OUTCOMES, Changes
-from consumers._records import (
+from runjournal.model import _calls
+from runjournal.model._calls import Violation, required
+from runjournal.model._handlers import HANDLERS, OUTCOMES, Changes
+from runjournal.model._records import (
     ApprovalDecision,
     CallStatus,
     Decision,
@@ -73,8 +73,8 @@ from consumers._records import (
     evolve,
     ms,
 )
-from consumers._state import STATE_FORMAT_VERSION, RunState, state_digest
-from schemas.events import CONTROL_FLOW_TYPES, Event, EventType
+from runjournal.model._state import STATE_FORMAT_VERSION, RunState, state_digest
+from runjournal.schemas.events import CONTROL_FLOW_TYPES, Event, EventType
 
 __all__ = [
     "DUPLICATE_WINDOW",

@@ -15,11 +15,11 @@ __all__ = ["hit"]
 
 
 def _parse(spec: str) -> dict[str, tuple[int, int]]:
-    out = {}
+    out: dict[str, tuple[int, int]] = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
         name, _, rest = part.partition("=")
         count, _, action = rest.partition(":")
-        out[name] = (int(count or 1), signal.SIGSTOP if action == "stop" else signal.SIGKILL)
+        out[name] = (int(count or 1), int(signal.SIGSTOP if action == "stop" else signal.SIGKILL))
     return out
 
 

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from runjournal.settings import Settings
+from runjournal.core.settings import Settings
 
 __all__ = ["inspect_command", "projector_command"]
 
@@ -29,10 +29,10 @@ def projector_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the final stats as JSON.")] = False,
 ) -> None:
     """Run the state projector (a consumer-group member) until SIGINT/SIGTERM, or until caught up."""
-    from consumers.projector.service import Projector
-    from runjournal.logs import setup_logging
+    from runjournal.consumers.projector.service import Projector
+    from runjournal.core.logs import setup_logging
 
-    setup_logging()
+    setup_logging("INFO")
     settings = Settings.load()
     projector = Projector(settings, batch_size=batch_size, group_instance_id=instance_id)
     if rebuild:
@@ -59,7 +59,7 @@ def inspect_command(
     timeline: Annotated[bool, typer.Option(help="Read the run's events from the topic too.")] = True,
 ) -> None:
     """Show a run's projected state, execution records and (from the topic) its timeline."""
-    from consumers.inspect import inspect_run
+    from runjournal.consumers.inspect import inspect_run
 
     report = inspect_run(Settings.load(), run_id, with_timeline=timeline)
     if report is None:

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from runjournal.settings import Settings
+from runjournal.core.settings import Settings
 
 __all__ = ["recover_command"]
 
@@ -28,8 +28,8 @@ def recover_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
 ) -> None:
     """Fence dead instances, read end offsets, fold tails, classify calls, resume runs under a new epoch."""
-    from consumers.recovery.job import RecoveryError, RecoveryJob
-    from runjournal.logs import setup_logging
+    from runjournal.consumers.recovery.job import RecoveryError, RecoveryJob
+    from runjournal.core.logs import setup_logging
 
     if not (stale or instance or run):
         raise typer.BadParameter("say which runs: --stale, --instance ID or --run RUN_ID")

@@ -1,0 +1,47 @@
+"""What a run handle needs from the journal that created it (:class:`JournalPort`).
+
+:class:`~runjournal.producers.handle.RunHandle` and its ``call`` half depend on this protocol, not on
+:class:`~runjournal.producers.journal.Journal`, so the journal → handle import runs one way and other
+journals (an asyncio front end) can create the same handles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:  # pragma: no cover
+    from runjournal.producers.errors import DeliveryError
+    from runjournal.producers.results import ResultStore
+    from runjournal.schemas import Event
+
+__all__ = ["JournalPort"]
+
+
+class JournalPort(Protocol):
+    """The journal side of a run handle (implemented by :class:`~runjournal.producers.journal.Journal`)."""
+
+    producer_id: str
+    """This instance's producer id (``transactional.id`` and lease derive from it)."""
+    inline_result_bytes: int
+    """Results up to this many bytes (UTF-8 JSON) ride inline in TOOL_CALL_COMMITTED; larger go by reference."""
+    results: ResultStore
+    """Where results larger than ``inline_result_bytes`` are stored (Redis), by digest reference."""
+
+    @property
+    def fence_count(self) -> int:
+        """How many times this instance was found fenced; a handle made before a fence stops writing."""
+        ...
+
+    def publish(self, event: Event, *, durable: bool,
+                on_lost: Callable[[DeliveryError], None] | None = None) -> None:
+        """Publish one event of the run; with ``durable`` return only after the broker acknowledged it."""
+        ...
+
+    def release_run(self, run_id: str) -> None:
+        """Forget ``run_id`` as owned by this instance (after its terminal event)."""
+        ...
+
+    def check_still_owner(self) -> None:
+        """Raise ``ProducerFencedError`` unless this instance still holds its lease."""
+        ...
