@@ -1,0 +1,67 @@
+"""``--version``, ``--log-level`` / ``RUNJOURNAL_LOG_LEVEL``, and librdkafka's lines through Python logging —
+each run the way a user runs it (a subprocess)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from runjournal.deploy.procs import free_port
+
+RAW_LIBRDKAFKA = re.compile(r"^%\d+\|")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNJOURNAL_")}
+    env.update(COLUMNS="250", **extra)
+    return env
+
+
+def _run(args: list[str], env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "runjournal", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+def test_log_level_option_and_variable_are_accepted_and_checked(tmp_path: Path) -> None:
+    env = _env(RUNJOURNAL_STACK_DIR=str(tmp_path))
+    assert _run(["--log-level", "debug", "settings"], env).returncode == 0
+    shown = _run(["settings"], {**env, "RUNJOURNAL_LOG_LEVEL": "ERROR"})
+    assert shown.returncode == 0 and json.loads(shown.stdout)["log_level"] == "ERROR"
+    bad = _run(["--log-level", "LOUD", "settings"], env)
+    assert bad.returncode == 2 and "--log-level" in bad.stderr
+    bad_env = _run(["settings"], {**env, "RUNJOURNAL_LOG_LEVEL": "LOUD"})
+    assert bad_env.returncode == 2 and "RUNJOURNAL_LOG_LEVEL" in bad_env.stderr
+
+
+CHILD = """
+import logging, sys, time
+from runjournal.core import kafka, logs
+logs.set_level_override(sys.argv[2])
+logs.setup_logging("WARNING")
+p = kafka.producer(None, bootstrap=sys.argv[1], **{"socket.connection.setup.timeout.ms": 1000,
+                                                    "reconnect.backoff.ms": 100})
+deadline = time.monotonic() + 4
+while time.monotonic() < deadline:
+    p.poll(0.2)
+"""
+
+
+def test_librdkafka_lines_become_json_log_records_filtered_by_level() -> None:
+    """A producer pointed at a closed port: librdkafka logs connection failures (level 3 = ERROR)."""
+    bootstrap = f"127.0.0.1:{free_port()}"
+    shown = subprocess.run([sys.executable, "-c", CHILD, bootstrap, "DEBUG"], env=_env(), capture_output=True,
+                           text=True, timeout=60, check=False)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stderr.splitlines()
+    assert not [ln for ln in lines if RAW_LIBRDKAFKA.match(ln)]
+    records = [json.loads(ln) for ln in lines if ln.startswith("{")]
+    kafka_records = [r for r in records if r["logger"] == "runjournal.kafka"]
+    assert kafka_records, shown.stderr[-2000:]
+    assert any("Connection refused" in r["msg"] or "Connect to" in r["msg"] for r in kafka_records)
+    quiet = subprocess.run([sys.executable, "-c", CHILD, bootstrap, "CRITICAL"], env=_env(), capture_output=True,
+                           text=True, timeout=60, check=False)
+    assert quiet.returncode == 0 and quiet.stderr.strip() == ""
