@@ -229,7 +229,8 @@ def run_demo(opts: DemoOptions, *, progress: Any = None) -> dict[str, Any]:
         and summary["runs_outcome_matches_input"] == summary["runs_total"]
         and summary["side_effects_executed"] == summary["side_effects_expected"]
         and summary["side_effect_duplicates"] == 0 and summary["projection_mismatches"] == 0
-        and summary.get("memory_items_without_provenance", 0) == 0)
+        and summary.get("memory_items_without_provenance", 0) == 0
+        and summary.get("knowledge_passages_without_provenance", 0) == 0)
     summary["timeline"] = fleet.timeline()
     summary["recoveries"] = bg.reports
     return summary
