@@ -38,7 +38,8 @@ def test_demo_generated_workload_under_chaos(service_env: dict[str, str], tmp_pa
     html = report.read_text()
     assert html.startswith("<!doctype html>") and "Fleet timeline" in html and "<script" not in html
     # every model turn built its context: facts first, advice labelled; the report shows one run's
-    assert summary["contexts_built"] > 0 and summary["contexts_with_knowledge"] > 0
-    assert summary["contexts_missing_advice"] == 0, "memory and knowledge answered the agents while the extractor ran"
+    contexts = {k: v for k, v in summary.items() if k.startswith("contexts_")}
+    assert summary["contexts_built"] > 0 and summary["contexts_with_knowledge"] > 0, contexts
+    assert summary["contexts_advice_unavailable"] == 0, contexts  # the extractor served the agents' reads
     assert "One run's context" in html and "Execution facts (fact: StateStore / ExecutionRecordStore" in html
     assert "Knowledge (advisory)" in html and "never an execution fact" in html

@@ -43,7 +43,8 @@ class DemoKeys:
         self.queue = f"{prefix}:demo:queue"
         self.done = f"{prefix}:demo:done"
         self.contexts = f"{prefix}:demo:contexts"
-        """Hash of counters: built, with_memory, with_knowledge, advice_missing."""
+        """Hash of counters: built, with_memory, with_knowledge, advice_unavailable, facts_pending (the run not yet
+        projected: the context holds no facts and, without a tenant, no memory)."""
         self.context = f"{prefix}:demo:context"
         """Hash run_id -> the JSON of the run's last context."""
         self.prefix = prefix
@@ -82,7 +83,8 @@ class TurnContexts:
         pipe.hincrby(self.keys.contexts, "built", 1)
         pipe.hincrby(self.keys.contexts, "with_memory", int(bool(ctx.memory)))
         pipe.hincrby(self.keys.contexts, "with_knowledge", int(bool(ctx.knowledge)))
-        pipe.hincrby(self.keys.contexts, "advice_missing", int(bool(ctx.notes)))
+        pipe.hincrby(self.keys.contexts, "advice_unavailable", int(any("unavailable" in n for n in ctx.notes)))
+        pipe.hincrby(self.keys.contexts, "facts_pending", int(not ctx.facts.known))
         pipe.hset(self.keys.context, run_id, json.dumps(ctx.as_dict()))
         pipe.execute()
         return ctx

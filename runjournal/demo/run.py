@@ -332,7 +332,8 @@ def _contexts(r: redis.Redis, keys: DemoKeys, summary: dict[str, Any]) -> dict[s
     example = json.loads(stored[max(sorted(stored), key=rank)]) if stored else None
     return {"contexts_built": counts.get("built", 0), "contexts_with_memory": counts.get("with_memory", 0),
             "contexts_with_knowledge": counts.get("with_knowledge", 0),
-            "contexts_missing_advice": counts.get("advice_missing", 0), "context_example": example}
+            "contexts_advice_unavailable": counts.get("advice_unavailable", 0),
+            "contexts_facts_pending": counts.get("facts_pending", 0), "context_example": example}
 
 
 def _finish_memory(proc: subprocess.Popen | None, env: dict[str, str]) -> dict[str, Any]:
