@@ -192,7 +192,7 @@ def test_knowledge_without_provenance_is_refused_at_query_time(owner: CognitionO
     vector = kb.embedder.embed(["an unsourced claim about refunds"])[0].tolist()
     kb.client.upsert(kb.collection, points=[models.PointStruct(
         id="00000000-0000-0000-0000-000000000001", vector=vector,
-        payload={"store": "knowledge", "status": "active", "section_id": "x", "text": "an unsourced claim about refunds",
-                 "section": "Refund"})], wait=True)  # no path, sha256, version, ingested_at
+        payload={"store": "knowledge", "status": "active", "section_id": "x", "section": "Refund",
+                 "text": "an unsourced claim about refunds"})], wait=True)  # no path, sha256, version, ingested_at
     with pytest.raises(ProvenanceError):
         kb.retrieve("an unsourced claim about refunds", limit=20)

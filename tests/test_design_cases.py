@@ -35,7 +35,8 @@ from tests.test_memory_doubles import HashingEmbedder
 
 CASES_2_TO_4 = {
     "tests.test_recovery": "test_crash_after_effect_before_transcript_resume_sees_it_done",
-    "tests.test_replay": "test_replay_of_a_historical_run_containing_send_email_does_not_increase_the_provider_call_count",
+    "tests.test_replay":
+        "test_replay_of_a_historical_run_containing_send_email_does_not_increase_the_provider_call_count",
     "tests.test_old_events": "test_old_event_fixture_in_new_code_migrates_or_fails_with_an_explicit_unsupported_error",
 }
 
