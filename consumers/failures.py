@@ -53,7 +53,7 @@ _REDIS_FATAL = (redis.exceptions.AuthenticationError, redis.exceptions.Authoriza
 _E = KafkaError
 # librdkafka's local error codes start with an underscore; they are public constants, not private members.
 _KAFKA_FATAL = {getattr(_E, n) for n in (
-    "_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH", "FENCED_INSTANCE_ID", "TOPIC_AUTHORIZATION_FAILED",
+    "_FATAL", "_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH", "FENCED_INSTANCE_ID", "TOPIC_AUTHORIZATION_FAILED",
     "GROUP_AUTHORIZATION_FAILED", "CLUSTER_AUTHORIZATION_FAILED", "TRANSACTIONAL_ID_AUTHORIZATION_FAILED",
     "SASL_AUTHENTICATION_FAILED", "_AUTHENTICATION", "UNKNOWN_TOPIC_OR_PART", "_UNKNOWN_TOPIC", "_UNKNOWN_PARTITION")}
 _KAFKA_TRANSIENT = {getattr(_E, n) for n in (
@@ -120,6 +120,8 @@ def kafka_error_verdict(err: KafkaError) -> Verdict:
     text = f"{err.name()}: {err.str()}"
     if code in _REPAIR:
         text = f"{text} ({_REPAIR[code]})"
+    elif "group.instance.id" in text:  # a consumer's _FATAL names the fencing in its text only
+        text = f"{text} ({_SAME_ID})"
     if err.fatal() or code in _KAFKA_FATAL:
         return Verdict(FATAL, "kafka", text)
     if code in _KAFKA_TRANSIENT or err.retriable():

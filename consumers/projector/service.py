@@ -287,7 +287,7 @@ class Projector:
         by_partition: dict[int, list[Message]] = defaultdict(list)
         for msg in msgs:
             if msg.error():
-                if msg.error().fatal():
+                if stops_consumer(msg.error()):  # fatal, fenced (static member), unauthorised, topic gone
                     raise FatalDependencyError("kafka", kafka_error_verdict(msg.error()).cause)
                 log.warning("consumer error", extra={"error": str(msg.error())})
                 continue
@@ -304,10 +304,12 @@ class Projector:
         fresh = [m for m in batch if m.offset() > expected]
         if not fresh:
             return
-        decoded = [self._decode(m) for m in fresh]  # step 3
-        for _run_id, item in decoded:  # a registry outage is no bad record: wait, before anything is sent
+        decoded = []
+        for m in fresh:  # step 3
+            run_id, item = self._decode(m)
             if isinstance(item, Exception) and classify(item).kind == TRANSIENT:
-                raise item
+                raise item  # a registry outage is no bad record: wait (step 8) before anything is sent
+            decoded.append((run_id, item))
         for msg, (run_id, item) in zip(fresh, decoded, strict=True):
             if isinstance(item, SchemaError):
                 self._quarantine(msg, run_id, item)
