@@ -53,9 +53,10 @@ _REDIS_FATAL = (redis.exceptions.AuthenticationError, redis.exceptions.Authoriza
 _E = KafkaError
 # librdkafka's local error codes start with an underscore; they are public constants, not private members.
 _KAFKA_FATAL = {getattr(_E, n) for n in (
-    "_FATAL", "_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH", "FENCED_INSTANCE_ID", "TOPIC_AUTHORIZATION_FAILED",
-    "GROUP_AUTHORIZATION_FAILED", "CLUSTER_AUTHORIZATION_FAILED", "TRANSACTIONAL_ID_AUTHORIZATION_FAILED",
-    "SASL_AUTHENTICATION_FAILED", "_AUTHENTICATION", "UNKNOWN_TOPIC_OR_PART", "_UNKNOWN_TOPIC", "_UNKNOWN_PARTITION")}
+    "_FATAL", "_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH", "FENCED_INSTANCE_ID",
+    "TOPIC_AUTHORIZATION_FAILED", "GROUP_AUTHORIZATION_FAILED", "CLUSTER_AUTHORIZATION_FAILED",
+    "TRANSACTIONAL_ID_AUTHORIZATION_FAILED", "SASL_AUTHENTICATION_FAILED", "_AUTHENTICATION",
+    "UNKNOWN_TOPIC_OR_PART", "_UNKNOWN_TOPIC", "_UNKNOWN_PARTITION")}
 _KAFKA_TRANSIENT = {getattr(_E, n) for n in (
     "_TRANSPORT", "_ALL_BROKERS_DOWN", "_TIMED_OUT", "_MSG_TIMED_OUT", "_WAIT_COORD", "_RESOLVE", "_TIMED_OUT_QUEUE",
     "LEADER_NOT_AVAILABLE", "NOT_LEADER_FOR_PARTITION", "REQUEST_TIMED_OUT", "NOT_ENOUGH_REPLICAS",
@@ -149,6 +150,8 @@ def classify(exc: BaseException) -> Verdict:
         return kafka_error_verdict(exc.args[0])
     if getattr(exc, "retryable", False):  # the memory plane marks outages on the class (StoreUnavailableError)
         return Verdict(TRANSIENT, "qdrant", text)
+    if hasattr(exc, "retryable"):  # a memory-plane fault of one item (a rejected write, an embedding failure)
+        return Verdict(RECORD, "record", text)
     if type(exc).__name__ == "DeadLetterError":  # the DLQ's broker did not acknowledge: an outage, not the record
         return Verdict(TRANSIENT, "kafka", text)
     if isinstance(exc, (TimeoutError, ConnectionError)):
@@ -177,12 +180,14 @@ class FailurePolicy:
             (default 240: below Kafka's ``max.poll.interval.ms`` of 300 s, so a consumer keeps its partitions).
         backoff_base_s, backoff_cap_s: exponential backoff start and cap, seconds (0.1, 5.0).
         stop: when set, waiting ends and the last error is raised (a service shutting down).
+        on_wait: called before each wait (a service's own counter).
     """
 
     def __init__(self, service: str, log: logging.Logger, *, registry: CollectorRegistry | None = None,
                  max_wait_s: float = 240.0, backoff_base_s: float = 0.1, backoff_cap_s: float = 5.0,
-                 stop: threading.Event | None = None) -> None:
+                 stop: threading.Event | None = None, on_wait: Callable[[], None] | None = None) -> None:
         self.service = service
+        self.on_wait = on_wait
         self.log = log
         self.max_wait_s = max_wait_s
         self.backoff_base_s = backoff_base_s
@@ -198,8 +203,9 @@ class FailurePolicy:
 
         Raises:
             DependencyUnavailableError: a transient failure outlasted ``max_wait_s``.
-            FatalDependencyError: a fatal failure (cause chained).
-            Exception: a ``record`` failure, or any failure once ``stop`` is set, is re-raised as is.
+            FatalDependencyError: a fatal failure of a dependency (cause chained).
+            Exception: a ``record`` failure, an unclassified one (a bug: its own traceback is clearer), or any
+                failure once ``stop`` is set, is re-raised as is.
         """
         started = time.monotonic()
 
@@ -217,7 +223,8 @@ class FailurePolicy:
             if verdict.kind == TRANSIENT and not self.stop.is_set():
                 raise DependencyUnavailableError(verdict.dependency, verdict.cause,
                                                  time.monotonic() - started) from exc
-            if verdict.kind == FATAL and not isinstance(exc, (FatalDependencyError, DependencyUnavailableError)):
+            if verdict.kind == FATAL and verdict.dependency != "runjournal" and \
+                    not isinstance(exc, (FatalDependencyError, DependencyUnavailableError)):
                 raise FatalDependencyError(verdict.dependency, verdict.cause) from exc
             raise
         finally:
@@ -228,6 +235,8 @@ class FailurePolicy:
         exc = state.outcome.exception() if state.outcome else None
         verdict = classify(exc) if exc is not None else Verdict(TRANSIENT, "runjournal", "?")
         self.retries += 1
+        if self.on_wait is not None:
+            self.on_wait()
         self.metrics.retries.labels(self.service, verdict.dependency).inc()
         self.metrics.waiting.labels(self.service, verdict.dependency).set(1)
         self.log.warning("dependency unavailable; waiting", extra={
