@@ -38,20 +38,22 @@ def memory_extractor_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the final stats as JSON.")] = False,
 ) -> None:
     """Run the memory extractor (group ``{prefix}.memory``) until SIGINT/SIGTERM, or until caught up."""
+    from runjournal.cli._errors import cli_errors
     from runjournal.consumers.memory.service import MemoryExtractor
+    from runjournal.consumers.topic_identity import preflight
     from runjournal.core.logs import setup_logging
 
     setup_logging("INFO")
-    try:
-        extractor = MemoryExtractor(Settings.load(), batch_size=batch_size)
-    except MemoryPlaneError as exc:
-        console.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(code=1) from exc
+    settings = Settings.load()
+    with cli_errors(as_json):  # MemoryPlaneError (a locked directory …), a missing stack or topic: exit 1
+        preflight(settings)
+        extractor = MemoryExtractor(settings, batch_size=batch_size)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        stats = extractor.run(until_caught_up=until_caught_up, stop=stop).as_dict()
+        with cli_errors(as_json):  # an outage past the budget, fenced, unauthorised: exit 1 naming it
+            stats = extractor.run(until_caught_up=until_caught_up, stop=stop).as_dict()
     finally:
         extractor.store.close()
     if as_json:
@@ -74,8 +76,9 @@ def search_command(
 ) -> None:
     """Search one tenant's advisory memory; hits show text, score, scope and provenance."""
     scope = _scope(tenant, user, agent)
-    with _open_store() as store:
-        hits: list[MemoryHit] = _guarded(lambda: store.search(scope, query, limit=limit, all_statuses=all_statuses))
+    with _open_store(as_json) as store:
+        hits: list[MemoryHit] = _guarded(lambda: store.search(scope, query, limit=limit, all_statuses=all_statuses),
+                                         as_json)
     for hit in hits:
         if as_json:
             print(json.dumps(hit.as_dict()))
@@ -95,8 +98,8 @@ def stats_command(
 ) -> None:
     """Collection, embedder and item counts by status."""
     scope = _scope(tenant, None, None) if tenant is not None else None
-    with _open_store() as store:
-        out = _guarded(lambda: store.stats(scope))
+    with _open_store(as_json) as store:
+        out = _guarded(lambda: store.stats(scope), as_json)
     print(json.dumps(out) if as_json else "\n".join(f"{k}: {v}" for k, v in out.items()))
 
 
@@ -108,16 +111,17 @@ def _scope(tenant: str, user: str | None, agent: str | None) -> Scope:
         raise typer.Exit(code=2) from exc
 
 
-def _guarded(fn: Callable[[], T]) -> T:
+def _guarded(fn: Callable[[], T], as_json: bool = False) -> T:
+    from runjournal.cli._errors import fail
+
     try:
         return fn()
     except MemoryPlaneError as exc:
-        console.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(code=1) from exc
+        raise fail(exc, as_json=as_json) from exc
 
 
-def _open_store() -> QdrantMemoryStore:
+def _open_store(as_json: bool = False) -> QdrantMemoryStore:
     from runjournal.consumers.memory.embed import default_embedder
     from runjournal.consumers.memory.store import QdrantMemoryStore
 
-    return _guarded(lambda: QdrantMemoryStore.open(Settings.load(), default_embedder()))
+    return _guarded(lambda: QdrantMemoryStore.open(Settings.load(), default_embedder()), as_json)
