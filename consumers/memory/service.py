@@ -56,6 +56,7 @@ from runjournal.consumers.memory.extract import Extractor, RuleExtractor
 from runjournal.consumers.memory.items import MemoryItem, Provenance, Scope
 from runjournal.consumers.memory.owners import RunOwners
 from runjournal.consumers.memory.store import QdrantMemoryStore
+from runjournal.consumers.topic_identity import TopicMismatchError
 from runjournal.core import kafka
 from runjournal.core.settings import Settings
 from runjournal.schemas import EventCodec, codec_from_settings
@@ -152,6 +153,7 @@ class MemoryExtractor:
         self._done: dict[int, int] = {}
         self._pending_commit: dict[int, int] = {}
         self._assigned_once = threading.Event()
+        self._mismatch: TopicMismatchError | None = None
         self.consumer = kafka.consumer(settings, **{"group.id": self.group_id,
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
@@ -165,6 +167,15 @@ class MemoryExtractor:
     # -- assignment -------------------------------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for tp in consumer.committed(partitions, timeout=10):
+            _low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, tp.partition), timeout=10,
+                                                        cached=False)
+            if tp.offset > high:  # a stored offset beyond the log: another (re-created or truncated) topic
+                self._mismatch = TopicMismatchError(
+                    f"the memory group {self.group_id} committed offset {tp.offset} on partition {tp.partition} of "
+                    f"{self.topic}, which ends at {high}: the topic was re-created or truncated",
+                    repair=f"kafka-consumer-groups.sh --delete --group {self.group_id} (the extractor then re-reads "
+                           "the topic; writes are idempotent by event id)")
+                return  # nothing assigned: the main loop stops on the mismatch
             self._done[tp.partition] = tp.offset - 1 if tp.offset >= 0 else -1
         consumer.incremental_assign(partitions)
         self._assigned_once.set()
@@ -202,6 +213,8 @@ class MemoryExtractor:
         try:
             while not self._stop.is_set():
                 msgs = self.consumer.consume(self.batch_size, timeout=self.poll_timeout_s)  # step 1
+                if self._mismatch is not None:
+                    raise self._mismatch
                 if msgs:
                     try:
                         self._handle(msgs)

@@ -32,7 +32,6 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -52,6 +51,7 @@ from runjournal.consumers.failures import (
 )
 from runjournal.consumers.projector._cache import StateCache
 from runjournal.consumers.projector.metrics import ProjectorMetrics
+from runjournal.consumers.projector.stats import ProjectorStats
 from runjournal.consumers.projector.store import ProjectionStore
 from runjournal.consumers.topic_identity import TopicMismatchError, check_projection, describe_events_topic
 from runjournal.core import failpoints, kafka
@@ -68,28 +68,6 @@ log = logging.getLogger("runjournal.consumers.projector")
 def projector_group(settings: Settings) -> str:
     """The projector's consumer group id: ``{prefix}.projector``."""
     return f"{settings.topic_prefix}.projector"
-
-
-@dataclass
-class ProjectorStats:
-    """Counters of one :meth:`Projector.run` (events are records handled, no-ops included)."""
-
-    events: int = 0
-    batches: int = 0
-    dead_lettered: int = 0
-    erased: int = 0
-    conflicts: int = 0
-    elapsed_s: float = 0.0
-    parked_runs: set[str] = field(default_factory=set)
-    blocked_runs: set[str] = field(default_factory=set)
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-able summary with ``events_per_s``."""
-        rate = self.events / self.elapsed_s if self.elapsed_s > 0 else 0.0
-        return {"events": self.events, "batches": self.batches, "dead_lettered": self.dead_lettered,
-                "erased": self.erased, "conflicts": self.conflicts, "elapsed_s": round(self.elapsed_s, 3),
-                "events_per_s": round(rate, 1), "parked_runs": sorted(self.parked_runs),
-                "blocked_runs": sorted(self.blocked_runs)}
 
 
 class Projector:

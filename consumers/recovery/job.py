@@ -44,7 +44,6 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -54,7 +53,8 @@ from runjournal.consumers.failures import FailurePolicy, FatalDependencyError, k
 from runjournal.consumers.projector.store import ProjectionStore
 from runjournal.consumers.recovery.instances import Instances
 from runjournal.consumers.recovery.plan import Classified, build_plan, classify, plan_summary
-from runjournal.consumers.recovery.tail import PartitionRead, end_offsets, fold_tails
+from runjournal.consumers.recovery.report import RecoveryReport, RunOutcome, with_changes
+from runjournal.consumers.recovery.tail import end_offsets, fold_tails
 from runjournal.consumers.topic_identity import check_projection, describe_events_topic
 from runjournal.core import failpoints, kafka
 from runjournal.core.errors import RunjournalError
@@ -74,57 +74,6 @@ RECOVERY_PRODUCER_ID = "recovery"
 
 class RecoveryError(RunjournalError):
     """Recovery could not proceed (e.g. asked to recover a live instance without ``force``)."""
-
-
-@dataclass
-class RunOutcome:
-    """What recovery did with one run."""
-
-    run_id: str
-    """The run."""
-    action: str = ""
-    """``resumed``, ``handed_over`` (an earlier pass committed RUN_RESUMED and died before the hand-over:
-    completed now, same epoch), ``finished`` (terminal: only disowned), ``parked`` (GAP/BLOCKED: needs
-    repair), ``deferred`` (a tool timeout has not passed), ``retry_later`` (its partition could not be read
-    to the end, or the RUN_RESUMED transaction was aborted: nothing decided, the next pass retries),
-    ``no_facts``, ``no_live_instance``, ``owner_alive`` (the journal shows a live instance owns it: left alone)."""
-    owner: str | None = None
-    """The dead instance it was taken from."""
-    partition: int | None = None
-    """Its partition."""
-    previous_epoch: int | None = None
-    """Epoch before recovery."""
-    epoch: int | None = None
-    """The new epoch (resumed runs)."""
-    assigned_to: str | None = None
-    """The live instance that takes it over."""
-    calls: dict[str, int] = field(default_factory=dict)
-    """Plan class -> count."""
-    detail: str | None = None
-    """Why, for non-resumed runs."""
-
-
-@dataclass
-class RecoveryReport:
-    """Totals and per-run outcomes of one recovery pass."""
-
-    runs: list[RunOutcome] = field(default_factory=list)
-    fenced: list[str] = field(default_factory=list)
-    partitions: list[PartitionRead] = field(default_factory=list)
-    recovery_ms: float = 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-able report: ``runs_recovered``, ``calls`` per class, ``offsets`` read, ``recovery_ms``."""
-        totals: dict[str, int] = {}
-        for r in self.runs:
-            for k, v in r.calls.items():
-                totals[k] = totals.get(k, 0) + v
-        actions: dict[str, int] = {}
-        for r in self.runs:
-            actions[r.action] = actions.get(r.action, 0) + 1
-        return {"runs_recovered": actions.get("resumed", 0), "actions": actions, "calls": totals,
-                "fenced": self.fenced, "recovery_ms": round(self.recovery_ms, 1),
-                "offsets": [vars(p) for p in self.partitions], "runs": [vars(r) for r in self.runs]}
 
 
 class RecoveryJob:
@@ -261,24 +210,24 @@ class RecoveryJob:
             base = RunOutcome(run_id=run_id, owner=owner or (state.owner if state else None), partition=partition,
                               previous_epoch=state.epoch if state else None)
             if partition in incomplete:  # nothing is decided from a partition not read to its end
-                report.runs.append(_with(base, action="retry_later", detail=incomplete[partition]))
+                report.runs.append(with_changes(base, action="retry_later", detail=incomplete[partition]))
             elif state is None:
                 self._disown(owner, run_id)
-                report.runs.append(_with(base, action="no_facts"))
+                report.runs.append(with_changes(base, action="no_facts"))
             elif state.terminal:
                 self._disown(owner, run_id)
-                report.runs.append(_with(base, action="finished", detail=state.status.value))
+                report.runs.append(with_changes(base, action="finished", detail=state.status.value))
             elif (not self._force and state.owner and state.owner != owner
                   and self.instances.view(state.owner).alive):
                 report.runs.append(self._live_owner(base, state, owner))
             elif state.status in (RunStatus.GAP, RunStatus.BLOCKED):
                 self._park(owner, run_id)
-                report.runs.append(_with(base, action="parked", detail=state.gap_reason or state.blocked_reason))
+                report.runs.append(with_changes(base, action="parked", detail=state.gap_reason or state.blocked_reason))
             else:
                 classified = classify(state)
                 wait_s = (classified.reconcile_after_ms - time.time() * 1000) / 1000
                 if wait_s > self.max_wait_s:
-                    report.runs.append(_with(base, action="deferred", calls=classified.counts,
+                    report.runs.append(with_changes(base, action="deferred", calls=classified.counts,
                                              detail=f"tool timeout passes in {wait_s:.1f} s"))
                     continue
                 if wait_s > 0:
@@ -291,13 +240,13 @@ class RecoveryJob:
         a pass committed RUN_RESUMED to it and died before the hand-over — complete that hand-over now."""
         assert state.owner is not None
         if self.redis.sismember(self.plans.owned_key(state.owner), state.run_id):
-            return _with(base, action="owner_alive", detail=f"owned by live {state.owner}")
+            return with_changes(base, action="owner_alive", detail=f"owned by live {state.owner}")
         classified = classify(state)
         plan = build_plan(state, classified, new_epoch=state.epoch, resumed_seq=state.last_seq,
                           assigned_to=state.owner, now_ms=int(time.time() * 1000))
         self._hand_over(plan, dead_owner)
-        return _with(base, action="handed_over", epoch=state.epoch, assigned_to=state.owner, calls=classified.counts,
-                     detail="completed the hand-over of an earlier pass's RUN_RESUMED")
+        return with_changes(base, action="handed_over", epoch=state.epoch, assigned_to=state.owner,
+                            calls=classified.counts, detail="completed the hand-over of an earlier pass's RUN_RESUMED")
 
     def _resume(self, resumable: dict[str, Classified], chosen: dict[str, str | None],
                 states: dict[str, RunState | None], offsets: dict[str, int], report: RecoveryReport,
@@ -312,18 +261,18 @@ class RecoveryJob:
                                  partition=self._partition(run_id), previous_epoch=state.epoch,
                                  calls=classified.counts)
             if target is None:
-                report.runs.append(_with(outcome, action="no_live_instance"))
+                report.runs.append(with_changes(outcome, action="no_live_instance"))
                 continue
             event = self._resumed_event(state, classified, target, offsets)
             plan = build_plan(state, classified, new_epoch=event.epoch, resumed_seq=event.seq, assigned_to=target,
                               now_ms=int(time.time() * 1000))
-            batch.append((event, plan, _with(outcome, epoch=event.epoch, assigned_to=target), chosen[run_id]))
+            batch.append((event, plan, with_changes(outcome, epoch=event.epoch, assigned_to=target), chosen[run_id]))
         if not batch:
             return
         error = self._publish_resumed([e for e, _p, _o, _d in batch])  # 6
         for _e, _p, outcome, _d in batch:
-            report.runs.append(_with(outcome, action="retry_later", detail=error) if error
-                               else _with(outcome, action="resumed"))
+            report.runs.append(with_changes(outcome, action="retry_later", detail=error) if error
+                               else with_changes(outcome, action="resumed"))
         if error:
             return
         failpoints.hit("recovery.after_commit")
@@ -417,9 +366,3 @@ class RecoveryJob:
         if self._producer is not None:
             self._producer.flush(10)
             self._producer = None
-
-
-def _with(outcome: RunOutcome, **changes: Any) -> RunOutcome:
-    for k, v in changes.items():
-        setattr(outcome, k, v)
-    return outcome

@@ -142,7 +142,8 @@ def _print_topics(reports: list[Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps([asdict(r) for r in reports]))
         return
-    table = Table("topic", "action", "partitions", "config")
+    table = Table("topic", "action", "partitions", "topic id", "config")
     for r in reports:
-        table.add_row(r.name, r.action, str(r.partitions), ", ".join(f"{k}={v}" for k, v in sorted(r.config.items())))
+        table.add_row(r.name, r.action, str(r.partitions), r.topic_id or "",
+                      ", ".join(f"{k}={v}" for k, v in sorted(r.config.items())))
     console.print(table)

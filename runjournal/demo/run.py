@@ -154,7 +154,7 @@ class _Background:
     def _settle(self, run_id: str, owner: str | None, action: str) -> None:
         """After recovery decided a run: a run with no fact at all goes back to the queue (it never durably
         started); any decided run leaves its dead owner's claimed list."""
-        if action in {"deferred", "no_live_instance"}:
+        if action in {"deferred", "no_live_instance", "retry_later"}:
             return  # undecided: the next pass takes it again
         if action == "no_facts":
             self.r.rpush(self.keys.queue, run_id)
