@@ -1,4 +1,4 @@
-"""Remove what one demo created: its topics, consumer groups, Redis keys, Qdrant collection and work folder.
+"""Remove what one demo created: its topics, consumer groups, Redis keys, Qdrant collections and work folder.
 
 ``runjournal demo`` runs under a fresh topic prefix (``demo-<utc time>-<seed>``); unless ``--keep`` is given,
 everything under that prefix is removed at the end, so repeated demos leave nothing behind. Each part is
@@ -69,7 +69,8 @@ def _drop_collections(settings: Settings) -> tuple[list[str], list[str]]:
         return [], []
     from runjournal.consumers.memory._payload import collection_name
 
-    head = collection_name(settings.topic_prefix, "x", 0).rsplit("__", 1)[0] + "__"
+    clean = collection_name(settings.topic_prefix, "x", 0).rsplit("_memory__", 1)[0]
+    heads = (f"{clean}_memory__", f"{clean}_knowledge__")  # memory and the demo's knowledge corpus
     try:
         if settings.qdrant_url:
             key = settings.qdrant_api_key.get_secret_value() if settings.qdrant_api_key else None
@@ -79,7 +80,7 @@ def _drop_collections(settings: Settings) -> tuple[list[str], list[str]]:
                 return [], []
             client = QdrantClient(path=str(settings.effective_qdrant_path))
         try:
-            names = [c.name for c in client.get_collections().collections if c.name.startswith(head)]
+            names = [c.name for c in client.get_collections().collections if c.name.startswith(heads)]
             for name in names:
                 client.delete_collection(name)
             return names, []
