@@ -15,6 +15,7 @@ import sys
 import time
 import urllib.request
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -97,7 +98,7 @@ def test_case9_recover_json_refusal_is_json_on_stderr(topics: Settings, service_
     assert json_error(proc)["error"] == "RunNotFound"
 
 
-def test_every_readme_command_and_option(topics: Settings, service_env: dict[str, str]) -> None:
+def test_every_readme_command_and_option(topics: Settings, service_env: dict[str, str], tmp_path: Path) -> None:
     """The README's command table, option by option, on one small journal."""
     env = service_env
     ok = _ok_factory(env)
@@ -158,6 +159,16 @@ def test_every_readme_command_and_option(topics: Settings, service_env: dict[str
     ok("memory", "search", "--tenant", "acme", "anything")
     assert "active" in json.loads(ok("memory", "stats", "--tenant", "acme", "--json").stdout)
     ok("memory", "stats")
+
+    doc = tmp_path / "policy.md"
+    doc.write_text("# Baggage\n\nEach passenger may check two bags.\n\n# Seats\n\nWindow seats cost extra.\n")
+    assert json.loads(ok("knowledge", "ingest", str(doc), "--corpus", "cli", "--json").stdout)
+    found = json.loads(ok("knowledge", "search", "how many bags", "--corpus", "cli", "--document", str(doc),
+                          "--limit", "1", "--json").stdout)
+    assert found
+    ok("knowledge", "search", "window")
+    assert json.loads(ok("knowledge", "stats", "--json").stdout)
+    ok("knowledge", "stats")
 
     erased = json.loads(ok("erase", "cli-a", "--yes", "--json").stdout)
     assert erased["tombstones"] > 0

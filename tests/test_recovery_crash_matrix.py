@@ -129,3 +129,24 @@ def test_case2_a_pass_that_died_after_the_commit_is_completed_not_stranded(topic
     assert [r.action for r in report.runs] == ["handed_over"], report.as_dict()
     assert assigned(topics, "taker") == [run] and owned(topics, "taker") == {run}
     assert owned(topics, "agent-1") == set()
+
+
+def test_killed_after_commit_and_the_assignee_died_too_resumes_under_a_newer_epoch(
+        topics: Settings, service_env: dict[str, str]) -> None:
+    """The other branch of (b): the pass dies after committing RUN_RESUMED (epoch 2 to ``taker``), and ``taker``
+    dies before anyone completed the hand-over. The next pass fences ``taker`` (the owner the tail names) and
+    resumes the run under epoch 3 on another live instance."""
+    import redis
+
+    run = "twice-dead"
+    publish(topics, run_events(run, finish=False))
+    owns(topics, "agent-1", run)
+    live(topics, "taker")
+    killed = _recover(service_env, "recovery.after_commit=1")
+    assert killed.returncode == -signal.SIGKILL
+    redis.Redis.from_url(topics.redis_url).delete(f"{topics.topic_prefix}:lease:taker")
+    live(topics, "taker-2")
+    report = json.loads(_recover(service_env).stdout)
+    assert [(r["action"], r["epoch"], r["assigned_to"]) for r in report["runs"]] == [("resumed", 3, "taker-2")]
+    assert "taker" in report["fenced"]
+    assert assigned(topics, "taker-2") == [run] and assigned(topics, "taker") == []
