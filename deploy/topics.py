@@ -53,6 +53,9 @@ class TopicReport:
     """Partition count."""
     config: dict[str, str]
     """The topic's effective value of each config runjournal sets."""
+    topic_id: str | None = None
+    """Kafka's topic id: a topic deleted and created again under the same name gets a new one (a projector
+    checks it against the id its projection was built from: ``runjournal.consumers.topic_identity``)."""
 
 
 def _admin(settings: Settings) -> Any:
@@ -145,11 +148,12 @@ def _check_events_topic(report: TopicReport, count: int) -> None:
 def describe_topics(
     settings: Settings, names: list[str] | None = None, *, timeout_s: float = 30.0
 ) -> list[TopicReport]:
-    """Partition count and runjournal-relevant configs of each topic (default: runjournal's three).
+    """Partition count, topic id and runjournal-relevant configs of each topic (default: runjournal's three).
 
     Raises:
         confluent_kafka.KafkaException: a topic does not exist or the broker is unreachable.
     """
+    from confluent_kafka import TopicCollection
     from confluent_kafka.admin import ConfigResource, ResourceType
 
     names = names or [settings.events_topic, settings.events_dlq_topic, settings.memory_dlq_topic]
@@ -160,11 +164,14 @@ def describe_topics(
     configs: dict[str, dict[str, str]] = {}
     for res, fut in (admin.describe_configs(resources, request_timeout=timeout_s) if resources else {}).items():
         configs[res.name] = {k: v.value for k, v in fut.result().items() if k in keys}
+    present = [n for n in names if n in meta.topics]
+    ids = {n: str(f.result().topic_id) for n, f in
+           (admin.describe_topics(TopicCollection(present), request_timeout=timeout_s) if present else {}).items()}
     out = []
     for name in names:
         if name not in meta.topics:
             out.append(TopicReport(name=name, action="missing", partitions=0, config={}))
         else:
             out.append(TopicReport(name=name, action="exists", partitions=len(meta.topics[name].partitions),
-                                   config=configs.get(name, {})))
+                                   config=configs.get(name, {}), topic_id=ids.get(name)))
     return out
