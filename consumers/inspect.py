@@ -13,7 +13,7 @@ from runjournal.consumers.projector.store import ProjectionStore
 from runjournal.core import kafka
 from runjournal.core.settings import Settings
 from runjournal.producers.partitioner import partition_for
-from runjournal.schemas import codec_from_settings
+from runjournal.schemas import EventType, codec_from_settings
 from runjournal.schemas.errors import SchemaError
 
 __all__ = ["inspect_run", "read_run_events"]
@@ -26,6 +26,8 @@ def _partition_count(settings: Settings, consumer: Consumer) -> int:
 
 def read_run_events(settings: Settings, run_id: str, *, until_offset: int | None = None) -> list[dict[str, Any]]:
     """The run's records in offset order: ``[{offset, key, seq, epoch, type, node_id, event | error}]``.
+
+    A type this reader does not know has ``type`` ``UNKNOWN`` and ``writer_type`` the writer's symbol.
 
     Scans the run's partition from the beginning to its end offset (read_committed). Cost grows
     with the partition's size; fine for inspection and tests, not for a hot path.
@@ -70,8 +72,10 @@ def _row(codec: Any, msg: Any) -> dict[str, Any]:
         event = codec.decode(msg.value(), topic=msg.topic(), partition=msg.partition(), offset=msg.offset())
     except SchemaError as exc:
         return {**row, "type": "UNDECODABLE", "seq": None, "epoch": None, "error": str(exc)}
-    return {**row, "seq": event.seq, "epoch": event.epoch, "type": str(event.type), "node_id": event.node_id,
-            "event": event}
+    row.update(seq=event.seq, epoch=event.epoch, type=str(event.type), node_id=event.node_id, event=event)
+    if event.type is EventType.UNKNOWN:  # a newer writer's type: recorded, named as the writer wrote it
+        row["writer_type"] = event.payload.get("type")
+    return row
 
 
 def inspect_run(settings: Settings, run_id: str, *, with_timeline: bool = True) -> dict[str, Any] | None:

@@ -87,6 +87,8 @@ class ConfluentWire:
             raise RegistryError(f"schema registry failed looking up {version.label} in {subject}: {exc}") from exc
         except Exception as exc:  # transport errors of the registry's HTTP client
             raise RegistryError(f"schema registry unreachable looking up {subject}: {exc!r}") from exc
+        if registered.schema_id is None:
+            raise RegistryError(f"schema registry answered no id for {version.label} in {subject}")
         schema_id = int(registered.schema_id)
         with self._lock:
             self._ids[key] = schema_id

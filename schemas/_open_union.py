@@ -69,6 +69,8 @@ def open_reader_raw(reader_raw: dict[str, Any], writer_raw: dict[str, Any]) -> d
     if not new_records:
         return reader_raw
     expanded = parse_schema(writer_raw, expand=True, _write_hint=False)
+    if not isinstance(expanded, dict):
+        return reader_raw
     have = {_full_name(b, reader_raw.get("namespace")) for b in _branches(reader_raw)}
     extra = [b for b in _branches(expanded)
              if isinstance(b, dict) and b.get("name") in new_records and b["name"] not in have]

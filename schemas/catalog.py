@@ -77,7 +77,7 @@ class SchemaCatalog:
         Raises:
             RegistryError: not acked within ``timeout_s`` (the caller must not write events yet).
         """
-        records = [(_fp_key(version.fingerprint),
+        records: list[tuple[str, dict[str, Any]]] = [(_fp_key(version.fingerprint),
                     {"fingerprint": _fp_key(version.fingerprint), "schema": version.text})]
         if registry_id is not None:
             records.append((f"id:{registry_id}", {"fingerprint": _fp_key(version.fingerprint), "id": registry_id}))
@@ -102,19 +102,20 @@ class SchemaCatalog:
 
     def _producer_locked(self) -> Any:
         if self._producer is None:
-            self._producer = kafka.producer(self._settings, client_id="runjournal-schemas",
-                                            **{"acks": "all", "enable.idempotence": True, "linger.ms": 0})
+            props: dict[str, Any] = {"acks": "all", "enable.idempotence": True, "linger.ms": 0}
+            self._producer = kafka.producer(self._settings, client_id="runjournal-schemas", **props)
         return self._producer
 
     def _ensure_topic(self) -> None:
         from confluent_kafka import KafkaException
-        from confluent_kafka.admin import NewTopic
+        from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
         admin = kafka.admin_client(self._settings)
         try:
-            if self.topic in admin.list_topics(timeout=self._timeout_s).topics:
+            meta = admin.list_topics(timeout=self._timeout_s)
+            if self.topic in meta.topics:
                 return
-            rf = 1  # the topic is tiny; `runjournal topics create` makes it with the cluster's replication
+            rf = min(3, max(1, len(meta.brokers)))  # as `runjournal topics create` does
             futures = admin.create_topics([NewTopic(self.topic, 1, rf, config=SCHEMAS_TOPIC_CONFIG)],
                                           request_timeout=self._timeout_s)
             for future in futures.values():
@@ -154,9 +155,9 @@ class SchemaCatalog:
     def _refresh_locked(self) -> None:
         from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 
-        consumer = kafka.consumer(self._settings, client_id="runjournal-schemas-reader",
-                                  **{"group.id": f"schemas-{uuid.uuid4()}", "enable.auto.commit": False,
-                                     "isolation.level": "read_uncommitted"})
+        props: dict[str, Any] = {"group.id": f"schemas-{uuid.uuid4()}", "enable.auto.commit": False,
+                                 "isolation.level": "read_uncommitted"}
+        consumer = kafka.consumer(self._settings, client_id="runjournal-schemas-reader", **props)
         try:
             if self.topic not in consumer.list_topics(timeout=self._timeout_s).topics:
                 return

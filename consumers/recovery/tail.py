@@ -91,7 +91,7 @@ def fold_tails(
         consumer = _consumer(settings)
         try:
             consumer.assign([TopicPartition(settings.events_topic, p, starts[p]) for p in todo])
-            _consume(consumer, settings.events_topic, codec, todo, ends, runs_by_partition, states, counts,
+            _consume(consumer, settings, codec, todo, ends, runs_by_partition, states, counts,
                      time.monotonic() + timeout_s)
         finally:
             consumer.close()
@@ -99,9 +99,10 @@ def fold_tails(
     return states, reads
 
 
-def _consume(consumer: Consumer, topic: str, codec: EventCodec, todo: set[int], ends: dict[int, int],
+def _consume(consumer: Consumer, settings: Settings, codec: EventCodec, todo: set[int], ends: dict[int, int],
              runs_by_partition: dict[int, set[str]], states: dict[str, RunState | None],
              counts: dict[int, list[int]], deadline: float) -> None:
+    topic, critical = settings.events_topic, settings.critical_types
     prefixes = {p: tuple(f"{r}:".encode() for r in runs) for p, runs in runs_by_partition.items()}
     while todo and time.monotonic() < deadline:
         msgs = consumer.consume(2000, timeout=0.25)
@@ -124,12 +125,13 @@ def _consume(consumer: Consumer, topic: str, codec: EventCodec, todo: set[int], 
             if run_id not in states:
                 continue
             counts[p][1] += 1
-            states[run_id] = _fold_one(codec, states[run_id], run_id, msg)
+            states[run_id] = _fold_one(codec, states[run_id], run_id, msg, critical)
     if todo:
         raise TimeoutError(f"recovery could not read partitions {sorted(todo)} to their end offsets {ends}")
 
 
-def _fold_one(codec: EventCodec, state: RunState | None, run_id: str, msg: object) -> RunState | None:
+def _fold_one(codec: EventCodec, state: RunState | None, run_id: str, msg: object,
+              critical: frozenset[str]) -> RunState | None:
     value = msg.value()  # type: ignore[attr-defined]
     p, off = msg.partition(), msg.offset()  # type: ignore[attr-defined]
     if value is None:
@@ -138,4 +140,4 @@ def _fold_one(codec: EventCodec, state: RunState | None, run_id: str, msg: objec
         event = codec.decode(value, topic=msg.topic(), partition=p, offset=off)  # type: ignore[attr-defined]
     except SchemaError as exc:
         return block(state, run_id, f"{type(exc).__name__}: {exc}", partition=p, offset=off)
-    return apply(state, event, partition=p, offset=off)
+    return apply(state, event, partition=p, offset=off, critical=critical)

@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from runjournal.cli.replay import timeline_type
 from runjournal.core.settings import Settings
 
 __all__ = ["inspect_command", "projector_command"]
@@ -81,5 +82,7 @@ def inspect_command(
     if report.get("timeline"):
         tl = Table("seq", "epoch", "type", "offset", "node", title="timeline")
         for row in report["timeline"]:
-            tl.add_row(str(row["seq"]), str(row["epoch"]), row["type"], str(row["offset"]), row.get("node_id") or "")
+            tl.add_row(str(row["seq"]), str(row["epoch"]), timeline_type(row), str(row["offset"]),
+                    row.get("node_id") or "")
         console.print(tl)
+
