@@ -133,7 +133,8 @@ class Settings(BaseSettings):
                     fill["redis_url"] = url
             if "RUNJOURNAL_SCHEMA_REGISTRY_URL" not in os.environ and "schema_registry_url" not in overrides:
                 registry = state.get("registry", {})
-                if registry.get("process") and registry.get("url"):  # only while `stack up --registry` runs it
+                pid = (registry.get("process") or {}).get("pid")
+                if pid and registry.get("url") and Path(f"/proc/{pid}").exists():  # while `stack up --registry` runs it
                     fill["schema_registry_url"] = registry["url"]
         return base.model_copy(update=fill) if fill else base
 
