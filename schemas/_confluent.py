@@ -101,16 +101,15 @@ class ConfluentWire:
             UnsupportedSchemaError: the registry has no such id.
             RegistryError: the registry is unreachable or failed (5xx, timeout).
         """
+        where = {**where, "schema_id": schema_id}
         try:
             schema = self._client.get_schema(schema_id)
         except SchemaRegistryError as exc:
             if _is_missing(exc):
-                raise UnsupportedSchemaError(
-                    f"schema id {schema_id} is unknown to the registry", schema_id=schema_id, **where) from exc
+                raise UnsupportedSchemaError(f"schema id {schema_id} is unknown to the registry", **where) from exc
             if _transient(exc):
                 raise RegistryError(f"schema registry failed reading schema id {schema_id}: {exc}") from exc
-            raise UnsupportedSchemaError(f"schema registry refused schema id {schema_id}: {exc}",
-                                         schema_id=schema_id, **where) from exc
+            raise UnsupportedSchemaError(f"schema registry refused schema id {schema_id}: {exc}", **where) from exc
         except Exception as exc:  # transport errors of the registry's HTTP client
             raise RegistryError(f"schema registry unreachable reading schema id {schema_id}: {exc!r}") from exc
         return schema.schema_str or ""

@@ -61,7 +61,6 @@ class SchemaCatalog:
         self._schemas: dict[int, str] = {}
         self._ids: dict[int, int] = {}
         self._announced: set[str] = set()
-        self._producer: Any = None
 
     @property
     def topic(self) -> str:
@@ -87,11 +86,12 @@ class SchemaCatalog:
                 return
             self._ensure_topic()
             errors: list[str] = []
-            producer = self._producer_locked()
+            producer = self._producer()  # short-lived: a process announces once per schema
             for key, value in todo:
                 producer.produce(self.topic, key=key.encode(), value=json.dumps(value).encode(),
                                  on_delivery=lambda err, _msg: errors.append(str(err)) if err else None)
             left = producer.flush(self._timeout_s)
+            del producer
             if left or errors:
                 raise RegistryError(f"could not publish writer schema {version.label} to {self.topic}: "
                                     f"{errors[0] if errors else f'{left} record(s) not acked in {self._timeout_s} s'}")
@@ -100,11 +100,9 @@ class SchemaCatalog:
             if registry_id is not None:
                 self._ids[registry_id] = version.fingerprint
 
-    def _producer_locked(self) -> Any:
-        if self._producer is None:
-            props: dict[str, Any] = {"acks": "all", "enable.idempotence": True, "linger.ms": 0}
-            self._producer = kafka.producer(self._settings, client_id="runjournal-schemas", **props)
-        return self._producer
+    def _producer(self) -> Any:
+        props: dict[str, Any] = {"acks": "all", "enable.idempotence": True, "linger.ms": 0}
+        return kafka.producer(self._settings, client_id="runjournal-schemas", **props)
 
     def _ensure_topic(self) -> None:
         from confluent_kafka import KafkaException
@@ -195,10 +193,3 @@ class SchemaCatalog:
                 self._schemas[fingerprint] = str(data["schema"])
         except (ValueError, KeyError, TypeError):
             return  # not one of ours: ignored (the reader then reports the fingerprint as unknown)
-
-    def close(self) -> None:
-        """Flush and drop the producer (if any). The catalog stays usable."""
-        with self._lock:
-            if self._producer is not None:
-                self._producer.flush(self._timeout_s)
-                self._producer = None
