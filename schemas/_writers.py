@@ -16,15 +16,17 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastavro.schema import SchemaParseException, parse_schema
 
-from runjournal.schemas._confluent import ConfluentWire
 from runjournal.schemas._open_union import open_reader_raw
-from runjournal.schemas.catalog import SchemaCatalog
 from runjournal.schemas.errors import SchemaError, UnsupportedSchemaError
 from runjournal.schemas.versions import SchemaVersion, foreign_version
+
+if TYPE_CHECKING:  # the registry client is the optional [registry] extra; the catalog needs only the core
+    from runjournal.schemas._confluent import ConfluentWire
+    from runjournal.schemas.catalog import SchemaCatalog
 
 __all__ = ["Writer", "WriterSchemas"]
 

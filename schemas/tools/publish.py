@@ -19,7 +19,6 @@ import sys
 
 from runjournal.schemas.errors import SchemaError
 from runjournal.schemas.published import LEDGER, publish
-from runjournal.schemas.registration import register_versions
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"nothing new; {LEDGER.name} is up to date")
     if not args.registry:
         return 0
+    from runjournal.schemas.registration import register_versions  # needs the [registry] extra
+
     try:
         rows = register_versions(args.registry, args.subject)
     except SchemaError as exc:
