@@ -84,24 +84,34 @@ class SchemaCatalog:
             todo = [(k, v) for k, v in records if k not in self._announced]
             if not todo:
                 return
-            self._ensure_topic()
-            errors: list[str] = []
-            producer = self._producer()  # short-lived: a process announces once per schema
-            for key, value in todo:
-                producer.produce(self.topic, key=key.encode(), value=json.dumps(value).encode(),
-                                 on_delivery=lambda err, _msg: errors.append(str(err)) if err else None)
-            left = producer.flush(self._timeout_s)
-            del producer
-            if left or errors:
-                raise RegistryError(f"could not publish writer schema {version.label} to {self.topic}: "
-                                    f"{errors[0] if errors else f'{left} record(s) not acked in {self._timeout_s} s'}")
+            errors = self._send(todo)
+            if errors and "UNKNOWN_TOPIC" in errors[0]:  # first writer ever: create the topic, send again
+                self._ensure_topic()
+                errors = self._send(todo)
+            if errors:
+                raise RegistryError(f"could not publish writer schema {version.label} to {self.topic}: {errors[0]}")
             self._announced.update(k for k, _ in todo)
             self._schemas[version.fingerprint] = version.text
             if registry_id is not None:
                 self._ids[registry_id] = version.fingerprint
 
+    def _send(self, records: list[tuple[str, dict[str, Any]]]) -> list[str]:
+        """Produce and wait for the acks; the delivery errors (empty: all acked)."""
+        errors: list[str] = []
+        producer = self._producer()  # short-lived: a process announces once per schema
+        for key, value in records:
+            producer.produce(self.topic, key=key.encode(), value=json.dumps(value).encode(),
+                             on_delivery=lambda err, _msg: errors.append(str(err)) if err else None)
+        left = producer.flush(self._timeout_s)
+        if left and not errors:
+            errors.append(f"{left} record(s) not acked in {self._timeout_s} s")
+        return errors
+
     def _producer(self) -> Any:
-        props: dict[str, Any] = {"acks": "all", "enable.idempotence": True, "linger.ms": 0}
+        # acks=all for durability; no idempotence (its PID round trip costs ~0.3 s and a duplicate of a
+        # content-keyed record is harmless); a missing topic fails fast instead of waiting for metadata.
+        props: dict[str, Any] = {"acks": "all", "linger.ms": 0, "topic.metadata.propagation.max.ms": 1000,
+                                 "message.timeout.ms": int(self._timeout_s * 1000)}
         return kafka.producer(self._settings, client_id="runjournal-schemas", **props)
 
     def _ensure_topic(self) -> None:
@@ -154,7 +164,7 @@ class SchemaCatalog:
         from confluent_kafka import OFFSET_BEGINNING, KafkaException, TopicPartition
 
         props: dict[str, Any] = {"group.id": f"schemas-{uuid.uuid4()}", "enable.auto.commit": False,
-                                 "isolation.level": "read_uncommitted"}
+                                 "isolation.level": "read_uncommitted", "fetch.wait.max.ms": 10}
         consumer = kafka.consumer(self._settings, client_id="runjournal-schemas-reader", **props)
         try:
             if self.topic not in consumer.list_topics(timeout=self._timeout_s).topics:
