@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash]
+POLICY = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "knowledge" / "tau-bench-airline-policy.md"
 
 REQUIRED = {"runs_total", "runs_completed", "runs_outcome_matches_input", "events_published", "agents",
             "crashes_injected", "projector_kills", "runs_recovered", "side_effects_expected",
@@ -24,7 +25,7 @@ def test_demo_generated_workload_under_chaos(service_env: dict[str, str], tmp_pa
     report = tmp_path / "report.html"
     proc = subprocess.run(
         [sys.executable, "-m", "runjournal", "demo", "--runs", "16", "--agents", "3", "--kills", "4", "--seed", "3",
-         "--provider-idempotency", idempotency, "--json", "--report", str(report)],
+         "--provider-idempotency", idempotency, "--json", "--report", str(report), "--knowledge", str(POLICY)],
         env=service_env, capture_output=True, text=True, timeout=600, check=False)
     summary = json.loads(proc.stdout)  # --json: stdout is one JSON document and nothing else
     raw_librdkafka = [line for line in proc.stderr.splitlines() if re.match(r"^%\d+\|", line)]
@@ -36,3 +37,9 @@ def test_demo_generated_workload_under_chaos(service_env: dict[str, str], tmp_pa
     assert summary["approvals_granted"] > 0  # the generated workload has approvals
     html = report.read_text()
     assert html.startswith("<!doctype html>") and "Fleet timeline" in html and "<script" not in html
+    # every model turn built its context: facts first, advice labelled; the report shows one run's
+    contexts = {k: v for k, v in summary.items() if k.startswith("contexts_")}
+    assert summary["contexts_built"] > 0 and summary["contexts_with_knowledge"] > 0, contexts
+    assert summary["contexts_advice_unavailable"] == 0, contexts  # the extractor served the agents' reads
+    assert "One run's context" in html and "Execution facts (fact: StateStore / ExecutionRecordStore" in html
+    assert "Knowledge (advisory)" in html and "never an execution fact" in html

@@ -9,7 +9,8 @@ Public API:
 * :class:`MemoryExtractor` (``runjournal memory-extractor``): the consumer-group service;
   :func:`memory_group`, :class:`ExtractorStats`.
 * :class:`MemoryStore` (port) and :class:`QdrantMemoryStore` (adapter): ``upsert``, ``search``,
-  ``delete_by_run``; :class:`Retriever` (port only) and :class:`Evidence`.
+  ``delete_by_run``; :class:`MemoryReader` (its read half); :class:`Retriever` and :class:`Evidence`
+  (implemented in ``runjournal.consumers.knowledge``).
 * :class:`Extractor` (port), :class:`RuleExtractor` (default rules), :class:`Draft`, :class:`RunContext`.
 * :class:`Embedder` (port), :class:`MiniLMEmbedder` (default, int8 ONNX, 384-d), :func:`default_embedder`.
 * :class:`Scope`, :class:`MemoryItem`, :class:`Provenance`, :class:`MemoryHit`, :class:`ItemKind`,
@@ -35,7 +36,7 @@ _EXPORTS: dict[str, str] = {
     "scope_filter": "runjournal.consumers.memory.filters",
     **dict.fromkeys(["AUTHORITY", "ItemKind", "MemoryHit", "MemoryItem", "Provenance", "Scope", "Status"],
                     "runjournal.consumers.memory.items"),
-    **dict.fromkeys(["Evidence", "MemoryStore", "Retriever"], "runjournal.consumers.memory.ports"),
+    **dict.fromkeys(["Evidence", "MemoryReader", "MemoryStore", "Retriever"], "runjournal.consumers.memory.ports"),
     **dict.fromkeys(["ExtractorStats", "MemoryExtractor", "memory_group"], "runjournal.consumers.memory.service"),
     "QdrantMemoryStore": "runjournal.consumers.memory.store",
 }
@@ -69,6 +70,7 @@ __all__ = [
     "MemoryHit",
     "MemoryItem",
     "MemoryPlaneError",
+    "MemoryReader",
     "MemoryStore",
     "MiniLMEmbedder",
     "ModelIntegrityError",

@@ -11,10 +11,14 @@ from typing import Any
 from runjournal.consumers.memory.errors import ScopeError
 from runjournal.consumers.memory.items import AUTHORITY, MemoryHit, MemoryItem, Scope, Status
 
-__all__ = ["GroupKey", "build_payload", "collection_name", "group_key", "hit_from", "iso", "point_id", "resolve"]
+__all__ = ["STORE", "GroupKey", "build_payload", "collection_name", "group_key", "hit_from", "iso", "point_id",
+           "resolve"]
 
 #: Namespace of point ids. Never change it (or the id format): redelivered events must map to the same ids.
 POINT_NAMESPACE = uuid.UUID("6f1c1d2e-5b0a-5c8e-9a57-0c0a3d4e7b21")
+
+#: Every memory point's ``store``: a memory search that meets another value (a knowledge point) is a cross-use.
+STORE = "memory"
 
 #: ``(tenant_id, user_id, subject)``: items of one group supersede each other by ``created_at``.
 GroupKey = tuple[str, str | None, str]
@@ -66,6 +70,7 @@ def build_payload(item: MemoryItem, *, embedder_id: str, dimension: int) -> dict
         "status": Status.ACTIVE.value,
         "superseded_by": None,
         "authority": AUTHORITY,
+        "store": STORE,
         "metadata": metadata,
     }
 

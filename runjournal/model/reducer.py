@@ -58,7 +58,7 @@ from collections.abc import Iterable
 
 from runjournal.model import _calls
 from runjournal.model._calls import Violation, required
-from runjournal.model._handlers import HANDLERS, OUTCOMES, Changes
+from runjournal.model._handlers import HANDLERS, OUTCOMES, Changes, unknown_event
 from runjournal.model._records import (
     ApprovalDecision,
     CallStatus,
@@ -393,7 +393,7 @@ def _in_sequence(state: RunState, event: Event, offset: int, critical: frozenset
     """An event with the run's epoch (or a raising RUN_RESUMED) and the next seq: rules 7-8."""
     kind = event.type
     if kind is _T.UNKNOWN:
-        changes: Changes = _unknown(state, event, critical)
+        changes: Changes = unknown_event(state, event, critical)
     elif kind in _TRANSCRIPT:
         changes = {}
     elif state.status in _TERMINAL:
@@ -403,18 +403,6 @@ def _in_sequence(state: RunState, event: Event, offset: int, critical: frozenset
         changes["updated_at_ms"] = ms(event.occurred_at)
     changes["last_seq"] = event.seq
     return changes
-
-
-def _unknown(state: RunState, event: Event, critical: frozenset[str]) -> Changes:
-    """A newer writer's type this reader does not know: counted, or a Violation when declared critical."""
-    symbol = str(event.payload.get("type") or "UNKNOWN")
-    if symbol in critical or "*" in critical:
-        raise Violation(
-            f"event {event.event_id} at seq {event.seq} has type {symbol}, which this reader does not know and "
-            f"declares critical (RUNJOURNAL_CRITICAL_EVENT_TYPES): upgrade the readers to a version that knows "
-            f"{symbol}, then rebuild (runjournal projector --rebuild)"
-        )
-    return {"unknown_events": {**state.unknown_events, symbol: state.unknown_events.get(symbol, 0) + 1}}
 
 
 def _after_terminal(state: RunState, event: Event, offset: int) -> Changes:
