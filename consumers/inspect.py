@@ -14,7 +14,7 @@ from runjournal.core import kafka
 from runjournal.core.settings import Settings
 from runjournal.producers.partitioner import partition_for
 from runjournal.schemas import EventType, codec_from_settings
-from runjournal.schemas.errors import SchemaError
+from runjournal.schemas.errors import RegistryError, SchemaError
 
 __all__ = ["inspect_run", "read_run_events"]
 
@@ -28,6 +28,10 @@ def read_run_events(settings: Settings, run_id: str, *, until_offset: int | None
     """The run's records in offset order: ``[{offset, key, seq, epoch, type, node_id, event | error}]``.
 
     A type this reader does not know has ``type`` ``UNKNOWN`` and ``writer_type`` the writer's symbol.
+
+    Raises:
+        RegistryError: a writer schema's source (registry, ``{prefix}.schemas``) is unavailable; records
+            the codec cannot read for content reasons come back as ``UNDECODABLE`` rows instead.
 
     Scans the run's partition from the beginning to its end offset (read_committed). Cost grows
     with the partition's size; fine for inspection and tests, not for a hot path.
@@ -70,6 +74,8 @@ def _row(codec: Any, msg: Any) -> dict[str, Any]:
         return {**row, "type": "TOMBSTONE", "seq": None, "epoch": None}
     try:
         event = codec.decode(msg.value(), topic=msg.topic(), partition=msg.partition(), offset=msg.offset())
+    except RegistryError:
+        raise  # an outage of the schema source says nothing about the record: never shown as UNDECODABLE
     except SchemaError as exc:
         return {**row, "type": "UNDECODABLE", "seq": None, "epoch": None, "error": str(exc)}
     row.update(seq=event.seq, epoch=event.epoch, type=str(event.type), node_id=event.node_id, event=event)
@@ -131,6 +137,8 @@ def read_all_events(settings: Settings, *, idle_limit: int = 20) -> dict[str, li
                     continue
                 try:
                     ev = codec.decode(m.value(), topic=m.topic(), partition=m.partition(), offset=m.offset())
+                except RegistryError:
+                    raise
                 except SchemaError:
                     continue
                 by_run.setdefault(ev.run_id, []).append((ev, m.partition(), m.offset()))

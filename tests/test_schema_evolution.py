@@ -198,3 +198,26 @@ def test_catalog_round_trip(topics: Settings) -> None:
     assert fresh.schema_text(codec.fingerprint) == codec.schema_version.text
     assert fresh.schema_text(0x0123456789ABCDEF) is None
     assert codec.decode(codec.encode(run_events("run-cat", calls=0)[0])).type is EventType.RUN_STARTED
+
+
+@pytest.mark.registry
+def test_one_shot_readers_raise_on_an_outage_instead_of_calling_records_undecodable(
+        topics: Settings, own_registry: LocalRegistry) -> None:
+    """replay / inspect / the event store meet RegistryError, never an UNDECODABLE record or a BLOCKED replay."""
+    from runjournal.consumers.execution_stores import KafkaEventStore
+    from runjournal.consumers.inspect import read_run_events
+    from runjournal.schemas.registration import register_versions
+
+    register_versions(own_registry.url, f"{topics.events_topic}-value")
+    with_registry = topics.model_copy(update={"schema_registry_url": own_registry.url})
+    publish(with_registry, run_events("run-once", calls=1))
+    own_registry.stop()
+    with pytest.raises(RegistryError):
+        replay_state(with_registry, "run-once")
+    with pytest.raises(RegistryError):
+        read_run_events(with_registry, "run-once")
+    with pytest.raises(RegistryError):
+        KafkaEventStore(with_registry).read_run("run-once")
+    own_registry.start()
+    replayed = replay_state(with_registry, "run-once").state
+    assert replayed is not None and replayed.status is RunStatus.SUCCEEDED

@@ -27,7 +27,7 @@ from runjournal.core import kafka
 from runjournal.core.settings import Settings
 from runjournal.model.reducer import RunState, apply, block
 from runjournal.schemas import EventCodec
-from runjournal.schemas.errors import SchemaError
+from runjournal.schemas.errors import RegistryError, SchemaError
 
 __all__ = ["PartitionRead", "end_offsets", "fold_tails"]
 
@@ -79,6 +79,8 @@ def fold_tails(
         KafkaException: the broker is unreachable.
         TimeoutError: a partition's position did not reach its end offset within ``timeout_s`` seconds
             (a transaction opened before the end offset is still undecided); nothing was decided.
+        RegistryError: a record's writer schema could not be fetched (registry or ``{prefix}.schemas``
+            unavailable); nothing was decided — an outage never marks a run BLOCKED.
     """
     starts = {p: store.applied_offset(p) + 1 for p in runs_by_partition}  # the offset first, then states
     states: dict[str, RunState | None] = {}
@@ -138,6 +140,8 @@ def _fold_one(codec: EventCodec, state: RunState | None, run_id: str, msg: objec
         return None  # tombstone: the run is being erased
     try:
         event = codec.decode(value, topic=msg.topic(), partition=p, offset=off)  # type: ignore[attr-defined]
+    except RegistryError:
+        raise  # the schema source is away, the record is fine: decide nothing (never BLOCKED by an outage)
     except SchemaError as exc:
         return block(state, run_id, f"{type(exc).__name__}: {exc}", partition=p, offset=off)
     return apply(state, event, partition=p, offset=off, critical=critical)
