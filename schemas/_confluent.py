@@ -29,6 +29,10 @@ __all__ = ["HEADER_BYTES", "ConfluentWire", "registry_client"]
 #: ``00`` + 4-byte big-endian schema id.
 HEADER_BYTES = 5
 _TIMEOUT_S = 10
+#: The client's own retries are kept short (one retry after 250 ms): waiting out an outage is the
+#: consumers' one failure policy's job, not a second, hidden backoff inside every decode (the client's
+#: default is 3 retries with exponential waits, ~7 s per failed call against a stopped registry).
+_CLIENT_RETRIES = {"max.retries": 1, "retries.wait.ms": 250, "retries.max.wait.ms": 1000}
 
 
 def registry_client(url: str) -> SchemaRegistryClient:
@@ -38,7 +42,7 @@ def registry_client(url: str) -> SchemaRegistryClient:
         RegistryError: the URL is not usable (the client refuses its configuration).
     """
     try:
-        return SchemaRegistryClient({"url": url, "timeout": _TIMEOUT_S})
+        return SchemaRegistryClient({"url": url, "timeout": _TIMEOUT_S, **_CLIENT_RETRIES})
     except (ValueError, TypeError) as exc:
         raise RegistryError(f"bad schema registry URL {url!r}: {exc}") from exc
 
