@@ -12,8 +12,8 @@ from runjournal.consumers._partitions import events_partition_count, range_consu
 from runjournal.consumers.projector.store import ProjectionStore
 from runjournal.core.settings import Settings
 from runjournal.producers.partitioner import partition_for
-from runjournal.schemas import codec_from_settings
-from runjournal.schemas.errors import SchemaError
+from runjournal.schemas import EventType, codec_from_settings
+from runjournal.schemas.errors import RegistryError, SchemaError
 
 __all__ = ["inspect_run", "read_run_events"]
 
@@ -25,9 +25,13 @@ def read_run_events(settings: Settings, run_id: str, *, until_offset: int | None
     positions (:func:`runjournal.consumers._partitions.read_ranges`). Cost grows with the partition's size;
     fine for inspection and tests, not for a hot path.
 
+    A type this reader does not know has ``type`` ``UNKNOWN`` and ``writer_type`` the writer's symbol.
+
     Raises:
         TopicNotFoundError: the events topic does not exist (``runjournal topics create``).
         TimeoutError: the partition could not be read to its end within 60 s.
+        RegistryError: a writer schema's source (registry, ``{prefix}.schemas``) is unavailable; records
+            the codec cannot read for content reasons come back as ``UNDECODABLE`` rows instead.
     """
     codec = codec_from_settings(settings)
     partition = partition_for(run_id, events_partition_count(settings))
@@ -55,10 +59,14 @@ def _row(codec: Any, msg: Any) -> dict[str, Any]:
         return {**row, "type": "TOMBSTONE", "seq": None, "epoch": None}
     try:
         event = codec.decode(msg.value(), topic=msg.topic(), partition=msg.partition(), offset=msg.offset())
+    except RegistryError:
+        raise  # an outage of the schema source says nothing about the record: never shown as UNDECODABLE
     except SchemaError as exc:
         return {**row, "type": "UNDECODABLE", "seq": None, "epoch": None, "error": str(exc)}
-    return {**row, "seq": event.seq, "epoch": event.epoch, "type": str(event.type), "node_id": event.node_id,
-            "event": event}
+    row.update(seq=event.seq, epoch=event.epoch, type=str(event.type), node_id=event.node_id, event=event)
+    if event.type is EventType.UNKNOWN:  # a newer writer's type: recorded, named as the writer wrote it
+        row["writer_type"] = event.payload.get("type")
+    return row
 
 
 def inspect_run(settings: Settings, run_id: str, *, with_timeline: bool = True) -> dict[str, Any] | None:
@@ -98,6 +106,8 @@ def read_all_events(settings: Settings, *, timeout_s: float = 120.0) -> dict[str
             return
         try:
             ev = codec.decode(m.value(), topic=m.topic(), partition=m.partition(), offset=m.offset())
+        except RegistryError:
+            raise
         except SchemaError:
             return
         by_run.setdefault(ev.run_id, []).append((ev, m.partition(), m.offset()))

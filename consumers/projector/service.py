@@ -334,7 +334,7 @@ class Projector:
                 self.metrics.blocked.inc()
             self.stats.blocked_runs.add(run_id)
             return block(state, run_id, f"{type(item).__name__}: {item}", partition=partition, offset=offset)
-        return apply(state, item, partition=partition, offset=offset)
+        return apply(state, item, partition=partition, offset=offset, critical=self.settings.critical_types)
 
     def _decode(self, msg: Message) -> tuple[str | None, Any]:
         """``(run_id, Event | None(tombstone) | SchemaError)``; run_id None when even the key is unreadable."""

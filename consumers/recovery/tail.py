@@ -90,6 +90,7 @@ def fold_tails(
     counts = {p: [0, 0] for p in runs_by_partition}
     reasons: dict[int, str] = {}
     prefixes = {p: tuple(f"{r}:".encode() for r in runs) for p, runs in runs_by_partition.items()}
+    critical = settings.critical_types
 
     def on_record(msg: Message) -> bool:
         p = msg.partition()
@@ -102,7 +103,7 @@ def fold_tails(
             return True
         counts[p][1] += 1
         try:
-            states[run_id] = policy.call("decode", lambda: _fold_one(codec, states[run_id], run_id, msg))
+            states[run_id] = policy.call("decode", lambda: _fold_one(codec, states[run_id], run_id, msg, critical))
         except DependencyUnavailableError as exc:
             reasons[p] = str(exc)
             return False
@@ -121,8 +122,10 @@ def fold_tails(
     return states, reads
 
 
-def _fold_one(codec: EventCodec, state: RunState | None, run_id: str, msg: Message) -> RunState | None:
-    """Fold one record; an undecodable one BLOCKs the run, a registry outage raises (the policy waits)."""
+def _fold_one(codec: EventCodec, state: RunState | None, run_id: str, msg: Message,
+              critical: frozenset[str]) -> RunState | None:
+    """Fold one record; an undecodable one BLOCKs the run, a registry outage raises (the policy waits);
+    an unknown event type declared ``critical`` BLOCKs it too (see ``runjournal.model.reducer.apply``)."""
     value = msg.value()
     p, off = msg.partition(), msg.offset()
     if value is None:
@@ -133,4 +136,4 @@ def _fold_one(codec: EventCodec, state: RunState | None, run_id: str, msg: Messa
         if classify(exc).kind != RECORD:
             raise
         return block(state, run_id, f"{type(exc).__name__}: {exc}", partition=p, offset=off)
-    return apply(state, event, partition=p, offset=off)
+    return apply(state, event, partition=p, offset=off, critical=critical)

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from runjournal.cli._errors import cli_errors
+from runjournal.cli.replay import timeline_type
 from runjournal.core.settings import Settings
 
 __all__ = ["inspect_command", "projector_command"]
@@ -96,5 +97,7 @@ def inspect_command(
     if report.get("timeline"):
         tl = Table("seq", "epoch", "type", "offset", "node", title="timeline")
         for row in report["timeline"]:
-            tl.add_row(str(row["seq"]), str(row["epoch"]), row["type"], str(row["offset"]), row.get("node_id") or "")
+            tl.add_row(str(row["seq"]), str(row["epoch"]), timeline_type(row), str(row["offset"]),
+                    row.get("node_id") or "")
         console.print(tl)
+

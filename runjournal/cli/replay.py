@@ -11,7 +11,7 @@ from rich.table import Table
 
 from runjournal.core.settings import Settings
 
-__all__ = ["replay_command"]
+__all__ = ["timeline_type", "replay_command"]
 
 console = Console(soft_wrap=True)
 
@@ -62,5 +62,11 @@ def _print(report: dict[str, Any]) -> None:
     console.print(records)
     timeline = Table("seq", "epoch", "type", "offset", "node", title="timeline")
     for row in report["timeline"]:
-        timeline.add_row(str(row["seq"]), str(row["epoch"]), row["type"], str(row["offset"]), row.get("node_id") or "")
+        timeline.add_row(str(row["seq"]), str(row["epoch"]), timeline_type(row), str(row["offset"]),
+                    row.get("node_id") or "")
     console.print(timeline)
+
+
+def timeline_type(row: dict[str, Any]) -> str:
+    """The timeline's type column: a newer writer's type shows as ``UNKNOWN (SYMBOL)``."""
+    return f"UNKNOWN ({row['writer_type']})" if row.get("writer_type") else str(row["type"])

@@ -13,6 +13,7 @@ from rich.table import Table
 from runjournal.core.settings import Settings
 from runjournal.deploy.errors import StackError
 from runjournal.deploy.stack import Stack, StackPorts
+from runjournal.schemas.errors import SchemaError
 
 __all__ = ["stack_app", "topics_app"]
 
@@ -40,22 +41,41 @@ def stack_up(
     controller_port: Annotated[int, typer.Option(help="KRaft controller port on 127.0.0.1.")] = 9093,
     redis_port: Annotated[int, typer.Option(help="Redis port on 127.0.0.1.")] = 6379,
     timeout_s: Annotated[float, typer.Option("--timeout", help="Readiness timeout per component, seconds.")] = 120.0,
+    registry: Annotated[bool, typer.Option(
+        "--registry", help="Also start a schema registry (Apicurio, from Maven Central) and register the "
+                           "event schemas in it; commands then use Confluent framing.")] = False,
+    registry_port: Annotated[int, typer.Option(help="Schema registry HTTP port on 127.0.0.1.")] = 8081,
     as_json: JsonOpt = False,
 ) -> None:
-    """Start Kafka and Redis (and set up Qdrant's local path). Idempotent."""
+    """Start Kafka and Redis (and set up Qdrant's local path); with --registry a schema registry too. Idempotent."""
     settings = Settings.load()
+    ports = StackPorts(kafka_port, controller_port, redis_port, registry_port)
     try:
-        report = _stack(settings, StackPorts(kafka_port, controller_port, redis_port)).up(timeout_s=timeout_s)
-    except StackError as exc:
+        report = _stack(settings, ports).up(timeout_s=timeout_s, registry=registry)
+        if registry:
+            report["registry"]["subjects"] = _register(report["registry"]["url"], settings)
+    except (StackError, SchemaError) as exc:
         raise _fail(exc, as_json) from exc
     if as_json:
         print(json.dumps(report))
         return
-    for name in ("kafka", "redis", "qdrant"):
+    for name in ("kafka", "redis", "qdrant", *(("registry",) if registry else ())):
         info = report[name]
         where = info.get("bootstrap") or info.get("url") or info.get("path")
         console.print(f"[green]✓[/] {name:<6} {info['action']:<16} {where}")
     console.print(f"stack up in {report['elapsed_s']} s; state in {settings.stack_dir / 'stack.json'}")
+
+
+def _register(url: str, settings: Settings) -> dict[str, Any]:
+    """Register the published event schemas under ``{prefix}.events-value`` (FULL_TRANSITIVE)."""
+    from runjournal.schemas.registration import register_versions
+
+    subject = f"{settings.events_topic}-value"
+    rows = register_versions(url, subject)
+    refused = [r for r in rows if r.action == "refused"]
+    if refused:
+        raise StackError(f"the registry refused {refused[0].version} in {subject}: {refused[0].detail}")
+    return {subject: [r.as_dict() for r in rows]}
 
 
 @stack_app.command("down")
