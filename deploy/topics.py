@@ -160,8 +160,7 @@ def describe_topics(
     from confluent_kafka import TopicCollection
     from confluent_kafka.admin import ConfigResource, ResourceType
 
-    names = names or [settings.events_topic, settings.events_dlq_topic, settings.memory_dlq_topic,
-                      settings.schemas_topic]
+    names = names or list(settings.all_topics)
     admin = _admin(settings)
     meta = admin.list_topics(timeout=timeout_s)
     keys = set(EVENTS_TOPIC_CONFIG) | set(DLQ_TOPIC_CONFIG) | {"min.insync.replicas"}

@@ -165,6 +165,12 @@ class Settings(BaseSettings):
         return f"{self.topic_prefix}.memory.dlq"
 
     @property
+    def all_topics(self) -> tuple[str, ...]:
+        """Every topic runjournal keeps under this prefix: events, its DLQ, the memory DLQ and the schemas
+        topic. The one list that creation, ``topics describe`` and cleanup (demo, bench, tests) share."""
+        return (self.events_topic, self.events_dlq_topic, self.memory_dlq_topic, self.schemas_topic)
+
+    @property
     def effective_qdrant_path(self) -> Path:
         """The embedded Qdrant directory actually used (``qdrant_path`` or ``<stack_dir>/qdrant``)."""
         return self.qdrant_path or (self.stack_dir / "qdrant")
