@@ -7,13 +7,19 @@ What the builder adds to the caller's role-specific properties:
 
 * ``bootstrap.servers`` from :class:`~runjournal.core.settings.Settings` (or an explicit bootstrap
   for the stack launcher, which runs before settings exist);
+* security — ``security.protocol``, ``sasl.mechanism`` / ``sasl.username`` / ``sasl.password``,
+  ``ssl.ca.location`` / ``ssl.certificate.location`` / ``ssl.key.location`` / ``ssl.key.password`` — from
+  the ``RUNJOURNAL_KAFKA_*`` settings, and every pass-through librdkafka property
+  (``RUNJOURNAL_KAFKA_PROPERTIES_FILE``, ``RUNJOURNAL_LIBRDKAFKA_*``; ``runjournal.core._kafka_props``);
 * ``logger``: librdkafka's log lines go through Python logging (logger ``runjournal.kafka``), so no
   raw ``%N|timestamp|FAC|…`` line reaches a terminal; they are served by the client's
   ``poll``/``flush``/``consume`` calls and filtered by ``--log-level`` / ``RUNJOURNAL_LOG_LEVEL``;
 * ``client.id`` when the caller names one.
 
-Caller properties win over the builder's (they are role-specific: ``transactional.id``,
-``isolation.level`` …).
+Precedence: the builder's defaults < the caller's role-specific properties (``transactional.id``,
+``isolation.level``, ``linger.ms`` …) < the settings' security and pass-through properties (the user's
+explicit choice for their cluster). Pass-through cannot touch what correctness rests on (acks,
+idempotence, transactions, isolation, groups, offsets): those keys are refused when settings load.
 """
 
 from __future__ import annotations
@@ -40,7 +46,8 @@ def client_config(settings: Settings | None, role: Role, *, bootstrap: str | Non
     """A librdkafka configuration dict for a client of ``role``.
 
     Args:
-        settings: where the cluster is (``settings.bootstrap``); None only with ``bootstrap``.
+        settings: where the cluster is (``settings.bootstrap``) and how to authenticate to it (security and
+            pass-through properties); None only with ``bootstrap`` (a plaintext probe).
         role: ``producer``, ``consumer`` or ``admin`` (selects which settings apply).
         bootstrap: overrides ``settings.bootstrap`` (the stack launcher's probe, before settings exist).
         client_id: ``client.id`` shown in broker logs and metrics (default: librdkafka's ``rdkafka``).
@@ -62,6 +69,8 @@ def client_config(settings: Settings | None, role: Role, *, bootstrap: str | Non
     if client_id:
         config["client.id"] = client_id
     config.update(props)
+    if settings is not None:
+        config.update(settings.kafka_security_config())
     return config
 
 
