@@ -14,9 +14,8 @@ Recipe: ``../shared/notes/kafka-cluster-and-security.md`` (Kafka 4.2.0, Java 17)
    PLAINTEXT controller listener a broker cannot register under the authorizer, and the usual "fix"
    (``User:ANONYMOUS`` as a super user) lets anyone who reaches the controller port write ACLs. The brokers'
    certificate principal ``User:CN=localhost`` and ``User:admin`` are the only super users;
-   ``allow.everyone.if.no.acl.found=false``; the standard KRaft authorizer. Clients may present a
-   certificate (``ssl.client.auth=requested``: verified against the CA when presented, never required —
-   SASL is what authenticates them).
+   ``allow.everyone.if.no.acl.found=false``; the standard KRaft authorizer. Clients authenticate with
+   SASL only (``ssl.client.auth=none`` on the client listener).
 """
 
 from __future__ import annotations
@@ -160,7 +159,7 @@ def broker_properties(pki: Pki, admin_password: str, *, port: int, controller_po
         "ssl.truststore.type": "PKCS12",
         "ssl.truststore.location": str(pki.truststore),
         "ssl.truststore.password": pki.store_password,
-        "ssl.client.auth": "requested",
+        "ssl.client.auth": "none",
         "listener.name.controller.ssl.client.auth": "required",
         "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
         "super.users": f"User:{ADMIN_USER};{BROKER_PRINCIPAL}",

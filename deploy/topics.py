@@ -82,6 +82,7 @@ def create_topics(settings: Settings, partitions: int | None = None, *, timeout_
         timeout_s: admin request timeout, seconds.
 
     Raises:
+        ConfigError: the cluster refused these settings' credentials or TLS, or never answered (fix named).
         TopicConfigError: fewer brokers answer than the replication factor needs; a topic exists that could
             drop acknowledged events (:func:`check_durability`); the events topic exists with another
             partition count or a cleanup policy other than ``compact``.
@@ -90,6 +91,7 @@ def create_topics(settings: Settings, partitions: int | None = None, *, timeout_
     from confluent_kafka.admin import NewTopic
 
     count = partitions or settings.partitions
+    kafka.check_access(settings, timeout_s=timeout_s)
     admin = _admin(settings)
     meta = admin.list_topics(timeout=timeout_s)
     rf = settings.replication_factor
