@@ -36,8 +36,8 @@ from runjournal.deploy.errors import StackError
 from runjournal.deploy.kafka_node import KafkaNode, ensure_jars, kafka_version, new_cluster_id, require_tool
 from runjournal.deploy.procs import Proc, port_in_use
 
-__all__ = ["KafkaShape", "admin_settings", "health", "node_ports", "role_env", "stop_kafka", "up_kafka",
-           "wait_isr"]
+__all__ = ["KafkaShape", "admin_settings", "health", "node_ports", "resolve_shape", "role_env", "stop_kafka",
+           "up_kafka", "wait_isr"]
 
 MAX_BROKERS = 5
 DEFAULT_USER = "operator"
@@ -107,16 +107,18 @@ def admin_settings(entry: dict[str, Any]) -> Settings | None:
 
 
 def role_env(entry: dict[str, Any], role: str) -> dict[str, str]:
-    """The ``RUNJOURNAL_*`` variables that run a service as ``role``'s SCRAM user on this secure stack.
+    """The ``RUNJOURNAL_*`` variables that run a service as ``role``'s SCRAM user on this secure stack
+    (``admin``: the stack's administrator — ``runjournal acls create`` for another prefix, the demo).
 
     Raises:
-        StackError: the stack is not secure (or not started), or ``role`` is not one of ``acls.ROLES``.
+        StackError: the stack is not secure (or not started), or ``role`` is neither ``admin`` nor one of
+            ``acls.ROLES``.
     """
     sec = entry.get("security")
     if not sec:
         raise StackError("the local stack is not secure: start it with `runjournal stack up --secure`")
-    if role not in acls.ROLES:
-        raise StackError(f"unknown role {role!r}; roles: {', '.join(acls.ROLES)}")
+    if role not in (*acls.ROLES, security.ADMIN_USER):
+        raise StackError(f"unknown role {role!r}; roles: {', '.join(acls.ROLES)}, {security.ADMIN_USER}")
     users = json.loads(Path(sec["users_file"]).read_text())
     return {"RUNJOURNAL_BOOTSTRAP": entry["bootstrap"],
             "RUNJOURNAL_REPLICATION_FACTOR": str(min(3, int(entry.get("brokers", 1)))),
@@ -126,11 +128,20 @@ def role_env(entry: dict[str, Any], role: str) -> dict[str, str]:
             "RUNJOURNAL_KAFKA_SSL_CA_LOCATION": sec["kafka_ssl_ca_location"]}
 
 
-def _check_shape(entry: dict[str, Any], shape: KafkaShape, directory: Path) -> None:
-    had = KafkaShape(int(entry.get("brokers", 1)), bool(entry.get("security"))) if entry.get("bootstrap") else None
-    if had is not None and had != shape and directory.exists():
+def resolve_shape(entry: dict[str, Any], brokers: int | None, secure: bool | None, directory: Path) -> KafkaShape:
+    """The shape to start: what was asked, the rest from the stack's recorded shape (or 1 plain broker).
+
+    Raises:
+        StackError: the directory holds a Kafka of another shape than the one asked for.
+    """
+    had = KafkaShape(int(entry.get("brokers", 1)), bool(entry.get("security"))) \
+        if entry.get("bootstrap") and directory.exists() else None
+    base = had or KafkaShape()
+    shape = KafkaShape(base.brokers if brokers is None else brokers, base.secure if secure is None else secure)
+    if had is not None and had != shape:
         raise StackError(f"this stack directory holds a {had.brokers}-broker{' secure' if had.secure else ''} Kafka; "
                          f"`runjournal stack down`, remove {directory}, or use another RUNJOURNAL_STACK_DIR")
+    return shape
 
 
 def up_kafka(directory: Path, cache_dir: Path, entry: dict[str, Any], *, shape: KafkaShape,
@@ -142,17 +153,16 @@ def up_kafka(directory: Path, cache_dir: Path, entry: dict[str, Any], *, shape: 
         directory: ``<stack>/kafka``.
         cache_dir: Maven-resolved jars.
         entry: the state file's ``kafka`` entry (``{}`` when new); ports and cluster id are reused from it.
-        shape: nodes and security; must match ``entry``'s.
+        shape: nodes and security (:func:`resolve_shape`).
         ports: ``node_ports(...)`` for a new stack.
         prefix: the topic prefix the secure stack grants the roles' ACLs for.
         save: persists the new entry before waiting (so ``stack down`` can stop a node that never got ready).
         timeout_s: readiness timeout, seconds.
 
     Raises:
-        StackError: another shape in this directory, a port taken, a node that exits or never answers.
+        StackError: a port taken, a node that exits or never answers.
         MissingToolError: java, keytool or mvn missing.
     """
-    _check_shape(entry, shape, directory)
     procs = _node_procs(entry)
     if procs and all(p.alive() for p in procs):
         return {"action": "already running", "bootstrap": entry["bootstrap"], "pid": procs[0].pid,

@@ -52,8 +52,10 @@ class Stack:
     """Ports to use when starting; a running stack keeps the ports in its state file."""
     qdrant_url: str | None = None
     """A Qdrant server URL; when None Qdrant runs embedded under ``<stack_dir>/qdrant``."""
-    kafka_shape: kafka_cluster.KafkaShape = field(default_factory=kafka_cluster.KafkaShape)
-    """Kafka nodes and security (``--brokers``, ``--secure``); a running stack keeps its own."""
+    brokers: int | None = None
+    """Kafka nodes (``--brokers``); None: the stack's recorded count, or 1 for a new stack."""
+    secure: bool | None = None
+    """SASL_SSL + SCRAM + ACLs (``--secure``); None: as recorded, or plain for a new stack."""
     topic_prefix: str = "runjournal"
     """The topic prefix a secure stack grants the roles' ACLs for."""
 
@@ -105,10 +107,11 @@ class Stack:
             state["kafka"] = entry
             self._write_state(state)
 
-        ports = kafka_cluster.node_ports(self.ports.kafka, self.ports.controller, self.kafka_shape.brokers)
-        return kafka_cluster.up_kafka(self.stack_dir / "kafka", self.cache_dir, state.get("kafka", {}),
-                                      shape=self.kafka_shape, ports=ports, prefix=self.topic_prefix, save=save,
-                                      timeout_s=timeout_s)
+        entry, directory = state.get("kafka", {}), self.stack_dir / "kafka"
+        shape = kafka_cluster.resolve_shape(entry, self.brokers, self.secure, directory)
+        ports = kafka_cluster.node_ports(self.ports.kafka, self.ports.controller, shape.brokers)
+        return kafka_cluster.up_kafka(directory, self.cache_dir, entry, shape=shape, ports=ports,
+                                      prefix=self.topic_prefix, save=save, timeout_s=timeout_s)
 
     def _up_redis(self, state: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         entry = state.get("redis", {})

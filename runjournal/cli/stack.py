@@ -13,7 +13,6 @@ from rich.table import Table
 
 from runjournal.core.settings import Settings
 from runjournal.deploy.errors import StackError, TopicConfigError
-from runjournal.deploy.kafka_cluster import KafkaShape
 from runjournal.deploy.stack import Stack, StackPorts
 
 __all__ = ["stack_app", "topics_app"]
@@ -26,9 +25,10 @@ err_console = Console(stderr=True)
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")]
 
 
-def _stack(settings: Settings, ports: StackPorts | None = None, shape: KafkaShape | None = None) -> Stack:
+def _stack(settings: Settings, ports: StackPorts | None = None, brokers: int | None = None,
+           secure: bool | None = None) -> Stack:
     return Stack(settings.stack_dir, settings.cache_dir, ports=ports or StackPorts(), qdrant_url=settings.qdrant_url,
-                 kafka_shape=shape or KafkaShape(), topic_prefix=settings.topic_prefix)
+                 brokers=brokers, secure=secure, topic_prefix=settings.topic_prefix)
 
 
 def _fail(exc: Exception) -> typer.Exit:
@@ -41,8 +41,9 @@ def stack_up(
     kafka_port: Annotated[int, typer.Option(help="Kafka client port on 127.0.0.1 (node i: + 2i).")] = 9092,
     controller_port: Annotated[int, typer.Option(help="KRaft controller port on 127.0.0.1 (node i: + 2i).")] = 9093,
     redis_port: Annotated[int, typer.Option(help="Redis port on 127.0.0.1.")] = 6379,
-    brokers: Annotated[int, typer.Option(help="Kafka nodes (broker+controller each, static quorum); 3 is the "
-                                              "production shape: replication 3, min.insync.replicas 2.")] = 1,
+    brokers: Annotated[int | None, typer.Option(help="Kafka nodes (broker+controller each, static quorum); 3 is the "
+                                                     "production shape: replication 3, min.insync.replicas 2. "
+                                                     "Default: the stack's own, or 1.")] = None,
     secure: Annotated[bool, typer.Option("--secure", help="SASL_SSL (SCRAM) listener, a CA and broker certificate "
                                          "made at start, a SCRAM user and ACLs per role.")] = False,
     timeout_s: Annotated[float, typer.Option("--timeout", help="Readiness timeout per component, seconds.")] = 120.0,
@@ -50,7 +51,7 @@ def stack_up(
 ) -> None:
     """Start Kafka and Redis (and set up Qdrant's local path). Idempotent: restarts only what is not running."""
     settings = Settings.load()
-    stack = _stack(settings, StackPorts(kafka_port, controller_port, redis_port), KafkaShape(brokers, secure))
+    stack = _stack(settings, StackPorts(kafka_port, controller_port, redis_port), brokers, secure or None)
     try:
         report = stack.up(timeout_s=timeout_s)
     except StackError as exc:
@@ -70,7 +71,8 @@ def stack_up(
 
 @stack_app.command("env")
 def stack_env(
-    role: Annotated[str, typer.Option(help="agent, projector, recovery, memory or operator.")],
+    role: Annotated[str, typer.Option(help="agent, projector, recovery, memory, operator, or admin (the stack's "
+                                           "administrator).")],
     as_json: JsonOpt = False,
 ) -> None:
     """Print the RUNJOURNAL_* settings that run a service as ROLE's user on the secure local stack."""

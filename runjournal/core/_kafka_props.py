@@ -9,10 +9,10 @@ Read by :mod:`runjournal.core.settings` (at load) and applied by :mod:`runjourna
 * **Pass-through** — any other librdkafka property (librdkafka's CONFIGURATION.md), from a Java-style
   ``.properties`` file (``RUNJOURNAL_KAFKA_PROPERTIES_FILE``: ``key=value`` lines, ``#`` comments — the
   client file a managed Kafka hands out) and from ``RUNJOURNAL_LIBRDKAFKA_<NAME>`` variables (``<NAME>``
-  upper-cased with ``.`` written as ``_`` and ``_`` as ``__``, the Confluent images' convention:
-  ``RUNJOURNAL_LIBRDKAFKA_SOCKET_KEEPALIVE_ENABLE=true`` → ``socket.keepalive.enable``). Variables win over
-  the file. OAUTHBEARER's ``sasl.oauthbearer.*`` properties (``method=oidc``, client id/secret, token
-  endpoint) come this way.
+  upper-cased with ``.`` written as ``_``: ``RUNJOURNAL_LIBRDKAFKA_SOCKET_KEEPALIVE_ENABLE=true`` →
+  ``socket.keepalive.enable``; librdkafka's property names hold no ``_``). Variables win over the file.
+  OAUTHBEARER's ``sasl.oauthbearer.*`` properties (``method=oidc``, client id/secret, token endpoint)
+  come this way.
 * **Refused**: a pass-through key runjournal's correctness rests on (:data:`PROTECTED`: acks, idempotence,
   transactions, isolation, group and offset handling, callbacks), Java-only keys (``sasl.jaas.config``),
   and a key set both by a typed setting and by pass-through. Names and values are checked by librdkafka
@@ -22,14 +22,15 @@ Read by :mod:`runjournal.core.settings` (at load) and applied by :mod:`runjourna
 from __future__ import annotations
 
 import configparser
+import logging
 import re
 from collections.abc import Mapping
 from pathlib import Path
 
 from runjournal.core.errors import ConfigError
 
-__all__ = ["ENV_PREFIX", "PROTECTED", "TYPED_KEYS", "check_with_librdkafka", "env_properties", "is_secret",
-           "read_properties_file"]
+__all__ = ["ENV_PREFIX", "PROTECTED", "TYPED_KEYS", "check_with_librdkafka", "env_name", "env_properties",
+           "is_secret", "merge", "read_properties_file", "take_bootstrap"]
 
 #: Environment variables with this prefix are pass-through librdkafka properties.
 ENV_PREFIX = "RUNJOURNAL_LIBRDKAFKA_"
@@ -67,9 +68,10 @@ def is_secret(key: str) -> bool:
     return bool(_SECRET.search(key))
 
 
-def _env_name_to_key(suffix: str) -> str:
-    """``SASL_OAUTHBEARER_CLIENT_ID`` → ``sasl.oauthbearer.client.id``; ``A__B`` → ``a_b``."""
-    return "_".join(part.lower().replace("_", ".") for part in suffix.split("__"))
+def env_name(key: str) -> str:
+    """The variable of librdkafka property ``key``: ``sasl.oauthbearer.client.id`` →
+    ``RUNJOURNAL_LIBRDKAFKA_SASL_OAUTHBEARER_CLIENT_ID``."""
+    return ENV_PREFIX + key.replace(".", "_").upper()
 
 
 def env_properties(environ: Mapping[str, str]) -> dict[str, tuple[str, str]]:
@@ -77,7 +79,7 @@ def env_properties(environ: Mapping[str, str]) -> dict[str, tuple[str, str]]:
     out: dict[str, tuple[str, str]] = {}
     for name, value in environ.items():
         if name.startswith(ENV_PREFIX) and len(name) > len(ENV_PREFIX):
-            out[_env_name_to_key(name[len(ENV_PREFIX):])] = (value, name)
+            out[name[len(ENV_PREFIX):].lower().replace("_", ".")] = (value, name)
     return out
 
 
@@ -143,8 +145,10 @@ def check_with_librdkafka(config: Mapping[str, str], sources: Mapping[str, str])
     """
     from confluent_kafka import KafkaException, Producer
 
+    silent = logging.getLogger("runjournal.kafka.config-check")
+    silent.propagate = False  # the throw-away client's own lines (e.g. with debug=…) are not the app's
     try:
-        Producer({**config, "log_level": 0})
+        Producer({**config, "log_level": 0, "logger": silent})
     except (KafkaException, ValueError, TypeError) as exc:
         text = str(exc.args[0] if exc.args else exc)
         culprit = next((src for key, src in sources.items() if key in text), "the Kafka settings")

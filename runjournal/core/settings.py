@@ -210,8 +210,7 @@ class Settings(BaseSettings):
             env[f"RUNJOURNAL_{name.upper()}"] = value.get_secret_value() if isinstance(value, SecretStr) else str(value)
         env["RUNJOURNAL_QDRANT_PATH"] = str(self.effective_qdrant_path)
         for key, secret in self.kafka_properties.items():
-            name = "__".join(part.replace(".", "_") for part in key.split("_")).upper()
-            env[f"{_kafka_props.ENV_PREFIX}{name}"] = secret.get_secret_value()
+            env[_kafka_props.env_name(key)] = secret.get_secret_value()
         return env
 
     def kafka_security_config(self) -> dict[str, str]:

@@ -21,6 +21,7 @@ import random
 import socket
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -40,10 +41,14 @@ def base_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("RUNJOURNAL_")}
 
 
+RUNJOURNAL = str(Path(sys.executable).with_name("runjournal"))
+"""The installed console script (not ``python -m`` from the checkout: nothing of the checkout is importable)."""
+
+
 def cli(env: dict[str, str], *args: str, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
-    """``python -m runjournal ARGS`` with ``env`` (the way a user runs it)."""
-    return subprocess.run([sys.executable, "-m", "runjournal", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout_s, check=False)
+    """``runjournal ARGS`` with ``env``, from a directory outside the checkout — the way a user runs it."""
+    return subprocess.run([RUNJOURNAL, *args], env=env, capture_output=True, text=True, timeout=timeout_s,
+                          check=False, cwd=tempfile.gettempdir())
 
 
 def free_port_block(count: int) -> int:
@@ -145,11 +150,24 @@ class Tenant:
         return Settings.load(**fields)
 
 
+def new_tenant(cluster: Cluster, work: Path) -> Tenant:
+    """A fresh prefix with the roles' ACLs granted by the administrator (no topics yet)."""
+    t = Tenant(cluster, f"c{uuid.uuid4().hex[:10]}", work)
+    acls.create_acls(cluster.admin(), {r: f"User:{r}" for r in acls.ROLES}, prefix=t.prefix)
+    return t
+
+
+def operator_creates_topics(t: Tenant) -> list[dict[str, Any]]:
+    """``runjournal topics create --json`` as the operator; returns its report."""
+    created = cli(t.env("operator"), "topics", "create", "--json")
+    assert created.returncode == 0, created.stderr
+    report: list[dict[str, Any]] = json.loads(created.stdout)
+    return report
+
+
 @pytest.fixture
 def tenant(cluster: Cluster, tmp_path: Path) -> Tenant:
     """A fresh prefix: the roles' ACLs granted by the administrator, the topics created by the operator."""
-    t = Tenant(cluster, f"c{uuid.uuid4().hex[:10]}", tmp_path)
-    acls.create_acls(cluster.admin(), {r: f"User:{r}" for r in acls.ROLES}, prefix=t.prefix)
-    created = cli(t.env("operator"), "topics", "create", "--json")
-    assert created.returncode == 0, created.stderr
+    t = new_tenant(cluster, tmp_path)
+    operator_creates_topics(t)
     return t
