@@ -34,6 +34,7 @@ mod count) depends on it, so an existing events topic with another count is refu
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,12 +117,26 @@ def create_topics(settings: Settings, partitions: int | None = None, *, timeout_
         except Exception as exc:  # TOPIC_ALREADY_EXISTS from a concurrent creator is fine
             if "TOPIC_ALREADY_EXISTS" not in str(exc):
                 raise
-    reports = describe_topics(settings, list(wanted), timeout_s=timeout_s)
+    reports = _settled(settings, {n: (p, rf) for n, (p, _c) in wanted.items() if n in created}, list(wanted), timeout_s)
     for rep in reports:
         object.__setattr__(rep, "action", "created" if rep.name in created else "exists")
         check_durability(rep, rf)
     _check_events_topic(next(r for r in reports if r.name == settings.events_topic), count)
     return reports
+
+
+def _settled(settings: Settings, created: dict[str, tuple[int, int]], names: list[str],
+             timeout_s: float) -> list[TopicReport]:
+    """:func:`describe_topics`, again until the topics just created show their partitions and replicas: on a
+    multi-broker cluster the answering broker may not have the new topic's full metadata yet."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        reports = describe_topics(settings, names, timeout_s=timeout_s)
+        pending = [r.name for r in reports if r.name in created and
+                   ((r.partitions, r.replication_factor) != created[r.name] or "min.insync.replicas" not in r.config)]
+        if not pending or time.monotonic() > deadline:
+            return reports
+        time.sleep(0.2)
 
 
 def check_durability(report: TopicReport, replication_factor: int) -> None:
@@ -175,6 +190,7 @@ def describe_topics(
     Raises:
         confluent_kafka.KafkaException: a topic does not exist or the broker is unreachable.
     """
+    from confluent_kafka import KafkaError, KafkaException
     from confluent_kafka.admin import ConfigResource, ResourceType
 
     names = names or [settings.events_topic, settings.events_dlq_topic, settings.memory_dlq_topic]
@@ -184,7 +200,11 @@ def describe_topics(
     resources = [ConfigResource(ResourceType.TOPIC, n) for n in names if n in meta.topics]
     configs: dict[str, dict[str, str]] = {}
     for res, fut in (admin.describe_configs(resources, request_timeout=timeout_s) if resources else {}).items():
-        configs[res.name] = {k: v.value for k, v in fut.result().items() if k in keys}
+        try:
+            configs[res.name] = {k: v.value for k, v in fut.result().items() if k in keys}
+        except KafkaException as exc:  # a broker that has not heard of a just-created topic yet
+            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise
     out = []
     for name in names:
         if name not in meta.topics:

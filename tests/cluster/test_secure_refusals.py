@@ -204,3 +204,23 @@ def test_each_role_may_do_what_it_needs_and_nothing_else(cluster: Cluster, tenan
     assert denied <= {"TOPIC_AUTHORIZATION_FAILED", "GROUP_AUTHORIZATION_FAILED", "CLUSTER_AUTHORIZATION_FAILED",
                       "TRANSACTIONAL_ID_AUTHORIZATION_FAILED"}, outcome
 
+
+
+def test_acls_create_as_the_administrator_and_never_as_the_operator(cluster: Cluster, tenant: Tenant) -> None:
+    """``runjournal acls create`` the way the README runs it: with ``stack env --role admin``'s settings."""
+    from confluent_kafka.admin import AclBindingFilter
+
+    prefix = f"acl{tenant.prefix}"
+    admin_env = {**cluster.env("admin"), "RUNJOURNAL_TOPIC_PREFIX": prefix}
+    made = cli(admin_env, "acls", "create", "--principal", "agent=User:svc-agent", "--json")
+    assert made.returncode == 0, made.stderr
+    assert json.loads(made.stdout) == {"prefix": prefix, "principals": {"agent": "User:svc-agent"}, "bindings": 6}
+    found = kafka.admin_client(tenant.settings()).describe_acls(AclBindingFilter(
+        ResourceType.ANY, None, ResourcePatternType.ANY, "User:svc-agent", None, AclOperation.ANY,
+        AclPermissionType.ANY)).result(30)
+    assert {(b.name, b.operation.name, b.permission_type.name) for b in found} == {
+        (f"{prefix}.events", "WRITE", "ALLOW"), (f"{prefix}.events", "DESCRIBE", "ALLOW"),
+        (f"{prefix}.", "WRITE", "ALLOW"), (f"{prefix}.", "DESCRIBE", "ALLOW"),
+        (f"{prefix}.recovery", "WRITE", "DENY"), (f"{prefix}.recovery", "DESCRIBE", "DENY")}
+    refused = cli({**tenant.env("operator"), "RUNJOURNAL_TOPIC_PREFIX": prefix}, "acls", "create")
+    assert refused.returncode == 1 and "run as the cluster's administrator" in refused.stderr.replace("\n", " ")
