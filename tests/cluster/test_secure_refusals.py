@@ -215,7 +215,8 @@ def test_acls_create_as_the_administrator_and_never_as_the_operator(cluster: Clu
     made = cli(admin_env, "acls", "create", "--principal", "agent=User:svc-agent", "--json")
     assert made.returncode == 0, made.stderr
     assert json.loads(made.stdout) == {"prefix": prefix, "principals": {"agent": "User:svc-agent"}, "bindings": 6}
-    found = kafka.admin_client(tenant.settings()).describe_acls(AclBindingFilter(
+    admin = kafka.admin_client(tenant.settings())  # referenced until the future resolves
+    found = admin.describe_acls(AclBindingFilter(
         ResourceType.ANY, None, ResourcePatternType.ANY, "User:svc-agent", None, AclOperation.ANY,
         AclPermissionType.ANY)).result(30)
     assert {(b.name, b.operation.name, b.permission_type.name) for b in found} == {
