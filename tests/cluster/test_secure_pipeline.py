@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from runjournal.producers.partitioner import partition_for
-from tests.cluster.conftest import Tenant, cli
+from tests.cluster.conftest import Cluster, Tenant, cli
 from tests.support.provider import Provider, child, running_provider, wait_lease, wait_lease_gone
 from tests.support.workload import publish
 from tests.test_projector import redis_digests, topic_fold_digests
@@ -83,3 +83,13 @@ def test_operator_erases_a_run_with_tombstones(tenant: Tenant, provider: Provide
     assert erased["tombstones"] == erased["records_seen"] > 0
     assert cli(tenant.env("projector"), "projector", "--until-caught-up").returncode == 0
     assert cli(tenant.env("operator"), "inspect", run_id, "--json").returncode == 1  # no state left
+
+
+def test_the_demo_runs_on_the_secure_three_broker_stack(cluster: Cluster) -> None:
+    """The demo's children (agents, projector, provider, memory extractor) get the parent's Kafka security
+    settings (``Settings.as_env``): before, they were handed a bare bootstrap and talked plaintext."""
+    out = cli(cluster.env("admin"), "demo", "--runs", "8", "--agents", "2", "--kills", "2", "--no-memory", "--json",
+              timeout_s=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    summary = json.loads(out.stdout)
+    assert summary["ok"] and summary["runs_completed"] == 8 and summary["side_effect_duplicates"] == 0, summary
