@@ -12,6 +12,7 @@ from runjournal.cli.acls import acls_app
 from runjournal.cli.approvals import approve_command, deny_command
 from runjournal.cli.demo import demo_command
 from runjournal.cli.erase import erase_command
+from runjournal.cli.knowledge import knowledge_app
 from runjournal.cli.memory import memory_app, memory_extractor_command
 from runjournal.cli.projector import inspect_command, projector_command
 from runjournal.cli.recovery import recover_command
@@ -60,6 +61,7 @@ app.add_typer(stack_app, name="stack")
 app.add_typer(topics_app, name="topics")
 app.add_typer(schemas_app, name="schemas")
 app.add_typer(memory_app, name="memory")
+app.add_typer(knowledge_app, name="knowledge")
 app.add_typer(acls_app, name="acls")
 app.command("projector")(projector_command)
 app.command("inspect")(inspect_command)
