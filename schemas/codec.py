@@ -27,6 +27,7 @@ from fastavro.validation import ValidationError, validate
 
 from runjournal.core.errors import ConfigError
 from runjournal.schemas._avro_body import read_body
+from runjournal.schemas._validate import RecordValidator
 from runjournal.schemas.errors import (
     CorruptEventError,
     EventTooLargeError,
@@ -98,6 +99,7 @@ class EventCodec:
             raise ValueError(f"max_event_bytes must exceed {_HEADER_BYTES}, got {max_event_bytes}")
         versions = load_versions()
         self._current: SchemaVersion = versions[-1]
+        self._validate = RecordValidator(self._current.parsed)  # type and range of every value, before writing
         self._max_event_bytes = max_event_bytes
         self._topic = topic
         # fingerprint -> (writer version, reader schema or None when writer is current: no resolution)
@@ -148,11 +150,13 @@ class EventCodec:
 
         Raises:
             NaiveDatetimeError: ``occurred_at`` has no timezone.
-            InvalidEventError: a payload field is missing, unknown or of the wrong type (``.field`` names it).
+            InvalidEventError: a field is missing, unknown, of the wrong type or out of its Avro type's range
+                (``.field`` names it; ``runjournal.schemas._validate``).
             EventTooLargeError: the encoded size in bytes is over ``max_event_bytes``.
             RegistryError: registry framing only: the registry failed or refused the schema.
         """
         record = self._to_record(event)
+        self._validate(record)
         if self._registry is not None:
             data = self._registry.dumps(record, topic or self._topic)
         else:
