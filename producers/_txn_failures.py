@@ -136,7 +136,9 @@ class FailureHandling:
         if ambiguous:
             text += " (ambiguous: the commit may have happened)"
         kind = _KIND.get(severity, TransactionAbortedError)
-        failure = Failure(kind, text, exc, retryable=not (ambiguous or severity is Severity.FENCED))
+        guilty = _guilty(lost, refused)
+        failure = Failure(kind, text, exc, retryable=not (ambiguous or severity is Severity.FENCED),
+                          ambiguous=ambiguous, refused_keys=frozenset(guilty))
         log.error("%s", failure.message)
         self.aborts += 1
         self._resolve(failure)
@@ -153,7 +155,6 @@ class FailureHandling:
         if not failure.retryable:
             self._notify_lost(non_durable, failure.error())
             return failure.error()
-        guilty = _guilty(lost, refused)
         dead = {i.run_id for i in non_durable if i.key in guilty or i.resends >= MAX_RESENDS}
         self._notify_lost([i for i in non_durable if i.run_id in dead], failure.error())
         again = [i for i in non_durable if i.run_id not in dead]
