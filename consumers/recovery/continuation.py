@@ -4,7 +4,8 @@
 write its keys ``{run_id}:1:1…`` a second time and answer its requests with its old decisions. A failed
 run is continued instead, through the recovery job, so the journal — not the caller — says what is done:
 
-1. ``RecoveryJob.recover(runs=[run_id], reopen_failed=True, assign_to=journal.producer_id)``: folds the
+1. ``journal.flush()`` (its open transaction would hold the read back), then
+   ``RecoveryJob.recover(runs=[run_id], reopen_failed=True, assign_to=journal.producer_id)``: folds the
    run (projection snapshot + tail), classifies every call and publishes RUN_RESUMED (seq + 1, epoch + 1),
    which the reducer takes as reopening a FAILED run; the plan goes to Redis, assigned to ``journal``.
 2. The assignment is taken off the journal's list and ``journal.resume(run_id)`` returns the handle.
@@ -50,8 +51,10 @@ def continue_run(journal: Journal, run_id: str, *, max_wait_s: float = 30.0) -> 
         RunNotContinuableError: no such run (``no_facts``), it has not ended or is parked (``not_ended``:
             nobody is fenced by this call; a crashed run is the stale pass's), or it ended SUCCEEDED or
             CANCELLED (``finished``).
+        DeliveryError: the journal's open transaction could not be committed first.
         RecoveryError, KafkaException, redis.RedisError: as ``RecoveryJob.recover``.
     """
+    journal.flush()  # its own open transaction would hold back the partitions' last stable offset the job reads to
     job = RecoveryJob(journal.settings, max_wait_s=max_wait_s)
     try:
         report = job.recover(runs=[run_id], reopen_failed=True, assign_to=journal.producer_id)
