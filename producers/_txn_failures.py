@@ -145,7 +145,7 @@ class FailureHandling:
         if severity is Severity.FENCED:
             # Never init_transactions() again with this transactional.id: that would bump the epoch back
             # and un-fence this zombie behind the recovery job's read (DESIGN.md § Zombies). The instance is
-            # done; a restart takes a new producer_id.
+            # done; a restart is a new incarnation (a new transactional.id).
             self._fenced_for_good = True
             self._drop_producer()
             self._on_fenced()

@@ -94,8 +94,8 @@ class ProducerFencedError(FatalProducerError):
 
     The whole instance is done: every publish after the fence raises this error (its runs now belong
     to the recovery job). It never re-initialises the same ``transactional.id`` — that would bump the
-    producer epoch back and un-fence the zombie behind the recovery job's read. Restart the process
-    with a new ``producer_id``.
+    producer epoch back and un-fence the zombie behind the recovery job's read. Restart the process: a
+    Journal started under the same ``producer_id`` is a new incarnation with its own ``transactional.id``.
     """
 
     retryable = False

@@ -138,6 +138,11 @@ class RunHandle(CallMixin):
         """The innermost open node's path, or None at the run's top level."""
         return self._node_stack[-1] if self._node_stack else None
 
+    def approval(self, call_id: str) -> ApprovalStatus | None:
+        """The journal's state of approval ``call_id`` for this run as this handle knows it: the recovery plan's,
+        updated by the APPROVAL_* events the handle published (PENDING / GRANTED / DENIED), or None."""
+        return self._approvals.get(call_id)
+
     @property
     def finished(self) -> bool:
         """True once RUN_SUCCEEDED / RUN_FAILED / RUN_CANCELLED was published through this handle."""

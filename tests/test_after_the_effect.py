@@ -271,3 +271,17 @@ def test_a_retried_call_keeps_its_key_live_on_resume_and_in_replay(topics: Setti
     replayed = replay_run(topics, run.run_id, agent)
     assert replayed.value == live and {c.idempotency_key for c in replayed.calls} == set(tool.seen)
     assert ledger.executions() == (1 if failures < 3 else 0)
+
+
+def test_asking_again_for_a_decided_approval_is_answered_by_the_journal_not_the_inbox(topics: Settings,
+                                                                                      journal: Journal) -> None:
+    """Case 5's kind inside one run: a second request for a decided call_id was published and answered at once
+    by the decision left in the inbox, with no human involved. The handle now knows the journal's decision."""
+    inbox = ApprovalInbox(redis.Redis.from_url(topics.redis_url), topics.topic_prefix)
+    run = journal.start_run("t", "a", {})
+    inbox.decide(run.run_id, "refund", granted=False, approver="carol", comment="no")
+    assert await_approval(run, inbox, "refund", "refund 50 EUR?", timeout_s=10) is False
+    assert await_approval(run, inbox, "refund", "refund 50 EUR, please?", timeout_s=10) is False
+    run.succeed()
+    types = [e.type for e in events_of(read_committed(topics), run.run_id)]
+    assert types.count(EventType.APPROVAL_REQUESTED) == 1 and types.count(EventType.APPROVAL_DENIED) == 1
