@@ -5,6 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 INPUT ?=
 DEMO_ARGS ?=
+KNOWLEDGE ?= ../shared/data/knowledge/tau-bench-airline-policy.md
 
 .PHONY: help deps venv install test test-fast lint schemas-check demo stack-up stack-down stack-status topics bench clean
 
@@ -54,7 +55,7 @@ test: install ## Install everything, start a private real stack, run the whole s
 demo: install ## The main job end to end (INPUT=path/to/trajectories.json for real runs)
 	$(BIN)/runjournal stack up
 	$(BIN)/runjournal topics create
-	$(BIN)/runjournal demo $(if $(INPUT),--input $(INPUT),) $(DEMO_ARGS)
+	$(BIN)/runjournal demo $(if $(INPUT),--input $(INPUT),) $(if $(wildcard $(KNOWLEDGE)),--knowledge $(KNOWLEDGE),) $(DEMO_ARGS)
 
 stack-up: install ## Start Kafka + Redis (+ Qdrant local path)
 	$(BIN)/runjournal stack up

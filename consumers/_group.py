@@ -26,13 +26,15 @@ def commit_pending(consumer: Consumer, topic: str, pending: dict[int, int], part
 
 
 def partition_lags(consumer: Consumer, done: dict[int, int]) -> dict[int, int]:
-    """Records behind, per assigned partition: end offset minus max(position, last done + 1); ``{}`` when
-    nothing is assigned. The end offset is what a ``read_committed`` reader may read (the LSO)."""
+    """Records behind, per assigned partition: end offset minus max(position, last done + 1, log start); ``{}``
+    when nothing is assigned. The end offset is what a ``read_committed`` reader may read (the LSO). The log
+    start counts: a partition whose records were all deleted or compacted away (low = high) has nothing to
+    read although nothing was consumed (issue 14 (a))."""
     assignment = consumer.assignment()
     if not assignment:
         return {}
     lags = {}
     for tp in consumer.position(assignment):
-        _low, high = consumer.get_watermark_offsets(tp, timeout=5, cached=False)
-        lags[tp.partition] = max(0, high - max(tp.offset, done.get(tp.partition, -1) + 1))
+        low, high = consumer.get_watermark_offsets(tp, timeout=5, cached=False)
+        lags[tp.partition] = max(0, high - max(tp.offset, done.get(tp.partition, -1) + 1, low))
     return lags

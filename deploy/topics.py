@@ -22,6 +22,7 @@ mod count) depends on it, so an existing events topic with another count is refu
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +53,9 @@ class TopicReport:
     """Partition count."""
     config: dict[str, str]
     """The topic's effective value of each config runjournal sets."""
+    topic_id: str | None = None
+    """Kafka's topic id: a topic deleted and created again under the same name gets a new one (a projector
+    checks it against the id its projection was built from: ``runjournal.consumers.topic_identity``)."""
 
 
 def _admin(settings: Settings) -> Any:
@@ -95,11 +99,35 @@ def create_topics(settings: Settings, partitions: int | None = None, *, timeout_
         except Exception as exc:  # TOPIC_ALREADY_EXISTS from a concurrent creator is fine
             if "TOPIC_ALREADY_EXISTS" not in str(exc):
                 raise
+    if created:
+        _await_metadata(admin, created, timeout_s)
     reports = describe_topics(settings, list(wanted), timeout_s=timeout_s)
     for rep in reports:
         object.__setattr__(rep, "action", "created" if rep.name in created else "exists")
     _check_events_topic(next(r for r in reports if r.name == settings.events_topic), count)
     return reports
+
+
+def _await_metadata(admin: Any, names: set[str], timeout_s: float) -> None:
+    """Wait until the metadata shows each created topic with a leader for every partition.
+
+    A successful CreateTopics answer comes from the controller; the broker answering the next
+    metadata request may not know the topic yet (seen under load: a fresh topic reported with 0
+    partitions), and checking it then would refuse a topic that is fine.
+
+    Raises:
+        TopicConfigError: the topics did not appear within ``timeout_s`` seconds.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        meta = admin.list_topics(timeout=max(1.0, deadline - time.monotonic()))
+        pending = sorted(n for n in names if n not in meta.topics or not meta.topics[n].partitions
+                         or any(p.leader < 0 for p in meta.topics[n].partitions.values()))
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            raise TopicConfigError(f"created topics {pending} have no leader in the metadata after {timeout_s} s")
+        time.sleep(0.1)
 
 
 def _check_events_topic(report: TopicReport, count: int) -> None:
@@ -120,11 +148,12 @@ def _check_events_topic(report: TopicReport, count: int) -> None:
 def describe_topics(
     settings: Settings, names: list[str] | None = None, *, timeout_s: float = 30.0
 ) -> list[TopicReport]:
-    """Partition count and runjournal-relevant configs of each topic (default: runjournal's three).
+    """Partition count, topic id and runjournal-relevant configs of each topic (default: runjournal's three).
 
     Raises:
         confluent_kafka.KafkaException: a topic does not exist or the broker is unreachable.
     """
+    from confluent_kafka import TopicCollection
     from confluent_kafka.admin import ConfigResource, ResourceType
 
     names = names or [settings.events_topic, settings.events_dlq_topic, settings.memory_dlq_topic]
@@ -135,11 +164,14 @@ def describe_topics(
     configs: dict[str, dict[str, str]] = {}
     for res, fut in (admin.describe_configs(resources, request_timeout=timeout_s) if resources else {}).items():
         configs[res.name] = {k: v.value for k, v in fut.result().items() if k in keys}
+    present = [n for n in names if n in meta.topics]
+    ids = {n: str(f.result().topic_id) for n, f in
+           (admin.describe_topics(TopicCollection(present), request_timeout=timeout_s) if present else {}).items()}
     out = []
     for name in names:
         if name not in meta.topics:
             out.append(TopicReport(name=name, action="missing", partitions=0, config={}))
         else:
             out.append(TopicReport(name=name, action="exists", partitions=len(meta.topics[name].partitions),
-                                   config=configs.get(name, {})))
+                                   config=configs.get(name, {}), topic_id=ids.get(name)))
     return out

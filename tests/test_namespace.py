@@ -19,9 +19,11 @@ from runjournal.core.settings import Settings
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("producers", "consumers", "schemas", "deploy")
 SOURCES = [p for d in (*FOLDERS, "runjournal/core", "runjournal/model", "runjournal/cli", "runjournal/demo", "bench",
-                       "tests") for p in (ROOT / d).rglob("*.py")] + [ROOT / "runjournal" / "__init__.py"]
+                       "tests") for p in (ROOT / d).rglob("*.py")] + [ROOT / "runjournal" / "__init__.py"] + \
+    list((ROOT / "runjournal" / "stores").rglob("*.py"))
 DOCS = [ROOT / "README.md", ROOT / "producers" / "README.md", ROOT / "schemas" / "README.md",
-        ROOT / "consumers" / "memory" / "README.md", ROOT / "bench" / "README.md"]
+        ROOT / "consumers" / "memory" / "README.md", ROOT / "consumers" / "knowledge" / "README.md",
+        ROOT / "bench" / "README.md"]
 
 
 def _imports(path: Path) -> list[str]:

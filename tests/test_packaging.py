@@ -85,6 +85,8 @@ for layer in ("runjournal.core", "runjournal.schemas", "runjournal.model", "runj
             out["imports"][mod.name] = "ok"
         except Exception as exc:
             out["imports"][mod.name] = repr(exc)
+from runjournal.deploy.kafka_node import kafka_version  # package data read through the namespace
+out["kafka_version"] = kafka_version()
 out["onnxruntime"] = importlib.util.find_spec("onnxruntime") is not None
 from importlib import metadata
 sizes = {}
@@ -106,6 +108,7 @@ print(json.dumps(out))
     # the registry framing is the [registry] extra's (the codec names the extra when it is missing)
     assert set(failed) <= {"runjournal.schemas._confluent"} and all("ModuleNotFoundError" in v for v in failed.values())
     assert out["onnxruntime"] is False
+    assert out["kafka_version"].count(".") == 2  # deploy/pom.xml found from outside the checkout
     size = sum(out["sizes"].values())
     assert size < CORE_LIMIT_BYTES, f"core install is {size / 2**20:.1f} MiB: {out['sizes']}"
     # the console script exists and names the extra it needs

@@ -9,7 +9,8 @@ Public API:
 * :class:`MemoryExtractor` (``runjournal memory-extractor``): the consumer-group service;
   :func:`memory_group`, :class:`ExtractorStats`.
 * :class:`MemoryStore` (port) and :class:`QdrantMemoryStore` (adapter): ``upsert``, ``search``,
-  ``delete_by_run``; :class:`Retriever` (port only) and :class:`Evidence`.
+  ``delete_by_run``; :class:`MemoryReader` (its read half); :class:`Retriever` and :class:`Evidence`
+  (implemented in ``runjournal.consumers.knowledge``).
 * :class:`Extractor` (port), :class:`RuleExtractor` (default rules), :class:`Draft`, :class:`RunContext`.
 * :class:`Embedder` (port), :class:`MiniLMEmbedder` (default, int8 ONNX, 384-d), :func:`default_embedder`.
 * :class:`Scope`, :class:`MemoryItem`, :class:`Provenance`, :class:`MemoryHit`, :class:`ItemKind`,
@@ -28,14 +29,15 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(["MODEL_SHA256", "TOKENIZER_SHA256", "Embedder", "MiniLMEmbedder", "default_embedder"],
                     "runjournal.consumers.memory.embed"),
     **dict.fromkeys(["EmbedderError", "EmbedderUnavailableError", "IsolationError", "MemoryPlaneError",
-                     "ModelIntegrityError", "ScopeError", "StoreError", "StoreLockedError", "StoreUnavailableError",
-                     "StoreWriteError", "VectorSpaceError"], "runjournal.consumers.memory.errors"),
+                     "ModelIntegrityError", "OwnerDroppedError", "ScopeError", "StoreError", "StoreLockedError",
+                     "StoreUnavailableError", "StoreWriteError", "VectorSpaceError"],
+                    "runjournal.consumers.memory.errors"),
     **dict.fromkeys(["Draft", "Extractor", "RuleExtractor", "RunContext", "RunContexts"],
                     "runjournal.consumers.memory.extract"),
     "scope_filter": "runjournal.consumers.memory.filters",
     **dict.fromkeys(["AUTHORITY", "ItemKind", "MemoryHit", "MemoryItem", "Provenance", "Scope", "Status"],
                     "runjournal.consumers.memory.items"),
-    **dict.fromkeys(["Evidence", "MemoryStore", "Retriever"], "runjournal.consumers.memory.ports"),
+    **dict.fromkeys(["Evidence", "MemoryReader", "MemoryStore", "Retriever"], "runjournal.consumers.memory.ports"),
     **dict.fromkeys(["ExtractorStats", "MemoryExtractor", "memory_group"], "runjournal.consumers.memory.service"),
     "QdrantMemoryStore": "runjournal.consumers.memory.store",
 }
@@ -69,9 +71,11 @@ __all__ = [
     "MemoryHit",
     "MemoryItem",
     "MemoryPlaneError",
+    "MemoryReader",
     "MemoryStore",
     "MiniLMEmbedder",
     "ModelIntegrityError",
+    "OwnerDroppedError",
     "Provenance",
     "QdrantMemoryStore",
     "Retriever",

@@ -11,10 +11,14 @@ from typing import Any
 from runjournal.consumers.memory.errors import ScopeError
 from runjournal.consumers.memory.items import AUTHORITY, MemoryHit, MemoryItem, Scope, Status
 
-__all__ = ["GroupKey", "build_payload", "collection_name", "group_key", "hit_from", "iso", "point_id", "resolve"]
+__all__ = ["STORE", "GroupKey", "build_payload", "collection_name", "group_key", "hit_from", "iso", "point_id",
+           "resolve"]
 
 #: Namespace of point ids. Never change it (or the id format): redelivered events must map to the same ids.
 POINT_NAMESPACE = uuid.UUID("6f1c1d2e-5b0a-5c8e-9a57-0c0a3d4e7b21")
+
+#: Every memory point's ``store``: a memory search that meets another value (a knowledge point) is a cross-use.
+STORE = "memory"
 
 #: ``(tenant_id, user_id, subject)``: items of one group supersede each other by ``created_at``.
 GroupKey = tuple[str, str | None, str]
@@ -66,6 +70,7 @@ def build_payload(item: MemoryItem, *, embedder_id: str, dimension: int) -> dict
         "status": Status.ACTIVE.value,
         "superseded_by": None,
         "authority": AUTHORITY,
+        "store": STORE,
         "metadata": metadata,
     }
 
@@ -83,15 +88,19 @@ def resolve(members: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any
     """Status fields of every member of one group, as a pure function of the set (so the result does
     not depend on delivery order or on how often an event was processed).
 
-    Members are ordered by ``(created_at, event_id, item_index, point id)``; the last is active, each
-    other is superseded by the next one (``superseded_by`` = its id, ``valid_until`` = its created_at).
+    Members are ordered by ``(created_at, partition, offset, item_index, point id)``: time first, and at the
+    same millisecond the journal's own order (two corrections of one run in one millisecond: the later
+    offset wins — never a random event id). The last is active, each other is superseded by the next one
+    (``superseded_by`` = its id, ``valid_until`` = its created_at).
 
     Returns:
         ``{point_id: {"status", "superseded_by", "freshness": {"created_at", "valid_until"}}}``.
     """
-    def order(pid: str) -> tuple[str, str, int, str]:
+    def order(pid: str) -> tuple[str, int, int, int, str]:
         m = members[pid]
-        return m["freshness"]["created_at"], m["provenance"]["event_id"], int(m["provenance"]["item_index"]), pid
+        prov = m["provenance"]
+        return (m["freshness"]["created_at"], int(prov.get("partition", -1)), int(prov.get("offset", -1)),
+                int(prov["item_index"]), pid)
 
     ids = sorted(members, key=order)
     out: dict[str, dict[str, Any]] = {}

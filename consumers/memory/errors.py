@@ -2,6 +2,8 @@
 
 Every error subclasses :class:`MemoryPlaneError` (a :class:`runjournal.core.errors.RunjournalError`);
 third-party errors (qdrant-client, onnxruntime, tokenizers) are chained as ``__cause__``.
+:class:`ScopeError` (an item or search without its owner) is the store contract's own
+(:mod:`runjournal.stores.errors`), re-exported here.
 ``retryable`` on the class says whether the extractor's backoff may help:
 
 * :class:`StoreUnavailableError` — an outage (connection refused, timeout, 5xx/429). The extractor
@@ -13,6 +15,7 @@ third-party errors (qdrant-client, onnxruntime, tokenizers) are chained as ``__c
 from __future__ import annotations
 
 from runjournal.core.errors import RunjournalError
+from runjournal.stores.errors import ScopeError
 
 __all__ = [
     "EmbedderError",
@@ -20,6 +23,7 @@ __all__ = [
     "IsolationError",
     "MemoryPlaneError",
     "ModelIntegrityError",
+    "OwnerDroppedError",
     "ScopeError",
     "StoreError",
     "StoreLockedError",
@@ -34,11 +38,6 @@ class MemoryPlaneError(RunjournalError):
 
     retryable: bool = False
     """True when waiting and trying again may succeed (an outage, not a bad item)."""
-
-
-class ScopeError(MemoryPlaneError, ValueError):
-    """A scope is missing its tenant (empty or not a string), or a caller tried to filter on an
-    identity key (``tenant_id``, ``user_id``, ``agent_id``) instead of passing a :class:`Scope`."""
 
 
 class IsolationError(MemoryPlaneError):
@@ -93,3 +92,9 @@ class StoreLockedError(StoreError):
 class VectorSpaceError(StoreError):
     """An existing collection has another vector size or distance than the embedder: two vector spaces
     would be mixed. Collections are named per embedder and dimension, so this means a name clash."""
+
+
+class OwnerDroppedError(StoreError):
+    """A write would replace an item whose owner (``user_id``) is known with one that has none (an extractor
+    that could not learn the run's owner). Refused: the stored owner stays; the extractor retries the record
+    (bounded) and then dead-letters it with its offset."""

@@ -7,7 +7,7 @@ One collection per vector space, ``{prefix}_memory__{embedder_id}_{dimension}`` 
 keyword payload indexes on ``scope.tenant_id``, ``scope.user_id``, ``status``, ``subject``,
 ``provenance.run_id`` (local mode ignores indexes). Payload of every point::
 
-    text, kind, subject, authority="advisory", status ("active" | "superseded"), superseded_by,
+    text, kind, subject, authority="advisory", store="memory", status ("active" | "superseded"), superseded_by,
     scope      {tenant_id, user_id, agent_id}
     provenance {run_id, event_id, event_key, event_type, topic, partition, offset, schema,
                 extractor, item_index, embedder_id, dimension}
@@ -26,15 +26,15 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from qdrant_client import QdrantClient, models
-from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
+from qdrant_client.http.exceptions import UnexpectedResponse
 
 from runjournal.consumers.memory._payload import (
+    STORE,
     GroupKey,
     build_payload,
     collection_name,
@@ -43,17 +43,12 @@ from runjournal.consumers.memory._payload import (
     point_id,
     resolve,
 )
+from runjournal.consumers.memory._qdrant import mapped, open_client
 from runjournal.consumers.memory.embed import Embedder
-from runjournal.consumers.memory.errors import (
-    IsolationError,
-    MemoryPlaneError,
-    StoreLockedError,
-    StoreUnavailableError,
-    StoreWriteError,
-    VectorSpaceError,
-)
+from runjournal.consumers.memory.errors import IsolationError, OwnerDroppedError, VectorSpaceError
 from runjournal.consumers.memory.filters import TENANT_KEY, group_filter, scope_filter
 from runjournal.consumers.memory.items import MemoryHit, MemoryItem, Scope, Status
+from runjournal.stores import Authority, Plane, PlaneError
 
 if TYPE_CHECKING:
     from runjournal.core.settings import Settings
@@ -65,27 +60,9 @@ INDEXED_KEYS = (TENANT_KEY, "scope.user_id", "status", "subject", "provenance.ru
 _PAGE = 256
 
 
-@contextlib.contextmanager
-def _mapped(what: str) -> Iterator[None]:
-    """Translate qdrant-client / transport errors into our named errors (cause chained)."""
-    try:
-        yield
-    except MemoryPlaneError:
-        raise
-    except UnexpectedResponse as exc:
-        status = exc.status_code or 0
-        cls = StoreUnavailableError if status >= 500 or status == 429 else StoreWriteError
-        raise cls(f"qdrant {what}: HTTP {status}: {exc}") from exc
-    except (ResponseHandlingException, ConnectionError, TimeoutError, OSError) as exc:
-        raise StoreUnavailableError(f"qdrant {what}: unreachable: {exc}") from exc
-    except Exception as exc:  # local mode raises ValueError/KeyError/etc.; grpc raises RpcError
-        if type(exc).__module__.startswith(("httpx", "httpcore", "grpc")):
-            raise StoreUnavailableError(f"qdrant {what}: unreachable: {exc}") from exc
-        raise StoreWriteError(f"qdrant {what} failed: {type(exc).__name__}: {exc}") from exc
-
-
 class QdrantMemoryStore:
-    """Advisory memory in one Qdrant collection (see module docstring). Not thread-safe.
+    """The :class:`~runjournal.stores.MemoryStore`: advisory memory in one Qdrant collection (see module
+    docstring). Not thread-safe (the owner process serialises its client, :mod:`runjournal.consumers.cognition`).
 
     Args:
         client: a connected ``QdrantClient`` (owned: :meth:`close` closes it).
@@ -93,6 +70,9 @@ class QdrantMemoryStore:
         prefix: topic prefix; first part of the collection name.
         mode: ``"local"`` or ``"server"`` (for :meth:`stats` and messages).
     """
+
+    plane = Plane.COGNITION
+    authority = Authority.ADVISORY
 
     def __init__(self, client: QdrantClient, embedder: Embedder, *, prefix: str, mode: str = "server") -> None:
         self.client = client
@@ -102,33 +82,24 @@ class QdrantMemoryStore:
         self._ready = False
 
     @classmethod
-    def open(cls, settings: Settings, embedder: Embedder, *, timeout_s: int = 5) -> QdrantMemoryStore:
+    def open(cls, settings: Settings, embedder: Embedder, *, timeout_s: int = 5,
+             wait_s: float = 0.0) -> QdrantMemoryStore:
         """Open the store ``settings`` name: a server at ``RUNJOURNAL_QDRANT_URL`` (lazily: nothing is
         sent until the first call) or else the local directory ``settings.effective_qdrant_path``.
 
+        In-process access only: readers in other processes than the directory's owner use
+        :func:`runjournal.consumers.cognition.open_memory_reader`.
+
         Args:
             timeout_s: server request timeout, seconds (default 5).
+            wait_s: local mode: how long to wait for a directory another process holds (default 0).
 
         Raises:
             StoreLockedError: local mode and another process (usually the running memory extractor)
                 holds the directory.
         """
-        if settings.qdrant_url:
-            key = settings.qdrant_api_key.get_secret_value() if settings.qdrant_api_key else None
-            client = QdrantClient(url=settings.qdrant_url, api_key=key, timeout=timeout_s, check_compatibility=False)
-            return cls(client, embedder, prefix=settings.topic_prefix, mode="server")
-        path = Path(settings.effective_qdrant_path)
-        path.mkdir(parents=True, exist_ok=True)
-        try:
-            client = QdrantClient(path=str(path))
-        except RuntimeError as exc:
-            if "already accessed" not in str(exc):
-                raise StoreWriteError(f"cannot open local Qdrant at {path}: {exc}") from exc
-            raise StoreLockedError(
-                f"the local Qdrant directory {path} is in use by another process (a running "
-                "`runjournal memory-extractor`?): stop it first, or run a Qdrant server and set "
-                "RUNJOURNAL_QDRANT_URL so readers and the extractor can share it") from exc
-        return cls(client, embedder, prefix=settings.topic_prefix, mode="local")
+        client, mode = open_client(settings, timeout_s=timeout_s, wait_s=wait_s)
+        return cls(client, embedder, prefix=settings.topic_prefix, mode=mode)
 
     def close(self) -> None:
         """Close the client (releases the local directory's lock)."""
@@ -152,7 +123,7 @@ class QdrantMemoryStore:
         if self._ready:
             return
         dim = self.embedder.dimension
-        with _mapped("create collection"):
+        with mapped("create collection"):
             if not self.client.collection_exists(self.collection):
                 try:
                     self.client.create_collection(self.collection, vectors_config=models.VectorParams(
@@ -188,6 +159,7 @@ class QdrantMemoryStore:
         for item, payload, vector in zip(items, built, vectors, strict=True):  # a duplicate record: last wins
             pid = point_id(item.provenance.event_id, item.provenance.item_index)
             payloads[pid], by_id[pid] = payload, vector
+        self._refuse_owner_drop(payloads)
         changed_existing: dict[str, dict[str, Any]] = {}
         groups = self._groups({k for k in (group_key(p) for p in payloads.values()) if k is not None})
         for key, stored in groups.items():
@@ -198,11 +170,22 @@ class QdrantMemoryStore:
                 elif any(members[pid].get(k) != v for k, v in fields.items()):
                     changed_existing[pid] = fields
         points = [models.PointStruct(id=pid, vector=by_id[pid].tolist(), payload=payloads[pid]) for pid in payloads]
-        with _mapped("upsert"):
+        with mapped("upsert"):
             self.client.upsert(self.collection, points=points, wait=True)
             for pid, fields in changed_existing.items():
                 self.client.set_payload(self.collection, payload=fields, points=[pid], wait=True)
         return len(points)
+
+    def _refuse_owner_drop(self, payloads: Mapping[str, Mapping[str, Any]]) -> None:
+        """Raise :class:`OwnerDroppedError` when a stored point has a ``user_id`` its rewrite would drop."""
+        ownerless = [pid for pid, p in payloads.items() if not p["scope"].get("user_id")]
+        if not ownerless:
+            return
+        with mapped("retrieve"):
+            stored = self.client.retrieve(self.collection, ids=ownerless, with_payload=True, with_vectors=False)
+        dropped = [str(pt.id) for pt in stored if ((pt.payload or {}).get("scope") or {}).get("user_id")]
+        if dropped:
+            raise OwnerDroppedError(f"refused: rewriting point(s) {dropped} without their stored user_id")
 
     def delete_by_run(self, run_id: str) -> int:
         """See :meth:`runjournal.consumers.memory.ports.MemoryStore.delete_by_run`; groups that lose a member are
@@ -223,7 +206,7 @@ class QdrantMemoryStore:
         if not doomed:
             return 0
         keys = {k for k in (group_key(p) for p in doomed.values()) if k is not None}
-        with _mapped("delete"):
+        with mapped("delete"):
             self.client.delete(self.collection, points_selector=list(doomed), wait=True)
             for members in self._groups(keys).values():
                 for pid, fields in resolve(members).items():
@@ -238,13 +221,16 @@ class QdrantMemoryStore:
 
         Raises:
             IsolationError: a hit of another tenant came back (never expected; nothing is returned).
+            PlaneError: a hit is not a memory point (e.g. a knowledge point; nothing is returned).
         """
         flt = scope_filter(scope, statuses=None if all_statuses else (Status.ACTIVE,), where=where)
         vector = self.embedder.embed([query])[0]
         self.ensure_collection()
-        with _mapped("search"):
+        with mapped("search"):
             res = self.client.query_points(self.collection, query=vector.tolist(), query_filter=flt, limit=limit,
                                            with_payload=True)
+        if any((p.payload or {}).get("store", STORE) != STORE for p in res.points):
+            raise PlaneError(f"collection {self.collection} returned a point that is not memory: a cross-use")
         hits = [hit_from(p.id, p.score, p.payload or {}) for p in res.points]
         if any(h.scope.get("tenant_id") != scope.tenant_id for h in hits):
             raise IsolationError(f"a search in tenant {scope.tenant_id!r} matched another tenant's item")
@@ -262,7 +248,7 @@ class QdrantMemoryStore:
         self.ensure_collection()
         out: dict[str, Any] = {"collection": self.collection, "mode": self.mode,
                                "embedder_id": self.embedder.embedder_id, "dimension": self.embedder.dimension}
-        with _mapped("count"):
+        with mapped("count"):
             for status in Status:
                 flt = (scope_filter(scope, statuses=(status,)) if scope is not None
                        else models.Filter(must=[_eq("status", status.value)]))
@@ -287,7 +273,7 @@ class QdrantMemoryStore:
     def _scroll(self, flt: models.Filter) -> list[tuple[str, dict[str, Any]]]:
         out: list[tuple[str, dict[str, Any]]] = []
         offset = None
-        with _mapped("scroll"):
+        with mapped("scroll"):
             while True:
                 points, offset = self.client.scroll(self.collection, scroll_filter=flt, limit=_PAGE, offset=offset,
                                                     with_payload=True, with_vectors=False)

@@ -11,6 +11,7 @@ from runjournal import __version__
 from runjournal.cli.approvals import approve_command, deny_command
 from runjournal.cli.demo import demo_command
 from runjournal.cli.erase import erase_command
+from runjournal.cli.knowledge import knowledge_app
 from runjournal.cli.memory import memory_app, memory_extractor_command
 from runjournal.cli.projector import inspect_command, projector_command
 from runjournal.cli.recovery import recover_command
@@ -59,6 +60,7 @@ app.add_typer(stack_app, name="stack")
 app.add_typer(topics_app, name="topics")
 app.add_typer(schemas_app, name="schemas")
 app.add_typer(memory_app, name="memory")
+app.add_typer(knowledge_app, name="knowledge")
 app.command("projector")(projector_command)
 app.command("inspect")(inspect_command)
 app.command("memory-extractor")(memory_extractor_command)

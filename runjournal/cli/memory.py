@@ -1,8 +1,9 @@
-"""``runjournal memory-extractor`` and ``runjournal memory search|stats``.
+"""``runjournal memory-extractor`` and ``runjournal memory search|stats|serve``.
 
-In local mode only one process can open the Qdrant directory: ``memory search`` and ``memory stats``
-read it while the extractor is stopped (a clear error says so otherwise) or use the server named
-by ``RUNJOURNAL_QDRANT_URL``, which the extractor and any number of readers share.
+The extractor owns the Qdrant directory (embedded mode) and serves reads to every other process over a
+small HTTP API (``runjournal.consumers.cognition``): ``memory search``, ``knowledge search`` and agents'
+ContextManagers answer while it writes. ``memory serve`` is the same owner without the extractor. With
+``RUNJOURNAL_QDRANT_URL`` every process talks to the Qdrant server directly.
 """
 
 from __future__ import annotations
@@ -10,26 +11,25 @@ from __future__ import annotations
 import json
 import signal
 import threading
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Annotated, TypeVar
+from typing import Annotated
 
 import typer
-from rich.console import Console
 
-from runjournal.consumers.memory.errors import MemoryPlaneError, ScopeError
-from runjournal.consumers.memory.items import MemoryHit, Scope
+from runjournal.cli._advisory import console, fail, guarded
 from runjournal.core.settings import Settings
-
-if TYPE_CHECKING:
-    from runjournal.consumers.memory.store import QdrantMemoryStore
+from runjournal.stores import MemoryHit, Scope, ScopeError
 
 __all__ = ["memory_app", "memory_extractor_command"]
 
-T = TypeVar("T")
-
-console = Console(stderr=True)
 memory_app = typer.Typer(name="memory", help="Search advisory memory (never execution state).",
                          no_args_is_help=True)
+
+
+def _stop_on_signals() -> threading.Event:
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
 
 
 def memory_extractor_command(
@@ -37,29 +37,52 @@ def memory_extractor_command(
     batch_size: Annotated[int, typer.Option(help="Records per consume call.")] = 500,
     as_json: Annotated[bool, typer.Option("--json", help="Print the final stats as JSON.")] = False,
 ) -> None:
-    """Run the memory extractor (group ``{prefix}.memory``) until SIGINT/SIGTERM, or until caught up."""
+    """Run the memory extractor (group ``{prefix}.memory``) until SIGINT/SIGTERM, or until caught up.
+
+    It owns the embedded Qdrant directory and serves memory and knowledge reads to other processes. Exits 1
+    naming the cause when the stack or topic is missing, or a dependency stays away past the outage budget.
+    """
+    from runjournal.cli._errors import cli_errors
+    from runjournal.consumers.cognition import CognitionOwner
+    from runjournal.consumers.memory.embed import default_embedder
     from runjournal.consumers.memory.service import MemoryExtractor
+    from runjournal.consumers.topic_identity import preflight
     from runjournal.core.logs import setup_logging
 
     setup_logging("INFO")
+    settings = Settings.load()
+    with cli_errors(as_json):  # a missing stack or topic: named within 5 s
+        preflight(settings)
+    owner = guarded(lambda: CognitionOwner.open(settings, guarded(default_embedder, as_json=as_json)),
+                    as_json=as_json)
     try:
-        extractor = MemoryExtractor(Settings.load(), batch_size=batch_size)
-    except MemoryPlaneError as exc:
-        console.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(code=1) from exc
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    try:
-        stats = extractor.run(until_caught_up=until_caught_up, stop=stop).as_dict()
+        extractor = guarded(lambda: MemoryExtractor(settings, store=owner.memory, batch_size=batch_size),
+                            as_json=as_json)
+        with cli_errors(as_json):  # an outage past the budget, fenced, unauthorised: exit 1 naming it
+            stats = extractor.run(until_caught_up=until_caught_up, stop=_stop_on_signals()).as_dict()
     finally:
-        extractor.store.close()
+        owner.close()
     if as_json:
         print(json.dumps(stats))
     else:
         console.print(f"extracted {stats['items']} items from {stats['events']} events in {stats['elapsed_s']} s "
                       f"({stats['events_per_s']} events/s); dead-lettered {stats['dead_lettered']}, "
                       f"erased {stats['erased']}, retries {stats['retries']}")
+
+
+@memory_app.command("serve")
+def serve_command() -> None:
+    """Own the embedded Qdrant directory and serve memory and knowledge reads (no extraction) until SIGTERM."""
+    from runjournal.consumers.cognition import CognitionOwner
+    from runjournal.consumers.memory.embed import default_embedder
+    from runjournal.core.logs import setup_logging
+
+    setup_logging("INFO")
+    settings = Settings.load()
+    stop = _stop_on_signals()
+    with guarded(lambda: CognitionOwner.open(settings, default_embedder()), as_json=False) as owner:
+        console.print(f"serving {settings.effective_qdrant_path} at {owner.url or settings.qdrant_url}")
+        stop.wait()
 
 
 @memory_app.command("search")
@@ -73,9 +96,15 @@ def search_command(
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per hit, one per line.")] = False,
 ) -> None:
     """Search one tenant's advisory memory; hits show text, score, scope and provenance."""
-    scope = _scope(tenant, user, agent)
-    with _open_store() as store:
-        hits: list[MemoryHit] = _guarded(lambda: store.search(scope, query, limit=limit, all_statuses=all_statuses))
+    from runjournal.consumers.cognition import open_memory_reader
+
+    scope = _scope(tenant, user, agent, as_json)
+    reader = open_memory_reader(Settings.load())
+    try:
+        hits: list[MemoryHit] = guarded(lambda: reader.search(scope, query, limit=limit, all_statuses=all_statuses),
+                                        as_json=as_json)
+    finally:
+        reader.close()
     for hit in hits:
         if as_json:
             print(json.dumps(hit.as_dict()))
@@ -94,30 +123,19 @@ def stats_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Collection, embedder and item counts by status."""
-    scope = _scope(tenant, None, None) if tenant is not None else None
-    with _open_store() as store:
-        out = _guarded(lambda: store.stats(scope))
+    from runjournal.consumers.cognition import open_memory_reader
+
+    scope = _scope(tenant, None, None, as_json) if tenant is not None else None
+    reader = open_memory_reader(Settings.load())
+    try:
+        out = guarded(lambda: reader.stats(scope), as_json=as_json)
+    finally:
+        reader.close()
     print(json.dumps(out) if as_json else "\n".join(f"{k}: {v}" for k, v in out.items()))
 
 
-def _scope(tenant: str, user: str | None, agent: str | None) -> Scope:
+def _scope(tenant: str, user: str | None, agent: str | None, as_json: bool) -> Scope:
     try:
         return Scope(tenant, user_id=user, agent_id=agent)
     except ScopeError as exc:
-        console.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(code=2) from exc
-
-
-def _guarded(fn: Callable[[], T]) -> T:
-    try:
-        return fn()
-    except MemoryPlaneError as exc:
-        console.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(code=1) from exc
-
-
-def _open_store() -> QdrantMemoryStore:
-    from runjournal.consumers.memory.embed import default_embedder
-    from runjournal.consumers.memory.store import QdrantMemoryStore
-
-    return _guarded(lambda: QdrantMemoryStore.open(Settings.load(), default_embedder()))
+        fail(exc, as_json=as_json, code=2)

@@ -27,21 +27,29 @@ def recover_command(
     watch: Annotated[float | None, typer.Option(help="Repeat a --stale pass every this many seconds.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
 ) -> None:
-    """Fence dead instances, read end offsets, fold tails, classify calls, resume runs under a new epoch."""
-    from runjournal.consumers.recovery.job import RecoveryError, RecoveryJob
+    """Fence dead instances, read end offsets, fold tails, classify calls, resume runs under a new epoch.
+
+    Exits 1 naming the cause and its fix when the stack or topic is missing, the projection was built from
+    another topic, a named instance or run is live (without --force), or recovery is fenced by another job.
+    Under --json the report is the only thing on stdout; an error is JSON on stderr.
+    """
+    from runjournal.cli._errors import cli_errors, fail
+    from runjournal.consumers.recovery.job import RecoveryJob
+    from runjournal.consumers.topic_identity import preflight
     from runjournal.core.logs import setup_logging
 
     if not (stale or instance or run):
-        raise typer.BadParameter("say which runs: --stale, --instance ID or --run RUN_ID")
+        raise fail("say which runs: --stale, --instance ID or --run RUN_ID", as_json=as_json, code=2,
+                   kind="UsageError")
     setup_logging("WARNING")
-    job = RecoveryJob(Settings.load())
+    settings = Settings.load()
+    with cli_errors(as_json):
+        preflight(settings)
+        job = RecoveryJob(settings)
     try:
         while True:
-            try:
+            with cli_errors(as_json):  # RecoveryError (a live owner, no --force) included: exit 1
                 report = job.recover(stale=stale, instance=instance, runs=run, force=force, assign_to=assign_to)
-            except RecoveryError as exc:
-                console.print(f"[red]error:[/] {exc}")
-                raise typer.Exit(code=1) from exc
             _print(report.as_dict(), as_json)
             if watch is None:
                 break

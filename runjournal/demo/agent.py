@@ -2,6 +2,12 @@
 and executes their scripts through ``producers`` — every turn as MESSAGE, every tool call through
 the side-effect protocol, approvals through the inbox, and the recorded outcome at the end.
 
+Before each model turn (an assistant message or a tool call) it builds the turn's context with the
+:class:`~runjournal.consumers.context.ContextManager` — the run's execution facts first, then memory and
+knowledge labelled advisory — for the user's latest message. The recorded script decides what the turn
+does (there is no model here); the context is what a model would be given, and the last one of each run
+is kept in ``{prefix}:demo:context`` for the report (counters in ``{prefix}:demo:contexts``).
+
 Run as a process: ``python -m runjournal.demo.agent --producer-id ID --workload FILE --provider URL``.
 It exits when the queue is empty and ``{prefix}:demo:done`` is set, or on SIGTERM.
 """
@@ -18,13 +24,14 @@ from typing import Any
 
 import redis
 
+from runjournal.consumers.context import Context, ContextManager
 from runjournal.core.settings import Settings
 from runjournal.demo.tools import ProviderTool, RecordedTool
 from runjournal.demo.workload import RunScript, Step
 from runjournal.producers import Journal, OutcomeUnknownError, RunHandle
 from runjournal.producers.approvals import ApprovalInbox, await_approval
 
-__all__ = ["DemoKeys", "execute", "load_scripts", "main"]
+__all__ = ["DemoKeys", "TurnContexts", "execute", "load_scripts", "main"]
 
 log = logging.getLogger("runjournal.demo.agent")
 
@@ -35,6 +42,11 @@ class DemoKeys:
     def __init__(self, prefix: str) -> None:
         self.queue = f"{prefix}:demo:queue"
         self.done = f"{prefix}:demo:done"
+        self.contexts = f"{prefix}:demo:contexts"
+        """Hash of counters: built, with_memory, with_knowledge, advice_unavailable, facts_pending (the run not yet
+        projected: the context holds no facts and, without a tenant, no memory)."""
+        self.context = f"{prefix}:demo:context"
+        """Hash run_id -> the JSON of the run's last context."""
         self.prefix = prefix
 
     def claimed(self, producer_id: str) -> str:
@@ -58,15 +70,41 @@ def _tool(step: Step, handle: RunHandle, provider_url: str) -> Any:
     return RecordedTool(name=step.tool, result=step.result)
 
 
+class TurnContexts:
+    """Builds each model turn's context and keeps the evidence of it in Redis (see the module docstring)."""
+
+    def __init__(self, manager: ContextManager, r: redis.Redis, keys: DemoKeys) -> None:
+        self.manager, self.r, self.keys = manager, r, keys
+
+    def build(self, run_id: str, query: str) -> Context:
+        """The context of one turn of ``run_id`` for ``query``; counted and kept as the run's latest."""
+        ctx = self.manager.build_context(run_id, query)
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hincrby(self.keys.contexts, "built", 1)
+        pipe.hincrby(self.keys.contexts, "with_memory", int(bool(ctx.memory)))
+        pipe.hincrby(self.keys.contexts, "with_knowledge", int(bool(ctx.knowledge)))
+        pipe.hincrby(self.keys.contexts, "advice_unavailable", int(any("unavailable" in n for n in ctx.notes)))
+        pipe.hincrby(self.keys.contexts, "facts_pending", int(not ctx.facts.known))
+        pipe.hset(self.keys.context, run_id, json.dumps(ctx.as_dict()))
+        pipe.execute()
+        return ctx
+
+
 def execute(handle: RunHandle, script: RunScript, *, provider_url: str, inbox: ApprovalInbox,
-            approval_timeout_s: float = 120.0) -> None:
-    """Run ``script`` on ``handle`` to its recorded outcome (each step one node ``step<i>``).
+            approval_timeout_s: float = 120.0, contexts: TurnContexts | None = None) -> None:
+    """Run ``script`` on ``handle`` to its recorded outcome (each step one node ``step<i>``); with ``contexts``,
+    each model turn (assistant message, tool call) first builds its context for the user's latest message.
 
     Raises:
         ProducerFencedError: this instance was fenced (a zombie); the run is someone else's now.
         OutcomeUnknownError: a call's outcome is unknown and its tool cannot reconcile.
     """
+    asked = script.instruction
     for i, step in enumerate(script.steps):
+        if step.kind == "message" and step.role == "user":
+            asked = step.content or asked
+        elif contexts is not None:
+            contexts.build(handle.run_id, asked)
         with handle.node(f"step{i}") as path:
             if step.kind == "message":
                 handle.message(step.role, step.content, user_id=script.user_id if step.role == "user" else None)
@@ -93,12 +131,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--workload", required=True, type=Path)
     ap.add_argument("--provider", required=True)
     ap.add_argument("--lease-ttl-ms", type=int, default=3000)
+    ap.add_argument("--advice", choices=("on", "off"), default="on",
+                    help="memory and knowledge in each turn's context (off: execution facts only)")
     args = ap.parse_args(argv)
     settings = Settings.load()
     scripts = load_scripts(args.workload)
     r = redis.Redis.from_url(settings.redis_url)
     keys = DemoKeys(settings.topic_prefix)
     inbox = ApprovalInbox(r, settings.topic_prefix)
+    advice = args.advice == "on"
+    contexts = TurnContexts(ContextManager.open(settings, memory=advice, knowledge=advice), r, keys)
     stop = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
     with Journal(settings, producer_id=args.producer_id, lease_ttl_ms=args.lease_ttl_ms) as journal:
@@ -116,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
                 script = scripts[raw.decode()]
                 handle = journal.start_run(script.tenant_id, script.agent, {"instruction": script.instruction},
                                            run_id=script.run_id, user_id=script.user_id)
-            execute(handle, scripts[handle.run_id], provider_url=args.provider, inbox=inbox)
+            execute(handle, scripts[handle.run_id], provider_url=args.provider, inbox=inbox, contexts=contexts)
             r.lrem(keys.claimed(args.producer_id), 0, handle.run_id)
 
 

@@ -53,6 +53,8 @@ class Fleet:
     crashes_injected: int = 0
     projector: subprocess.Popen | None = None
     projector_kills: int = 0
+    advice: bool = True
+    """Agents put memory and knowledge in each turn's context (``--advice on``)."""
 
     def note(self, kind: str, who: str, detail: str = "") -> None:
         """Append a timeline entry (seconds since start)."""
@@ -74,7 +76,8 @@ class Fleet:
             env["RJ_FAILPOINTS"] = f"{point}={self.rng.randint(1, 6)}"
             detail = env["RJ_FAILPOINTS"]
         self.agents[pid] = self._spawn([sys.executable, "-m", "runjournal.demo.agent", "--producer-id", pid,
-                                        "--workload", str(self.workload_path), "--provider", self.provider_url],
+                                        "--workload", str(self.workload_path), "--provider", self.provider_url,
+                                        "--advice", "on" if self.advice else "off"],
                                        pid, env)
         self.note("spawn", pid, detail)
         return pid

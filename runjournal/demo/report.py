@@ -82,6 +82,33 @@ def _runs(per_run: dict[str, Any], limit: int = 400) -> str:
             + "".join(rows) + "</table>")
 
 
+def _context(ctx: dict[str, Any] | None) -> str:
+    """One run's last turn context, as the agent built it: execution facts first, then advice with its label."""
+    if not ctx:
+        return "<p>no context was built (agents ran without the ContextManager)</p>"
+    f = ctx["facts"]
+    calls = "".join(f"<tr><td>{_esc(c['call_id'])}</td><td>{_esc(c['tool'])}</td><td>{_esc(c['status'])}</td>"
+                    f"<td>{_esc(c['effect_committed'])}</td><td>{c['attempts']}</td></tr>" for c in f["calls"])
+    parts = [f"<p>run <b>{_esc(ctx['run_id'])}</b> · query “{_esc(ctx['query'][:300])}”</p>",
+             f"<h3>Execution facts ({_esc(f['authority'])}: StateStore / ExecutionRecordStore, as of "
+             f"{_esc(f['as_of'])})</h3><p>status {_esc(f['status'])} · epoch {_esc(f['epoch'])} · tenant "
+             f"{_esc(f['tenant_id'])} · user {_esc(f['user_id'])}</p>"
+             "<table><tr><th>call</th><th>tool</th><th>status</th><th>effect committed</th><th>attempts</th></tr>"
+             + calls + "</table>"]
+    for source in ("memory", "knowledge"):
+        items = ctx[source]
+        rows = "".join(
+            f"<tr><td>{a['score']}</td><td>{_esc(a['text'][:300])}</td><td><small>{_esc(a['label'])}"
+            f"{'<br>conflicts: ' + _esc('; '.join(a['conflicts_with'])) if a['conflicts_with'] else ''}</small></td>"
+            f"<td><small>{_esc(json.dumps(a['provenance'], default=str)[:400])}</small></td></tr>" for a in items)
+        parts.append(f"<h3>{source.capitalize()} (advisory) — {len(items)} item(s)</h3>"
+                     + ("<table><tr><th>score</th><th>text</th><th>label</th><th>provenance</th></tr>" + rows
+                        + "</table>" if items else "<p>none</p>"))
+    if ctx.get("notes"):
+        parts.append("<p>notes: " + _esc("; ".join(ctx["notes"])) + "</p>")
+    return "".join(parts)
+
+
 def write_report(path: Path, summary: dict[str, Any]) -> None:
     """Write the demo report to ``path`` (HTML, self-contained)."""
     series = summary.get("series", {})
@@ -100,6 +127,9 @@ def write_report(path: Path, summary: dict[str, Any]) -> None:
         "<h2>Runs</h2><p>committed · <span class='chip reconciled'>reconciled</span> after a crash through the "
         "provider · <span class='chip re-run'>re-run safely</span> (not executed before the crash)</p>",
         _runs(summary.get("per_run", {})),
+        "<h2>One run's context</h2><p>What the ContextManager gave the agent for the run's last turn: facts "
+        "from the journal first; memory and knowledge after, each labelled advisory with its provenance.</p>",
+        _context(summary.get("context_example")),
         "<h2>Recovery passes</h2><pre>" + _esc(json.dumps(summary.get("recoveries", [])[:50], indent=1,
                                                            default=str)[:200_000]) + "</pre>",
     ]

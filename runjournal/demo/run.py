@@ -12,10 +12,16 @@ Numbered as in :func:`run_demo`:
    grants pending approvals.
 6. Quiesce: agents finish, the projector and the memory extractor catch up.
 7. Verify from independent sources (topic, projection, ledger, Qdrant) and report.
+8. Unless ``--keep``: remove what step 1 created — topics, consumer groups, Redis keys, the Qdrant
+   collection and the work folder (``runjournal.demo.cleanup``).
+
+Before step 1 the stack is checked (``preflight``): no broker or no Redis is reported within 5 s with the
+command that fixes it (``runjournal stack up``), not a 30 s hang and a raw KafkaException.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -34,8 +40,10 @@ import redis
 from runjournal.consumers.projector import Projector
 from runjournal.consumers.projector.store import ProjectionStore
 from runjournal.consumers.recovery.job import RecoveryError, RecoveryJob
+from runjournal.consumers.topic_identity import preflight
 from runjournal.core.settings import Settings
 from runjournal.demo.agent import DemoKeys
+from runjournal.demo.cleanup import remove_demo
 from runjournal.demo.fleet import Fleet, write_workload
 from runjournal.demo.verify import verify
 from runjournal.demo.workload import RunScript, generated_workload, load_tau_bench
@@ -66,8 +74,10 @@ class DemoOptions:
     generated_runs: int = 60
     provider_latency_ms: float = 20.0
     memory: bool = True
+    knowledge: list[Path] = field(default_factory=list)
     timeout_s: float = 900.0
     arm_fraction: float = 0.3
+    keep: bool = False
 
 
 def _load(opts: DemoOptions) -> list[RunScript]:
@@ -146,7 +156,7 @@ class _Background:
     def _settle(self, run_id: str, owner: str | None, action: str) -> None:
         """After recovery decided a run: a run with no fact at all goes back to the queue (it never durably
         started); any decided run leaves its dead owner's claimed list."""
-        if action in {"deferred", "no_live_instance"}:
+        if action in {"deferred", "no_live_instance", "retry_later"}:
             return  # undecided: the next pass takes it again
         if action == "no_facts":
             self.r.rpush(self.keys.queue, run_id)
@@ -168,10 +178,15 @@ def _completed(store: ProjectionStore, scripts: list[RunScript], partitions: int
 
 
 def run_demo(opts: DemoOptions, *, progress: Any = None) -> dict[str, Any]:
-    """Run the demo end to end; returns the summary dict (``ok`` says whether every check held)."""
+    """Run the demo end to end; returns the summary dict (``ok`` says whether every check held).
+
+    Raises:
+        StackUnavailableError: no broker or no Redis answers (within 5 s; the message says ``runjournal stack up``).
+    """
     started = time.monotonic()
     rng = random.Random(opts.seed)
     base = Settings.load()
+    preflight(base, need_topic=False)
     prefix = f"demo-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}-{opts.seed}"
     settings = base.model_copy(update={"topic_prefix": prefix, "partitions": opts.partitions})  # 1
     create_topics(settings, opts.partitions)
@@ -188,7 +203,9 @@ def run_demo(opts: DemoOptions, *, progress: Any = None) -> dict[str, Any]:
     fleet = Fleet(env=env, workdir=workdir, workload_path=workdir / "workload.json",
                   provider_url=f"http://127.0.0.1:{port}", rng=rng)
     fleet.start_projector()
-    memory = _start_memory(env, workdir) if opts.memory else None
+    knowledge = _ingest_knowledge(settings, opts.knowledge) if opts.memory else []
+    memory = _start_memory(env, workdir, settings) if opts.memory else None
+    fleet.advice = memory is not None
     keys = DemoKeys(prefix)
     r = redis.Redis.from_url(settings.redis_url)
     r.rpush(keys.queue, *[s.run_id for s in scripts])  # 4
@@ -214,6 +231,7 @@ def run_demo(opts: DemoOptions, *, progress: Any = None) -> dict[str, Any]:
         provider.terminate()
         provider.wait(10)
     summary = verify(settings, scripts, workdir / "ledger.db", opts.partitions)  # 7
+    summary.update(_contexts(r, keys, summary), knowledge_documents=knowledge)
     summary.update(
         agents=fleet.generation, crashes_injected=fleet.crashes_injected, projector_kills=fleet.projector_kills,
         recovery_passes=len(bg.reports), approvals_granted=bg.approvals, recovery_errors=bg.errors[:5],
@@ -224,9 +242,13 @@ def run_demo(opts: DemoOptions, *, progress: Any = None) -> dict[str, Any]:
         and summary["runs_outcome_matches_input"] == summary["runs_total"]
         and summary["side_effects_executed"] == summary["side_effects_expected"]
         and summary["side_effect_duplicates"] == 0 and summary["projection_mismatches"] == 0
-        and summary.get("memory_items_without_provenance", 0) == 0)
+        and summary.get("memory_items_without_provenance", 0) == 0
+        and summary.get("knowledge_passages_without_provenance", 0) == 0)
     summary["timeline"] = fleet.timeline()
     summary["recoveries"] = bg.reports
+    summary["kept"] = opts.keep
+    if not opts.keep:  # 8
+        summary["cleanup"] = remove_demo(settings, workdir)
     return summary
 
 
@@ -280,14 +302,54 @@ def _wait_http(url: str, timeout_s: float = 30.0) -> None:
     raise RuntimeError(f"provider did not answer at {url}")
 
 
-def _start_memory(env: dict[str, str], workdir: Path) -> subprocess.Popen | None:
+def _start_memory(env: dict[str, str], workdir: Path, settings: Settings) -> subprocess.Popen | None:
+    """Start the memory extractor; it owns the Qdrant directory and serves the agents' memory and knowledge
+    reads, so agents start only once it serves (or after 60 s, reading facts only if it never does)."""
     import importlib.util
 
     if importlib.util.find_spec("qdrant_client") is None:  # installed without the [memory] extra
         return None
+    from runjournal.consumers.cognition import read_discovery
+
     log_file = open(workdir / "memory.log", "ab")  # noqa: SIM115 - owned by the child
-    return subprocess.Popen([sys.executable, "-m", "runjournal", "memory-extractor"], env=env, stdout=log_file,
+    proc = subprocess.Popen([sys.executable, "-m", "runjournal", "memory-extractor"], env=env, stdout=log_file,
                             stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while settings.qdrant_url is None and read_discovery(settings.effective_qdrant_path) is None:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            log.warning("the memory extractor does not serve reads; agents build contexts from facts only")
+            return None if proc.poll() is not None else proc
+        time.sleep(0.1)
+    return proc
+
+
+def _ingest_knowledge(settings: Settings, paths: list[Path]) -> list[dict[str, Any]]:
+    """Ingest the knowledge documents before the fleet starts (the agents' contexts retrieve from them)."""
+    if not paths:
+        return []
+    from runjournal.consumers.cognition import open_retriever
+
+    reader = open_retriever(settings)
+    try:
+        return [reader.ingest(p) for p in paths]
+    finally:
+        reader.close()
+
+
+def _contexts(r: redis.Redis, keys: DemoKeys, summary: dict[str, Any]) -> dict[str, Any]:
+    """Counters of the agents' turn contexts, and one run's last context for the report: a recovered run
+    with advice if there is one."""
+    counts = {k.decode(): int(v) for k, v in r.hgetall(keys.contexts).items()}
+    stored = {k.decode(): v for k, v in r.hgetall(keys.context).items()}
+    recovered = {run_id for run_id, info in summary.get("per_run", {}).items() if info.get("epoch", 1) > 1}
+    def rank(run_id: str) -> tuple[bool, int]:
+        ctx = json.loads(stored[run_id])
+        return run_id in recovered, len(ctx["memory"]) + len(ctx["knowledge"])
+    example = json.loads(stored[max(sorted(stored), key=rank)]) if stored else None
+    return {"contexts_built": counts.get("built", 0), "contexts_with_memory": counts.get("with_memory", 0),
+            "contexts_with_knowledge": counts.get("with_knowledge", 0),
+            "contexts_advice_unavailable": counts.get("advice_unavailable", 0),
+            "contexts_facts_pending": counts.get("facts_pending", 0), "context_example": example}
 
 
 def _finish_memory(proc: subprocess.Popen | None, env: dict[str, str]) -> dict[str, Any]:

@@ -1,0 +1,42 @@
+"""Named errors of the store contracts (:mod:`runjournal.stores`).
+
+A caller that breaks a store's contract gets one of these, never a silent fallback:
+
+* :class:`ScopeError` — a memory scope without its tenant (owner), or an identity key smuggled in a filter.
+* :class:`PlaneError` — a cross-use: an object of one plane used where another is required (a memory
+  store handed to a ContextManager as its state store, a memory search that returned knowledge).
+* :class:`ProvenanceError` — knowledge evidence without its provenance (path, section, sha256, version).
+* :class:`ReadOnlyError` — a write attempted through a read-only store (the knowledge corpus at query time).
+"""
+
+from __future__ import annotations
+
+from runjournal.core.errors import RunjournalError
+
+__all__ = ["PlaneError", "ProvenanceError", "ReadOnlyError", "ScopeError", "StoreContractError"]
+
+
+class StoreContractError(RunjournalError):
+    """Base: a store's contract (scope, plane, provenance, mutability) was broken by a caller or a backend."""
+
+    retryable: bool = False
+    """Never: the same call breaks the same contract again."""
+
+
+class ScopeError(StoreContractError, ValueError):
+    """A memory scope is missing its tenant (empty or not a string), or a caller tried to filter on an
+    identity key (``tenant_id``, ``user_id``, ``agent_id``) instead of passing a :class:`~runjournal.stores.Scope`."""
+
+
+class PlaneError(StoreContractError, TypeError):
+    """An object of one plane was used where another is required: execution facts from a cognition store,
+    a memory search that returned a knowledge point, knowledge evidence carrying a tenant."""
+
+
+class ProvenanceError(StoreContractError, ValueError):
+    """Knowledge evidence without its provenance (document path, section heading, content sha256,
+    ingested-at, document version): refused at ingest, and at query time if a stored point lacks it."""
+
+
+class ReadOnlyError(StoreContractError):
+    """A write was attempted through a read-only store (the knowledge corpus at query time, a remote reader)."""
