@@ -29,8 +29,8 @@ from fastavro.validation import ValidationError, validate
 from runjournal.core.errors import ConfigError
 from runjournal.schemas._avro_body import read_body
 from runjournal.schemas._open_union import writer_symbol_by_branch
-from runjournal.schemas._writers import WriterSchemas
 from runjournal.schemas._validate import RecordValidator
+from runjournal.schemas._writers import WriterSchemas
 from runjournal.schemas.errors import (
     CorruptEventError,
     EventTooLargeError,
