@@ -7,7 +7,7 @@ records and report "caught up" with nothing projected (issue 14, case 5). So bef
 offset is used (projector start, each assignment, each recovery pass):
 
 * the topic must exist (:class:`~runjournal.producers.errors.TopicNotFoundError`: ``runjournal topics create``);
-* the stored identity ``rj:{<prefix>}:topic`` (``{"topic_id", "partitions"}``, written on first use)
+* the stored identity ``rj:<prefix>:topic`` (``{"topic_id", "partitions"}``, written on first use)
   must name the same topic id and partition count;
 * every stored applied offset must lie inside the partition's log (``offset < high watermark``)
   and name a partition that exists.
@@ -66,7 +66,7 @@ class TopicShape:
 
 
 def identity_key(prefix: str) -> str:
-    """``rj:{<prefix>}:topic``: the topic identity the projection of ``prefix`` was built from."""
+    """``rj:<prefix>:topic``: the topic identity the projection of ``prefix`` was built from."""
     return RedisKeys(prefix).topic_identity()
 
 

@@ -40,7 +40,7 @@ def _text(raw: Any) -> str:
 
 class ApprovalInbox:
     """Decisions waiting for a run's owner. Keys (``runjournal.core.redis_keys``): ``rj:{P:r:<run_id>}:approvals``
-    (hash call_id -> JSON) and ``rj:{P}:approvals:pending``."""
+    (hash call_id -> JSON) and ``rj:P:approvals:pending``."""
 
     def __init__(self, redis_client: Any, prefix: str) -> None:
         self._r = redis_client
@@ -52,7 +52,7 @@ class ApprovalInbox:
         return self._keys.approvals(run_id)
 
     def pending_key(self) -> str:
-        """``rj:{P}:approvals:pending``: set of ``run_id|call_id`` awaiting a decision (a hint for approvers)."""
+        """``rj:P:approvals:pending``: set of ``run_id|call_id`` awaiting a decision (a hint for approvers)."""
         return self._keys.approvals_pending()
 
     def decide(

@@ -72,8 +72,15 @@ def client(settings: Settings | None, *, url: str | None = None, username: str |
     if not target.cluster:
         import redis
 
-        return redis.Redis.from_url(target_url, **kwargs)
+        # redis-py lets a URL's user:password win over keyword arguments: strip them (they are in ``kwargs``)
+        return redis.Redis.from_url(_without_userinfo(target_url), **kwargs)
     return _LazyCluster(lambda: _cluster(target, kwargs), decode=bool(options.get("decode_responses")))
+
+
+def _without_userinfo(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    head, slash, tail = rest.partition("/")
+    return f"{scheme}{sep}{head.rpartition('@')[2]}{slash}{tail}"
 
 
 def _security(settings: Settings | None, target: RedisTarget, username: str | None,
@@ -100,7 +107,7 @@ def _cluster(target: RedisTarget, kwargs: dict[str, Any]) -> Any:
     from redis.cluster import ClusterNode, RedisCluster
     from redis.exceptions import RedisClusterException
 
-    seeds = [ClusterNode(host, port) for host, port in target.nodes]
+    seeds = [ClusterNode(host, port) for host, port in target.nodes]  # type: ignore[no-untyped-call]
     try:
         return RedisCluster(startup_nodes=seeds, ssl=target.tls, **kwargs)
     except RedisClusterException as exc:  # no seed answered: the same kind as a refused single server
@@ -145,7 +152,7 @@ class _LazyCluster:
         """A ``Script`` bound to this client (EVALSHA; on NOSCRIPT it loads the script and retries)."""
         from redis.commands.core import Script
 
-        return Script(self, script)
+        return Script(self, script)  # type: ignore[arg-type]  # duck-typed: evalsha, script_load, get_encoder
 
     def close(self) -> None:
         """Close the connections, if any were opened."""

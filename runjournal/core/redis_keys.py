@@ -9,8 +9,8 @@ unit of atomicity; a key used alone needs no tag and is spread over the cluster 
   ``rj:{P:i:<name>}:incarnation`` — own a run while the lease is ours (lease + owned set); hand a run over
   (owned set + assignment list);
 * run ``{P:r:<run_id>}``: ``rj:{P:r:<run_id>}:plan``, ``:approvals``, ``:claim`` — one node holds a run's keys;
-* prefix ``{P}``: ``rj:{P}:topic``, ``:parked``, ``:approvals:pending`` — single keys of the whole prefix;
-* no tag: ``rj:P:result:<sha256>`` (results spread over the nodes), ``rj:P:projector:lag_ms``;
+* no tag: single keys of the whole prefix — ``rj:P:topic``, ``rj:P:parked``, ``rj:P:approvals:pending``,
+  ``rj:P:projector:lag_ms`` — and ``rj:P:result:<sha256>`` (results spread over the nodes);
 * demo ``{P:demo}``: ``rj:{P:demo}:queue``, ``:claimed:<instance>``, … — LMOVE from the queue to a claimed list.
 
 No operation spans two units: the recovery hand-over writes the plan (run unit), then the assignee's owned
@@ -21,7 +21,9 @@ first build and stays as it is.
 
 ``P`` holds only letters, digits, ``.``, ``_`` and ``-`` (``Settings.topic_prefix``), so the ``:`` after it
 ends every family's glob exactly; the partition globs spell the digits out (``rj:{P.p[0-9]}:*`` …), so
-``P`` never matches a prefix ``P.pX…`` of another tenant. Redis ACL key patterns (``runjournal.deploy.redis_acls``)
+they match no key of a prefix ``P.p1`` (whose tags are ``{P.p1:…}``, never ``{P.p1}``: that is why no key of
+a whole prefix is tagged ``{P}``; the issue-14 topic identity ``rj:{P}:topic`` moved to ``rj:P:topic``, and a
+projector adopts the identity again once after the upgrade). Redis ACL key patterns (``runjournal.deploy.redis_acls``)
 and scans (erase, wipe, demo cleanup) use the same globs (:meth:`RedisKeys.patterns`).
 """
 
@@ -105,18 +107,18 @@ class RedisKeys:
         """``rj:{P:r:<run_id>}:claim`` — the instance that started the run (SET NX: a run id is used once)."""
         return f"{self._run(run_id)}:claim"
 
-    # -- prefix unit and untagged single keys --------------------------------------------------------
+    # -- untagged single keys -------------------------------------------------------------------------
     def topic_identity(self) -> str:
-        """``rj:{P}:topic`` — the topic id and partition count the projection was built from."""
-        return f"rj:{{{self.prefix}}}:topic"
+        """``rj:P:topic`` — the topic id and partition count the projection was built from."""
+        return f"rj:{self.prefix}:topic"
 
     def parked(self) -> str:
-        """``rj:{P}:parked`` — set of runs recovery parked (a gap or an undecodable record)."""
-        return f"rj:{{{self.prefix}}}:parked"
+        """``rj:P:parked`` — set of runs recovery parked (a gap or an undecodable record)."""
+        return f"rj:{self.prefix}:parked"
 
     def approvals_pending(self) -> str:
-        """``rj:{P}:approvals:pending`` — set of ``run_id|call_id`` awaiting a decision (a hint for approvers)."""
-        return f"rj:{{{self.prefix}}}:approvals:pending"
+        """``rj:P:approvals:pending`` — set of ``run_id|call_id`` awaiting a decision (a hint for approvers)."""
+        return f"rj:{self.prefix}:approvals:pending"
 
     def result(self, hexdigest: str) -> str:
         """``rj:P:result:<sha256 hex>`` — a large tool result, content-addressed (no tag: spread over the nodes)."""
@@ -156,5 +158,5 @@ class RedisKeys:
 
     def patterns(self) -> list[str]:
         """Globs covering every key of this prefix (and none of another): cleanup of a whole prefix."""
-        return [*self.partition_globs(), f"rj:{{{self.prefix}}}:*", f"rj:{{{self.prefix}:i:*",
-                f"rj:{{{self.prefix}:r:*", f"rj:{{{self.prefix}:demo}}:*", f"rj:{self.prefix}:*"]
+        return [*self.partition_globs(), f"rj:{{{self.prefix}:i:*", f"rj:{{{self.prefix}:r:*",
+                f"rj:{{{self.prefix}:demo}}:*", f"rj:{self.prefix}:*"]
