@@ -5,17 +5,19 @@ the configuration (``runjournal acls create`` and ``runjournal stack up --secure
 bindings with Kafka's AdminClient, for any cluster with the standard authorizer). Roles and what they do:
 
 * ``agent`` — the Journal an agent embeds: transactional produce of every event to ``{prefix}.events``
-  under ``transactional.id`` ``{prefix}.{producer_id}``, and its writer schema to ``{prefix}.schemas`` before
-  its first event (``runjournal.schemas.catalog``; every writer does). It reads nothing from Kafka. A DENY keeps it
+  under ``transactional.id`` ``{prefix}.{producer_id}``. It reads nothing from Kafka. A DENY keeps it
   from using the recovery job's transactional id (it could otherwise fence the recovery job).
 * ``projector`` — consumer group ``{prefix}.projector`` on the events topic; writes quarantined records
-  to ``{prefix}.events.dlq``. Readers (projector, recovery, memory) read ``{prefix}.schemas`` for a writer
-  schema they do not ship.
+  to ``{prefix}.events.dlq``.
 * ``recovery`` — fences dead instances (``init_transactions`` with *their* transactional ids, so every
   id under ``{prefix}.``), reads partition tails, publishes RUN_RESUMED under ``{prefix}.recovery``.
 * ``memory`` — consumer group ``{prefix}.memory``; writes failures to ``{prefix}.memory.dlq``.
 * ``operator`` — ``topics create/describe``, ``inspect``, ``replay``, ``erase`` (tombstones), reading the
   DLQs. Not ACL administration: that stays with the cluster's administrator.
+
+Every role that encodes events (agent, recovery, operator tools) writes its writer schema to
+``{prefix}.schemas`` before its first event; every reader (projector, recovery, memory, operator) reads
+writer schemas there by fingerprint (``runjournal.schemas.catalog``). Only the operator creates topics.
 
 Throw-away readers (recovery's tails, inspect, replay, erase) need no group ACL: they ``assign()``
 partitions at explicit offsets and commit nothing, so the only group request librdkafka makes is a
@@ -55,11 +57,17 @@ class Grant:
 
 
 _EVENTS, _DLQ, _MDLQ, _SCHEMAS = "{prefix}.events", "{prefix}.events.dlq", "{prefix}.memory.dlq", "{prefix}.schemas"
+# Every writer publishes its writer schema to {prefix}.schemas before its first event; every reader looks
+# writer schemas up there (runjournal.schemas.catalog). The operator creates the topic (topics create).
+_SCHEMAS_WRITE = Grant("topic", _SCHEMAS, "literal", ("WRITE", "DESCRIBE", "READ"),
+                       "publish its writer schema before its first event (and read the catalog back)")
+_SCHEMAS_READ = Grant("topic", _SCHEMAS, "literal", ("READ", "DESCRIBE"),
+                      "find writer schemas by fingerprint (newer writers' records)")
 
 ROLES: dict[str, tuple[Grant, ...]] = {
     "agent": (
         Grant("topic", _EVENTS, "literal", ("WRITE", "DESCRIBE"), "publish every event (transactional produce)"),
-        Grant("topic", _SCHEMAS, "literal", ("WRITE", "DESCRIBE"), "publish its writer schema before its first event"),
+        _SCHEMAS_WRITE,
         Grant("transactional_id", "{prefix}.", "prefixed", ("WRITE", "DESCRIBE"),
               "its transactional.id {prefix}.{producer_id}: init_transactions, commit"),
         Grant("transactional_id", "{prefix}.recovery", "literal", ("WRITE", "DESCRIBE"),
@@ -67,28 +75,28 @@ ROLES: dict[str, tuple[Grant, ...]] = {
     ),
     "projector": (
         Grant("topic", _EVENTS, "literal", ("READ", "DESCRIBE"), "fold the journal"),
+        _SCHEMAS_READ,
         Grant("group", "{prefix}.projector", "literal", ("READ", "DESCRIBE"), "its consumer group and commits"),
         Grant("topic", _DLQ, "literal", ("WRITE", "DESCRIBE"), "quarantine undecodable records with their offset"),
-        Grant("topic", _SCHEMAS, "literal", ("READ", "DESCRIBE"), "find a writer schema it does not ship"),
     ),
     "recovery": (
         Grant("topic", _EVENTS, "literal", ("READ", "WRITE", "DESCRIBE"),
               "read partition tails to the high watermark; publish RUN_RESUMED"),
+        _SCHEMAS_WRITE,
         Grant("transactional_id", "{prefix}.", "prefixed", ("WRITE", "DESCRIBE"),
               "fence a dead instance (init_transactions with its id); its own {prefix}.recovery"),
-        Grant("topic", _SCHEMAS, "literal", ("READ", "WRITE", "DESCRIBE"),
-              "publish its writer schema (RUN_RESUMED); find one it does not ship"),
     ),
     "memory": (
         Grant("topic", _EVENTS, "literal", ("READ", "DESCRIBE"), "extract memory from events"),
+        _SCHEMAS_READ,
         Grant("group", "{prefix}.memory", "literal", ("READ", "DESCRIBE"), "its consumer group and commits"),
         Grant("topic", _MDLQ, "literal", ("WRITE", "DESCRIBE"), "dead-letter items Qdrant refused"),
-        Grant("topic", _SCHEMAS, "literal", ("READ", "DESCRIBE"), "find a writer schema it does not ship"),
     ),
     "operator": (
         Grant("topic", "{prefix}.", "prefixed", ("CREATE", "DESCRIBE", "DESCRIBE_CONFIGS", "READ"),
               "topics create/describe; inspect, replay and the DLQs"),
         Grant("topic", _EVENTS, "literal", ("WRITE",), "erase: tombstones"),
+        Grant("topic", _SCHEMAS, "literal", ("WRITE",), "tools that encode events (e.g. the demo's seeding)"),
     ),
 }
 """Role → its grants (see the module docstring)."""
