@@ -12,11 +12,13 @@ KNOWLEDGE ?= ../shared/data/knowledge/tau-bench-airline-policy.md
 help: ## List targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
 
-deps: ## Install java, mvn and redis-server from Debian's packages when missing (needs root)
+deps: ## Install java, mvn, redis-server/redis-cli and openssl from Debian's packages when missing (needs root)
 	@missing=""; \
 	command -v java >/dev/null || missing="$$missing openjdk-17-jre-headless"; \
 	command -v mvn >/dev/null || missing="$$missing maven"; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	command -v redis-cli >/dev/null || missing="$$missing redis-tools"; \
+	command -v openssl >/dev/null || missing="$$missing openssl"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    echo "installing:$$missing"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
@@ -53,7 +55,9 @@ test: install ## Install everything, start a private real stack, run the whole s
 	$(BIN)/pytest -q
 
 # The production shape (tests/cluster, marker `cluster`): three KRaft brokers, SASL_SSL + SCRAM, the roles' ACLs,
-# leader failover under load. Starts and stops a stack of its own (`runjournal stack up --brokers 3 --secure`).
+# leader failover under load; a 3-master Redis Cluster over TLS with ACL users per role, the projector and recovery
+# crash tests against it. Starts and stops a stack of its own (`runjournal stack up --brokers 3 --secure
+# --redis-cluster`).
 test-cluster: install ## The 3-broker secure-cluster tests (left out of `make test`; ~4 min)
 	$(BIN)/pytest -q -m cluster tests/cluster
 

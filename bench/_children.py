@@ -78,12 +78,11 @@ def main() -> None:
     kind, arg = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else "0")
     settings = Settings.load()
     if kind == "projector":
-        import redis
-
         from runjournal.consumers.projector import Projector
         from runjournal.consumers.projector.store import ProjectionStore
+        from runjournal.core import redis_client
 
-        ProjectionStore(redis.Redis.from_url(settings.redis_url), settings.topic_prefix).wipe()
+        ProjectionStore(redis_client.client(settings), settings.topic_prefix).wipe()
         stats = Projector(settings, group_id=f"{settings.topic_prefix}.rss-{uuid.uuid4().hex[:6]}").run(
             until_caught_up=True)
         out: dict[str, Any] = {"events": stats.events, "seconds": stats.elapsed_s}

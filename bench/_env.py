@@ -86,14 +86,12 @@ class BenchEnv:
                 fut.result(60)
 
     def _delete_keys(self) -> None:
-        import redis
+        from runjournal.core import redis_client
+        from runjournal.core.redis_keys import RedisKeys
 
-        client = redis.Redis.from_url(self.base.redis_url)
+        client = redis_client.client(self.base)
         for prefix in self.prefixes:
-            for pattern in (f"rj:{{{prefix}.*", f"rj:{prefix}:*", f"{prefix}:*"):
-                batch = list(client.scan_iter(match=pattern, count=2000))
-                for i in range(0, len(batch), 1000):
-                    client.delete(*batch[i:i + 1000])
+            redis_client.delete_matching(client, RedisKeys(prefix).patterns())
 
     def close(self) -> None:
         """Clean up, stop a private stack, remove the scratch directory."""
@@ -104,10 +102,10 @@ class BenchEnv:
 
 
 def _reachable(settings: Settings) -> bool:
-    import redis
+    from runjournal.core import redis_client
 
     try:
-        if not redis.Redis.from_url(settings.redis_url, socket_timeout=2).ping():
+        if not redis_client.client(settings, socket_timeout=2).ping():
             return False
         meta = kafka.admin_client(settings, **{"socket.timeout.ms": 3000}).list_topics(timeout=5)
         return bool(meta.brokers)

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import redis
-
 from bench._env import BenchEnv, run_child
 from bench._model import Row, paired_ratios, summarise
 from bench._rounds import Side, interleave
 from bench.projection import publish_workload
 from runjournal.consumers.projector.store import ProjectionStore
+from runjournal.core import redis_client
 
 __all__ = ["run_footprint"]
 
@@ -30,7 +29,7 @@ MIB = 1024 * 1024
 
 
 def _redis_rows(settings: Any, runs: int) -> list[Row]:
-    client = redis.Redis.from_url(settings.redis_url)
+    client = redis_client.client(settings)
     store = ProjectionStore(client, settings.topic_prefix)
     keys = [store.run_key(p, r) for p in range(settings.partitions) for r in store.run_ids(p)]
     if len(keys) != runs:

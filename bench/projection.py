@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import redis
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from bench._env import BenchEnv
@@ -44,7 +43,7 @@ from bench._rounds import Side, progress
 from bench._rounds import interleave as rounds_of
 from runjournal.consumers.projector import Projector
 from runjournal.consumers.projector.store import ProjectionStore
-from runjournal.core import kafka
+from runjournal.core import kafka, redis_client
 from runjournal.core.settings import Settings
 from runjournal.producers import partition_for
 from runjournal.schemas import codec_from_settings
@@ -105,7 +104,7 @@ def publish_workload(settings: Settings, runs: int, events_per_run: int, *, json
 def projector_rate(settings: Settings, expected: int, *, state_cache_runs: int = 10_000,
                    batch_size: int = 2000) -> float:
     """Rebuild the projection from nothing (Redis wiped, fresh group); records/s first to last batch."""
-    ProjectionStore(redis.Redis.from_url(settings.redis_url), settings.topic_prefix).wipe()
+    ProjectionStore(redis_client.client(settings), settings.topic_prefix).wipe()
     proj = TimedProjector(settings, group_id=f"{settings.topic_prefix}.projector-{uuid.uuid4().hex[:6]}",
                           state_cache_runs=state_cache_runs, batch_size=batch_size)
     stats = proj.run(until_caught_up=True)

@@ -32,8 +32,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import redis
-
 from bench._env import BenchEnv
 from bench._events import Templates, interleave, publish_raw, run_events
 from bench._model import Row, goal_met, paired_ratios, summarise
@@ -44,6 +42,8 @@ from runjournal.consumers.projector.store import ProjectionStore
 from runjournal.consumers.recovery.job import RecoveryJob
 from runjournal.consumers.recovery.plan import build_plan, classify
 from runjournal.consumers.recovery.tail import end_offsets, fold_tails
+from runjournal.core import redis_client
+from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.model.reducer import RunState, apply
 from runjournal.producers import partition_for
@@ -125,7 +125,7 @@ class _Builder:
 
     def seed(self, states: dict[str, RunState]) -> None:
         """Write the snapshot as the projector would have at the end of history."""
-        store = ProjectionStore(redis.Redis.from_url(self.settings.redis_url), self.settings.topic_prefix)
+        store = ProjectionStore(redis_client.client(self.settings), self.settings.topic_prefix)
         for p in range(self.settings.partitions):
             ours = {r: s for r, s in states.items() if s.applied_partition == p}
             res = store.apply_batch(p, expected_offset=-1, new_offset=self.offsets[p] - 1, states=ours)
@@ -151,7 +151,7 @@ def _build(env: BenchEnv, label: str, inflight: dict[str, list[Event]], total: i
 def plans_seconds(topic: _Topic) -> float:
     """end_offsets + fold_tails + classify + build_plan for every in-flight run; seconds."""
     s = topic.settings
-    store = ProjectionStore(redis.Redis.from_url(s.redis_url), s.topic_prefix)
+    store = ProjectionStore(redis_client.client(s), s.topic_prefix)
     codec = codec_from_settings(s)
     started = time.perf_counter()
     ends = end_offsets(s, topic.by_partition)
@@ -173,8 +173,8 @@ def plans_seconds(topic: _Topic) -> float:
 def _full_recover(topic: _Topic) -> float:
     """One ``RecoveryJob.recover(runs=[…])``: fence, plans, RUN_RESUMED for all, hand-over; seconds."""
     s = topic.settings
-    live = redis.Redis.from_url(s.redis_url)
-    live.set(f"{s.topic_prefix}:lease:bench-live", "bench", px=600_000)
+    live = redis_client.client(s)
+    live.set(RedisKeys(s.topic_prefix).lease("bench-live"), "bench", px=600_000)
     job = RecoveryJob(s, max_wait_s=0)
     runs = sorted(r for rs in topic.by_partition.values() for r in rs)
     try:

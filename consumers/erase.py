@@ -12,9 +12,11 @@ Order (each step is idempotent, so running ``erase`` again finishes an interrupt
    projector deletes the run's state, the memory extractor deletes the items of each record.
 4. Delete the run's Redis keys directly too (the projector may be down): its projected state
    (``rj:{P.p}:run:<run_id>`` and its entry in ``rj:{P.p}:runs``), recovery plan
-   (``{prefix}:plan:<run_id>``), approval inbox (``{prefix}:approvals:<run_id>`` and pending
-   entries), and its entries in instances' owned sets, assignment lists and the parked set.
-   Results (``{prefix}:result:<sha256>``) are content-addressed and may be shared: left alone.
+   (``rj:{P:r:<run_id>}:plan``), approval inbox (``rj:{P:r:<run_id>}:approvals`` and pending
+   entries), and its entries in instances' owned sets, assignment lists (found by SCAN on every
+   primary of a Redis Cluster) and the parked set. One command per key: the keys live in several slots.
+   Results (``rj:P:result:<sha256>``) are content-addressed and may be shared: left alone; so is the
+   run-id claim (a run id is used once).
 5. Ask the memory store to delete every point whose provenance is the run (``delete_by_run``). A
    local Qdrant directory held by a running extractor is reported, not an error: the extractor
    erases the items itself when it reads the tombstones.
@@ -28,7 +30,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import redis
 from confluent_kafka import KafkaError, Message
 
 from runjournal.consumers._partitions import run_partition
@@ -36,10 +37,11 @@ from runjournal.consumers.inspect import read_run_events
 from runjournal.consumers.projector.store import ProjectionStore
 from runjournal.consumers.recovery.instances import Instances
 from runjournal.core import kafka
+from runjournal.core import redis_client as redis_clients
 from runjournal.core.errors import RunjournalError
+from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.producers.approvals import ApprovalInbox
-from runjournal.producers.plan import PlanStore
 
 if TYPE_CHECKING:
     from runjournal.consumers.memory.embed import Embedder
@@ -84,7 +86,7 @@ class EraseReport:
 
 def erase_run(settings: Settings, run_id: str, *, force: bool = False, erase_memory: bool = True,
               embedder: Embedder | None = None, memory_store: QdrantMemoryStore | None = None,
-              redis_client: redis.Redis | None = None, timeout_s: float = 30.0) -> EraseReport:
+              redis_client: Any = None, timeout_s: float = 30.0) -> EraseReport:
     """Erase ``run_id`` from the journal, Redis and memory (see the module docstring for the steps).
 
     Args:
@@ -94,7 +96,7 @@ def erase_run(settings: Settings, run_id: str, *, force: bool = False, erase_mem
         erase_memory: step 5 (default True).
         embedder: names the memory collection (default: ``runjournal.consumers.memory.default_embedder()``).
         memory_store: an open store to delete from (default: opened from ``settings`` and closed).
-        redis_client: default from ``settings.redis_url``.
+        redis_client: default ``runjournal.core.redis_client.client(settings)``.
         timeout_s: longest wait for the tombstones' acknowledgements, seconds (default 30).
 
     Returns:
@@ -106,7 +108,7 @@ def erase_run(settings: Settings, run_id: str, *, force: bool = False, erase_mem
         TopicNotFoundError: the events topic does not exist.
         KafkaException / redis.RedisError: the broker or Redis is unreachable.
     """
-    client = redis_client if redis_client is not None else redis.Redis.from_url(settings.redis_url)
+    client = redis_client if redis_client is not None else redis_clients.client(settings)
     partition = run_partition(settings, run_id)
     rows = [r for r in read_run_events(settings, run_id) if r["key"].rsplit(":", 2)[0] == run_id]  # 1
     latest = {row["key"]: row["type"] for row in rows}
@@ -120,7 +122,7 @@ def erase_run(settings: Settings, run_id: str, *, force: bool = False, erase_mem
                        memory_note=note)
 
 
-def _check_not_live(settings: Settings, client: redis.Redis, partition: int, run_id: str, force: bool) -> None:
+def _check_not_live(settings: Settings, client: Any, partition: int, run_id: str, force: bool) -> None:
     state = ProjectionStore(client, settings.topic_prefix).get(partition, run_id)
     if force or state is None or state.terminal or not state.owner:
         return
@@ -157,23 +159,23 @@ def _tombstone(settings: Settings, partition: int, keys: list[str], timeout_s: f
                          "run erase again")
 
 
-def _delete_redis(settings: Settings, client: redis.Redis, partition: int, run_id: str) -> tuple[int, int]:
-    prefix = settings.topic_prefix
-    projection = ProjectionStore(client, prefix)
-    inbox = ApprovalInbox(client, prefix)
-    pipe = client.pipeline(transaction=False)
-    pipe.delete(projection.run_key(partition, run_id), PlanStore(client, prefix).plan_key(run_id), inbox.key(run_id))
-    pipe.srem(projection.runs_key(partition), run_id)
-    pipe.srem(f"{prefix}:parked", run_id)
-    for kind, op in (("owned", "srem"), ("assign", "lrem")):
-        for key in client.scan_iter(match=f"{prefix}:{kind}:*", count=1000):
+def _delete_redis(settings: Settings, client: Any, partition: int, run_id: str) -> tuple[int, int]:
+    keys = RedisKeys(settings.topic_prefix)
+    inbox = ApprovalInbox(client, settings.topic_prefix)
+    pipe = client.pipeline(transaction=False)  # single-key commands: a cluster pipeline routes each by its slot
+    for key in (keys.run(partition, run_id), keys.plan(run_id), keys.approvals(run_id)):
+        pipe.delete(key)
+    pipe.srem(keys.runs(partition), run_id)
+    pipe.srem(keys.parked(), run_id)
+    for family, op in (("owned", "srem"), ("assign", "lrem")):
+        for key in redis_clients.scan_keys(client, keys.instance_glob(family)):
             if op == "srem":
                 pipe.srem(key, run_id)
             else:
                 pipe.lrem(key, 0, run_id)
-    deleted, *entries = pipe.execute()
+    deleted_run, deleted_plan, deleted_inbox, *entries = pipe.execute()
     pending_removed = inbox.forget(run_id)  # the inbox hash is gone: only its pending-set entries remain
-    return int(deleted), sum(int(n) for n in entries) + pending_removed
+    return int(deleted_run) + int(deleted_plan) + int(deleted_inbox), sum(int(n) for n in entries) + pending_removed
 
 
 def _erase_memory(settings: Settings, run_id: str, embedder: Embedder | None,

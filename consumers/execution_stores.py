@@ -20,12 +20,11 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import redis
 from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
 
 from runjournal.consumers._partitions import events_partition_count
 from runjournal.consumers.projector.store import ProjectionStore
-from runjournal.core import kafka
+from runjournal.core import kafka, redis_client
 from runjournal.core.errors import RunjournalError
 from runjournal.core.settings import Settings
 from runjournal.model import ExecutionRecord, RunState, unsettled_calls
@@ -173,7 +172,7 @@ class RedisRunStore:
     plane = Plane.EXECUTION
     authority = Authority.DERIVED
 
-    def __init__(self, client: redis.Redis, prefix: str, partitions: int) -> None:
+    def __init__(self, client: Any, prefix: str, partitions: int) -> None:
         self.store = ProjectionStore(client, prefix)
         self.partitions = partitions
 
@@ -184,7 +183,7 @@ class RedisRunStore:
         Raises:
             TopicNotFoundError: the events topic does not exist.
         """
-        return cls(redis.Redis.from_url(settings.redis_url), settings.topic_prefix, events_partition_count(settings))
+        return cls(redis_client.client(settings), settings.topic_prefix, events_partition_count(settings))
 
     def _partition(self, run_id: str) -> int:
         return partition_for(run_id, self.partitions)

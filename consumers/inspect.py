@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import redis
 from confluent_kafka import Message
 
 from runjournal.consumers._partitions import events_partition_count, range_consumer, read_ranges, watermarks
 from runjournal.consumers.projector.store import ProjectionStore
+from runjournal.core import redis_client
 from runjournal.core.settings import Settings
 from runjournal.producers.partitioner import partition_for
 from runjournal.schemas import EventType, codec_from_settings
@@ -76,7 +76,7 @@ def inspect_run(settings: Settings, run_id: str, *, with_timeline: bool = True) 
         TopicNotFoundError: the events topic does not exist (``runjournal topics create``).
     """
     partition = partition_for(run_id, events_partition_count(settings))
-    store = ProjectionStore(redis.Redis.from_url(settings.redis_url), settings.topic_prefix)
+    store = ProjectionStore(redis_client.client(settings), settings.topic_prefix)
     state = store.get(partition, run_id)
     if state is None:
         return None

@@ -20,8 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
-import redis
-
 from runjournal.consumers._partitions import run_partition
 from runjournal.consumers._replay_handle import (
     ReplayDivergedError,
@@ -34,6 +32,7 @@ from runjournal.consumers._replay_handle import (
 )
 from runjournal.consumers._replay_state import ReplayedState, TimelineRow
 from runjournal.consumers.inspect import read_run_events
+from runjournal.core import redis_client as redis_clients
 from runjournal.core.settings import Settings
 from runjournal.model.reducer import RunState, apply, block
 from runjournal.producers.results import ResultStore
@@ -117,7 +116,7 @@ def replay_state(settings: Settings, run_id: str, *, until_seq: int | None = Non
 
 def replay_run(settings: Settings, run_id: str, agent_fn: Callable[[ReplayHandle], Any], *,
                until_seq: int | None = None, strict_args: bool = True,
-               redis_client: redis.Redis | None = None) -> AgentReplay:
+               redis_client: Any = None) -> AgentReplay:
     """Re-execute ``agent_fn`` against the recording of ``run_id`` (no tool runs, nothing is published).
 
     Args:
@@ -140,7 +139,7 @@ def replay_run(settings: Settings, run_id: str, agent_fn: Callable[[ReplayHandle
         Anything else ``agent_fn`` raises.
     """
     replayed = replay_state(settings, run_id, until_seq=until_seq)
-    client = redis_client if redis_client is not None else redis.Redis.from_url(settings.redis_url)
+    client = redis_client if redis_client is not None else redis_clients.client(settings)
     handle = ReplayHandle(replayed, results=ResultStore(client, settings.topic_prefix), strict_args=strict_args)
     stopped: str | None = None
     value: Any = None

@@ -7,7 +7,7 @@ records and report "caught up" with nothing projected (issue 14, case 5). So bef
 offset is used (projector start, each assignment, each recovery pass):
 
 * the topic must exist (:class:`~runjournal.producers.errors.TopicNotFoundError`: ``runjournal topics create``);
-* the stored identity ``rj:{<prefix>}:topic`` (``{"topic_id", "partitions"}``, written on first use)
+* the stored identity ``rj:<prefix>:topic`` (``{"topic_id", "partitions"}``, written on first use)
   must name the same topic id and partition count;
 * every stored applied offset must lie inside the partition's log (``offset < high watermark``)
   and name a partition that exists.
@@ -26,8 +26,9 @@ import redis
 from confluent_kafka import KafkaError, KafkaException, TopicCollection
 
 from runjournal.consumers._partitions import watermarks
-from runjournal.core import kafka
+from runjournal.core import kafka, redis_client
 from runjournal.core.errors import ConfigError, RunjournalError
+from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.producers.errors import TopicNotFoundError
 
@@ -65,8 +66,8 @@ class TopicShape:
 
 
 def identity_key(prefix: str) -> str:
-    """``rj:{<prefix>}:topic``: the topic identity the projection of ``prefix`` was built from."""
-    return f"rj:{{{prefix}}}:topic"
+    """``rj:<prefix>:topic``: the topic identity the projection of ``prefix`` was built from."""
+    return RedisKeys(prefix).topic_identity()
 
 
 def describe_events_topic(settings: Settings, *, timeout_s: float = 5.0) -> TopicShape:
@@ -141,7 +142,7 @@ def preflight(settings: Settings, *, need_topic: bool = True, need_redis: bool =
     Raises:
         StackUnavailableError: no broker at ``settings.bootstrap`` or no Redis at ``settings.redis_url``
             within ``timeout_s`` seconds (``runjournal stack up``).
-        ConfigError: the broker refused the credentials or the TLS handshake (the settings to check named).
+        ConfigError: the broker or Redis refused the credentials or the TLS handshake (the settings to check named).
         TopicNotFoundError: ``need_topic`` and the events topic does not exist (``runjournal topics create``).
     """
     refused: list[str] = []
@@ -158,15 +159,12 @@ def preflight(settings: Settings, *, need_topic: bool = True, need_redis: bool =
             f"no Kafka broker answers at {settings.bootstrap} within {timeout_s:.0f} s: start the local stack with "
             "`runjournal stack up` (or set RUNJOURNAL_BOOTSTRAP)") from exc
     if need_redis:
-        client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
         try:
-            client.ping()
+            redis_client.check_access(settings, timeout_s=timeout_s)  # a refused login or TLS: ConfigError
         except redis.RedisError as exc:
             raise StackUnavailableError(
                 f"no Redis answers at {settings.masked()['redis_url']}: start the local stack with "
                 f"`runjournal stack up` (or set RUNJOURNAL_REDIS_URL): {exc}") from exc
-        finally:
-            client.close()
     if need_topic and settings.events_topic not in meta.topics:
         raise TopicNotFoundError(f"topic {settings.events_topic} does not exist at {settings.bootstrap}: create it "
                                  "with `runjournal topics create` (or check RUNJOURNAL_TOPIC_PREFIX)")

@@ -31,7 +31,7 @@ from runjournal.deploy.procs import Proc, port_in_use, read_tail, spawn
 __all__ = ["KafkaNode", "ensure_jars", "kafka_version", "new_cluster_id", "require_tool"]
 
 TOOL_PACKAGES = {"java": "openjdk-17-jre-headless", "keytool": "openjdk-17-jre-headless", "mvn": "maven",
-                 "redis-server": "redis-server"}
+                 "redis-server": "redis-server", "redis-cli": "redis-tools", "openssl": "openssl"}
 
 #: JVM options: small heap, serial GC (2 cores, one node), headless.
 JVM_OPTS = ["-Xms128m", "-Xmx512m", "-XX:+UseSerialGC", "-Djava.awt.headless=true"]

@@ -2,7 +2,9 @@
 and on request a schema registry (Apicurio, from Maven Central: ``runjournal.deploy.registry``).
 
 Kafka is one node by default, or the production shape — N nodes, SASL_SSL, SCRAM users and the
-roles' ACLs — with ``brokers`` / ``secure`` (``runjournal.deploy.kafka_cluster``).
+roles' ACLs — with ``brokers`` / ``secure`` (``runjournal.deploy.kafka_cluster``). Redis is one server by
+default, or a 3-master Redis Cluster (``redis_cluster``), with TLS and ACL users per role when ``secure``
+(``runjournal.deploy.redis_stack``).
 
 ``Stack(stack_dir, cache_dir).up()`` is idempotent: components whose recorded process is
 still alive and healthy are left alone. ``down()`` stops only processes ``up()`` started,
@@ -19,10 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runjournal.deploy import kafka_cluster
-from runjournal.deploy.errors import StackError
-from runjournal.deploy.kafka_node import require_tool
-from runjournal.deploy.procs import Proc, port_in_use, read_tail, spawn
+from runjournal.deploy import kafka_cluster, redis_stack
+from runjournal.deploy.procs import Proc
 from runjournal.deploy.registry import registry_health, up_registry
 
 __all__ = ["Stack", "StackPorts"]
@@ -39,7 +39,7 @@ class StackPorts:
     controller: int = 9093
     """KRaft controller listener (of node 1; node i adds 2i)."""
     redis: int = 6379
-    """Redis."""
+    """Redis (a cluster: node i on + i, its bus on + 3 + i)."""
     registry: int = 8081
     """Schema registry HTTP (only with ``up(registry=True)``)."""
 
@@ -59,9 +59,11 @@ class Stack:
     brokers: int | None = None
     """Kafka nodes (``--brokers``); None: the stack's recorded count, or 1 for a new stack."""
     secure: bool | None = None
-    """SASL_SSL + SCRAM + ACLs (``--secure``); None: as recorded, or plain for a new stack."""
+    """Kafka SASL_SSL + SCRAM + ACLs and Redis TLS + ACL users (``--secure``); None: as recorded, or plain."""
+    redis_cluster: bool | None = None
+    """A 3-master Redis Cluster (``--redis-cluster``); None: as recorded, or one server for a new stack."""
     topic_prefix: str = "runjournal"
-    """The topic prefix a secure stack grants the roles' ACLs for."""
+    """The topic prefix a secure stack grants the roles' ACLs (Kafka and Redis) for."""
 
     # -- state file -------------------------------------------------------------------
     @property
@@ -127,25 +129,14 @@ class Stack:
                                       prefix=self.topic_prefix, save=save, timeout_s=timeout_s)
 
     def _up_redis(self, state: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        entry = state.get("redis", {})
-        proc = Proc.from_json(entry.get("process"))
-        if proc and proc.alive():
-            return {"action": "already running", "url": entry["url"], "pid": proc.pid}
-        server = require_tool("redis-server")
-        port = int(entry.get("port") or self.ports.redis)
-        if port_in_use(port):
-            raise StackError(f"port {port} on 127.0.0.1 is in use by another program; stop it or pick another port")
-        data = self.stack_dir / "redis"
-        data.mkdir(parents=True, exist_ok=True)
-        log = data / "redis.log"
-        argv = [server, "--bind", "127.0.0.1", "--port", str(port), "--dir", str(data),
-                "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
-                "--daemonize", "no", "--protected-mode", "yes", "--logfile", str(log)]
-        proc = spawn(argv, log_path=data / "redis.stdout", cwd=data)
-        url = f"redis://127.0.0.1:{port}/0"
-        state["redis"] = {"url": url, "port": port, "process": proc.to_json(), "log": str(log)}
-        waited = _wait_redis(url, proc, log, timeout_s)
-        return {"action": "started", "url": url, "pid": proc.pid, "ready_s": round(waited, 2)}
+        def save(entry: dict[str, Any]) -> None:
+            state["redis"] = entry
+            self._write_state(state)
+
+        entry, directory = state.get("redis", {}), self.stack_dir / "redis"
+        shape = redis_stack.resolve_shape(entry, self.redis_cluster, self.secure, directory)
+        return redis_stack.up_redis(directory, entry, shape=shape, redis_port=self.ports.redis,
+                                    prefix=self.topic_prefix, save=save, timeout_s=timeout_s)
 
     def _up_qdrant(self, state: dict[str, Any]) -> dict[str, Any]:
         if self.qdrant_url:
@@ -172,6 +163,9 @@ class Stack:
             if name == "kafka":
                 result[name] = kafka_cluster.stop_kafka(entry, grace_s=grace_s)
                 continue
+            if name == "redis":
+                result[name] = redis_stack.stop_redis(entry, grace_s=grace_s)
+                continue
             proc = Proc.from_json(entry.get("process"))
             result[name] = proc.stop(grace_s=grace_s) if proc else "not running"
             if entry:
@@ -180,51 +174,29 @@ class Stack:
             self._write_state(state)
         return result
 
+    def role_env(self, role: str) -> dict[str, str]:
+        """The ``RUNJOURNAL_*`` settings that run a service as ``role`` on this secure stack: its Kafka SCRAM user
+        and, when Redis is secure, its Redis ACL user (``runjournal stack env --role``).
+
+        Raises:
+            StackError: the stack is not secure, or an unknown role.
+        """
+        state = self.read_state()
+        return {**kafka_cluster.role_env(state.get("kafka", {}), role),
+                **redis_stack.role_env(state.get("redis", {}), role)}
+
     # -- status -----------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         """Health of each component: ``{"kafka": {"healthy": bool, ...}, "redis": {...}, "qdrant": {...}}``."""
         state = self.read_state()
         report = {
             "kafka": kafka_cluster.health(state.get("kafka", {})),
-            "redis": _redis_health(state.get("redis", {})),
+            "redis": redis_stack.health(state.get("redis", {})),
             "qdrant": _qdrant_health(state.get("qdrant", {}), self.qdrant_url),
         }
         if state.get("registry", {}).get("process"):
             report["registry"] = registry_health(state["registry"])
         return report
-
-
-def _wait_redis(url: str, proc: Proc, log: Path, timeout_s: float) -> float:
-    import redis
-
-    started = time.monotonic()
-    client = redis.Redis.from_url(url, socket_timeout=1)
-    while True:
-        if not proc.alive():
-            raise StackError(f"redis-server exited during startup. Log tail ({log}):\n{read_tail(log)}")
-        try:
-            if client.ping():
-                return time.monotonic() - started
-        except redis.RedisError:
-            pass
-        if time.monotonic() - started > timeout_s:
-            raise StackError(f"Redis not ready after {timeout_s:.0f} s. Log tail ({log}):\n{read_tail(log)}")
-        time.sleep(0.1)
-
-
-def _redis_health(entry: dict[str, Any]) -> dict[str, Any]:
-    if not entry:
-        return {"healthy": False, "detail": "not started by this stack"}
-    import redis
-
-    proc = Proc.from_json(entry.get("process"))
-    out = {"url": entry.get("url"), "pid": proc.pid if proc else None, "running": bool(proc and proc.alive())}
-    try:
-        info = redis.Redis.from_url(entry["url"], socket_timeout=2).info()
-        return {**out, "healthy": True, "version": info.get("redis_version"),
-                "aof_enabled": bool(info.get("aof_enabled")), "used_memory_bytes": info.get("used_memory")}
-    except redis.RedisError as exc:
-        return {**out, "healthy": False, "detail": str(exc)}
 
 
 def _qdrant_health(entry: dict[str, Any], url: str | None) -> dict[str, Any]:

@@ -1,21 +1,22 @@
 """Instance leases, incarnations, owned-run sets and run-id claims in Redis (DESIGN.md § Recovery job).
 
-Keys (every key name of the lease side lives here; the plan side's are in ``runjournal.producers.plan``):
+Keys (named by ``runjournal.core.redis_keys``; the instance's keys share the hash tag ``{P:i:<instance>}``,
+so the compare-and-set scripts below touch one Redis Cluster slot):
 
-* ``{prefix}:incarnation:{name}`` — counter, INCRed by every Journal started under ``name`` (the
+* ``rj:{P:i:<name>}:incarnation`` — counter, INCRed by every Journal started under ``name`` (the
   ``producer_id`` it was given). Incarnation *n* of ``name`` is the **instance** ``name`` (n = 1) or
   ``name#n`` (n >= 2) — the node-path rule (``book``, ``book#2``). The instance id is what the
   Journal writes as ``producer_id``, its ``transactional.id`` base and the suffix of its keys, so a
   process restarted under the same name is a new instance: it fences nothing of the earlier one
   and never takes over its owned set; recovery sees the earlier instance as dead and resumes its runs.
-* ``{prefix}:lease:{instance}`` — string, JSON ``{producer_id, name, incarnation, transactional_id, pid,
+* ``rj:{P:i:<instance>}:lease`` — string, JSON ``{producer_id, name, incarnation, transactional_id, pid,
   host, started_at_ms, ttl_ms}``, TTL ``ttl_ms``, taken with SET NX. **Compare-and-set everywhere**:
   the heartbeat extends it only while it still holds this instance's value (:data:`_RENEW`); a lapsed
   lease is never revived — the lapse fences the instance (it must restart as a new incarnation).
   Deleted (compare-and-delete) on clean close. No key: the instance is dead (or a paused zombie).
-* ``{prefix}:owned:{instance}`` — set of run ids the instance writes; added (only while the lease is
+* ``rj:{P:i:<instance>}:owned`` — set of run ids the instance writes; added (only while the lease is
   ours, :data:`_OWN`) on start/resume before the first event, removed after the terminal event.
-* ``{prefix}:runid:{run_id}`` — string, the instance that started the run (SET NX): ``start_run`` refuses
+* ``rj:{P:r:<run_id>}:claim`` — string, the instance that started the run (SET NX): ``start_run`` refuses
   a run id that exists (``RunExistsError``). No TTL; the recovery job deletes it (compare-and-delete)
   only for a run with no fact in the journal after fencing its starter (``no_facts``).
 """
@@ -31,6 +32,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from runjournal.core.redis_keys import RedisKeys
 from runjournal.producers.errors import JournalError, LeaseLapsedError, RunExistsError
 
 __all__ = [
@@ -55,23 +57,23 @@ _MAX_INCARNATION_TRIES = 16
 
 
 def lease_key(prefix: str, instance: str) -> str:
-    """``{prefix}:lease:{instance}``."""
-    return f"{prefix}:lease:{instance}"
+    """``rj:{P:i:<instance>}:lease`` (``RedisKeys.lease``)."""
+    return RedisKeys(prefix).lease(instance)
 
 
 def owned_key(prefix: str, instance: str) -> str:
-    """``{prefix}:owned:{instance}``."""
-    return f"{prefix}:owned:{instance}"
+    """``rj:{P:i:<instance>}:owned`` (``RedisKeys.owned``)."""
+    return RedisKeys(prefix).owned(instance)
 
 
 def incarnation_key(prefix: str, name: str) -> str:
-    """``{prefix}:incarnation:{name}``."""
-    return f"{prefix}:incarnation:{name}"
+    """``rj:{P:i:<name>}:incarnation`` (``RedisKeys.incarnation``)."""
+    return RedisKeys(prefix).incarnation(name)
 
 
 def run_id_key(prefix: str, run_id: str) -> str:
-    """``{prefix}:runid:{run_id}``."""
-    return f"{prefix}:runid:{run_id}"
+    """``rj:{P:r:<run_id>}:claim`` (``RedisKeys.claim``)."""
+    return RedisKeys(prefix).claim(run_id)
 
 
 def instance_id(name: str, incarnation: int) -> str:
@@ -89,7 +91,7 @@ class InstanceLease:
     """One instance's lease, owned set and run-id claims. Methods raise ``redis.RedisError`` unless stated.
 
     Args:
-        redis_client: a ``redis.Redis``.
+        redis_client: a client from ``runjournal.core.redis_client`` (one server or a cluster).
         prefix: key prefix.
         name: the producer_id the Journal was given (no ``#``: it separates the incarnation).
         ttl_ms: lease TTL, ms (>= 300).
@@ -148,7 +150,8 @@ class InstanceLease:
                 self._valid_until = started + self.ttl_ms / 1000
                 return instance
             # A live lease holds this id: the counter was reset (Redis wiped) under a live instance.
-        raise JournalError(f"no free incarnation of {self.name}: leases {self._prefix}:lease:{self.name}#… are held")
+        raise JournalError(f"no free incarnation of {self.name}: leases of {self.name}#… "
+                           f"({lease_key(self._prefix, self.name + '#n')}) are held")
 
     @property
     def lapsed(self) -> bool:
@@ -213,7 +216,9 @@ class InstanceLease:
     def claim_run_id(self, run_id: str) -> None:
         """Register a new run id as started by this instance, and own it — refused for an existing id.
 
-        One round trip (a pipeline): SET NX ``{prefix}:runid:{run_id}`` and the compare-and-set own.
+        One round trip (a pipeline, not a transaction: the claim is in the run's slot, the own script in the
+        instance's): SET NX ``rj:{P:r:<run_id>}:claim`` and the compare-and-set own (a plain EVAL: a Redis
+        Cluster pipeline routes it by its keys, but carries no EVALSHA).
 
         Raises:
             RunExistsError: the run id exists (it names the instance that started it).
@@ -223,7 +228,7 @@ class InstanceLease:
         pipe = self._r.pipeline(transaction=False)
         pipe.set(claim, self.instance, nx=True)
         pipe.get(claim)
-        self._own(keys=[self.key, self.owned_key], args=[self.value, run_id], client=pipe)
+        pipe.execute_command("EVAL", _OWN, 2, self.key, self.owned_key, self.value, run_id)
         claimed, holder, owned = pipe.execute()
         if not claimed:
             if int(owned) == 2:  # SADD added it: undo

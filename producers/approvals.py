@@ -6,7 +6,7 @@ to the run's stream by the approver — that would race the owner for the next s
 1. The owner publishes APPROVAL_REQUESTED (durable) for a ``call_id`` — :func:`await_approval`.
 2. A human decides: ``runjournal approve RUN_ID CALL_ID`` / ``deny`` (``runjournal.cli.approvals``;
    refused unless the projected run shows ``call_id`` pending) → :meth:`ApprovalInbox.decide` writes
-   ``{prefix}:approvals:{run_id}`` field ``call_id`` (the first decision wins).
+   ``rj:{P:r:<run_id>}:approvals`` field ``call_id`` (the first decision wins).
 3. The owner sees the decision and publishes APPROVAL_GRANTED / APPROVAL_DENIED (durable) — the
    journal, not the inbox, is the execution fact.
 
@@ -21,6 +21,7 @@ import json
 import time
 from typing import Any
 
+from runjournal.core.redis_keys import RedisKeys
 from runjournal.producers.errors import JournalError
 from runjournal.producers.handle import RunHandle
 from runjournal.producers.plan import ApprovalStatus
@@ -38,19 +39,21 @@ def _text(raw: Any) -> str:
 
 
 class ApprovalInbox:
-    """Decisions waiting for a run's owner. Keys: ``{prefix}:approvals:{run_id}`` (hash call_id -> JSON)."""
+    """Decisions waiting for a run's owner. Keys (``runjournal.core.redis_keys``): ``rj:{P:r:<run_id>}:approvals``
+    (hash call_id -> JSON) and ``rj:P:approvals:pending``."""
 
     def __init__(self, redis_client: Any, prefix: str) -> None:
         self._r = redis_client
         self._prefix = prefix
+        self._keys = RedisKeys(prefix)
 
     def key(self, run_id: str) -> str:
-        """``{prefix}:approvals:{run_id}``."""
-        return f"{self._prefix}:approvals:{run_id}"
+        """``rj:{P:r:<run_id>}:approvals``."""
+        return self._keys.approvals(run_id)
 
     def pending_key(self) -> str:
-        """``{prefix}:approvals:pending``: set of ``run_id|call_id`` awaiting a decision (a hint for approvers)."""
-        return f"{self._prefix}:approvals:pending"
+        """``rj:P:approvals:pending``: set of ``run_id|call_id`` awaiting a decision (a hint for approvers)."""
+        return self._keys.approvals_pending()
 
     def decide(
         self, run_id: str, call_id: str, *, granted: bool, approver: str, comment: str | None = None

@@ -78,7 +78,8 @@ class Journal(InstanceLife):
             A restart under the same name therefore never takes over the earlier incarnation's lease or
             runs: recovery fences that one and resumes its runs.
         codec: an ``runjournal.schemas.EventCodec`` (default ``runjournal.schemas.codec_from_settings(settings)``).
-        redis_client: a ``redis.Redis`` (default: from ``settings.redis_url``).
+        redis_client: a Redis client (default: ``runjournal.core.redis_client.client(settings)`` — one server or a
+            Redis Cluster, with the settings' ACL user and TLS).
         redis_prefix: Redis key prefix (default ``settings.topic_prefix``).
         lease_ttl_ms: lease TTL in ms (default 10 000); renewed every ttl/3.
         linger_ms: producer ``linger.ms`` (default 5).
@@ -133,9 +134,9 @@ class Journal(InstanceLife):
 
             codec = codec_from_settings(settings)
         if redis_client is None:
-            import redis
+            from runjournal.core import redis_client as redis_clients
 
-            redis_client = redis.Redis.from_url(settings.redis_url)
+            redis_client = redis_clients.client(settings)
         self.settings = settings
         prefix = redis_prefix or settings.topic_prefix
         # Lease first: a new incarnation's own instance id (init_transactions() with the transactional id of
@@ -236,7 +237,7 @@ class Journal(InstanceLife):
     ) -> RunHandle:
         """Start a new run: claim its id, own it, publish RUN_STARTED (seq 1, epoch 1; non-durable).
 
-        The id is claimed first (``{prefix}:runid:{run_id}``, SET NX, in the same round trip as the owned-set
+        The id is claimed first (``rj:{P:r:<run_id>}:claim``, SET NX, in the same round trip as the owned-set
         add): an existing run is never started again under its id.
 
         Args:

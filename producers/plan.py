@@ -6,23 +6,23 @@ live instance. Producers must not import consumers, so the hand-over shape lives
 
 * :class:`RecoveryPlan` / :class:`PlannedCall` — frozen, JSON round-trippable (``to_json`` /
   ``from_json``; the JSON carries ``"v": 1``).
-* :class:`PlanStore` — Redis: the plan under ``{prefix}:plan:{run_id}`` and one assignment list
-  per instance, ``{prefix}:assign:{producer_id}``.
+* :class:`PlanStore` — Redis: the plan under ``rj:{P:r:<run_id>}:plan`` and one assignment list
+  per instance, ``rj:{P:i:<instance>}:assign`` (key names: ``runjournal.core.redis_keys``).
 
 Hand-over protocol (numbered, so both sides agree):
 
 1. The recovery job fences the dead instance, reads, classifies (DESIGN.md § Zombies).
 2. It publishes RUN_RESUMED with ``seq = last + 1`` and ``epoch + 1``.
 3. ``PlanStore.put(plan)`` with ``plan.last_seq`` = that RUN_RESUMED's seq and ``plan.epoch`` = the new epoch.
-4. ``PlanStore.assign(run_id, producer_id)``: one MULTI/EXEC that RPUSHes the run id onto the
-   instance's assignment list *and* SADDs it to the instance's owned set
-   (``{prefix}:owned:{producer_id}``), so the run is owned by the assignee from that moment —
-   if the assignee dies before claiming, recovering the assignee finds the run.
+4. ``PlanStore.assign(run_id, producer_id)``: one script, check-and-set, that — unless the instance's
+   owned set (``rj:{P:i:<instance>}:owned``) holds the run already — RPUSHes the run id onto its
+   assignment list *and* SADDs it to the owned set, so the run is owned by the assignee from that moment
+   (if the assignee dies before claiming, recovering the assignee finds the run). Both keys share the
+   instance's hash tag: one Redis Cluster slot.
 5. The instance's ``PlanStore.claim_assignment(producer_id, timeout_s)`` (BLPOP) pops the run id;
    ``Journal.resume(run_id)`` reads the plan and continues at ``seq = last_seq + 1``.
 
-Running steps 3-4 twice is harmless except for a duplicate list entry; ``resume`` of a run
-already open on the instance returns a second handle, so the caller should de-duplicate.
+Running steps 3-4 twice is harmless: the second assign finds the run owned and adds no list entry.
 """
 
 from __future__ import annotations
@@ -33,9 +33,15 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from runjournal.core.redis_keys import RedisKeys
+
 __all__ = ["ApprovalStatus", "CallStatus", "PlanStore", "PlannedCall", "RecoveryPlan"]
 
 _PLAN_JSON_VERSION = 1
+#: Hand a run over, check-and-set: KEYS = owned set, assignment list (one instance: one slot); ARGV = run id.
+#: Returns 1 when assigned now, 0 when the instance already owned it (nothing written).
+_ASSIGN = ("if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return 0 end "
+           "redis.call('RPUSH', KEYS[2], ARGV[1]) redis.call('SADD', KEYS[1], ARGV[1]) return 1")
 
 
 class CallStatus(StrEnum):
@@ -198,10 +204,10 @@ class PlanStore:
     """Recovery plans and run assignments in Redis (see the module docstring for the protocol).
 
     Args:
-        redis_client: a ``redis.Redis`` (thread-safe; ``decode_responses`` either way).
-        prefix: key prefix, normally ``settings.topic_prefix``. Keys: ``{prefix}:plan:{run_id}``
-            (string, JSON), ``{prefix}:assign:{producer_id}`` (list of run ids),
-            ``{prefix}:owned:{producer_id}`` (set of run ids).
+        redis_client: a client from ``runjournal.core.redis_client`` (thread-safe; ``decode_responses`` either way).
+        prefix: key prefix, normally ``settings.topic_prefix``. Keys (``runjournal.core.redis_keys``):
+            ``rj:{P:r:<run_id>}:plan`` (string, JSON), ``rj:{P:i:<instance>}:assign`` (list of run ids),
+            ``rj:{P:i:<instance>}:owned`` (set of run ids).
 
     Raises:
         redis.RedisError: from any method when Redis fails (not wrapped: the store is a thin adapter).
@@ -210,18 +216,20 @@ class PlanStore:
     def __init__(self, redis_client: Any, prefix: str) -> None:
         self._r = redis_client
         self._prefix = prefix
+        self._keys = RedisKeys(prefix)
+        self._assign = redis_client.register_script(_ASSIGN)
 
     def plan_key(self, run_id: str) -> str:
-        """``{prefix}:plan:{run_id}``."""
-        return f"{self._prefix}:plan:{run_id}"
+        """``rj:{P:r:<run_id>}:plan``."""
+        return self._keys.plan(run_id)
 
     def assign_key(self, producer_id: str) -> str:
-        """``{prefix}:assign:{producer_id}``."""
-        return f"{self._prefix}:assign:{producer_id}"
+        """``rj:{P:i:<instance>}:assign``."""
+        return self._keys.assign(producer_id)
 
     def owned_key(self, producer_id: str) -> str:
-        """``{prefix}:owned:{producer_id}``."""
-        return f"{self._prefix}:owned:{producer_id}"
+        """``rj:{P:i:<instance>}:owned``."""
+        return self._keys.owned(producer_id)
 
     def put(self, plan: RecoveryPlan) -> None:
         """Store ``plan`` (replacing any earlier plan of the run)."""
@@ -236,13 +244,16 @@ class PlanStore:
         """Remove the run's plan (harmless when absent)."""
         self._r.delete(self.plan_key(run_id))
 
-    def assign(self, run_id: str, producer_id: str) -> None:
-        """Hand ``run_id`` to instance ``producer_id``: RPUSH to its assignment list and SADD to its
-        owned set, atomically (MULTI/EXEC). Store the plan with :meth:`put` first."""
-        pipe = self._r.pipeline(transaction=True)
-        pipe.rpush(self.assign_key(producer_id), run_id)
-        pipe.sadd(self.owned_key(producer_id), run_id)
-        pipe.execute()
+    def assign(self, run_id: str, producer_id: str) -> bool:
+        """Hand ``run_id`` to instance ``producer_id``: RPUSH to its assignment list and SADD to its owned set,
+        in one script, unless its owned set holds the run already (check-and-set: never a second list entry).
+        Store the plan with :meth:`put` first.
+
+        Returns:
+            True when assigned now; False when the instance already owned the run (nothing written).
+        """
+        return bool(int(self._assign(keys=[self.owned_key(producer_id), self.assign_key(producer_id)],
+                                     args=[run_id])))
 
     def unassign(self, run_id: str, producer_id: str) -> None:
         """Take ``run_id`` off ``producer_id``'s assignment list (a caller that resumes it directly)."""

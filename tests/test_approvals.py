@@ -16,12 +16,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-import redis
 
 from runjournal.cli.approvals import ApprovalRefusedError, submit_decision
 from runjournal.consumers.inspect import read_run_events
 from runjournal.consumers.recovery.job import RecoveryJob
 from runjournal.consumers.replay import replay_run
+from runjournal.core import redis_client
 from runjournal.core.settings import Settings
 from runjournal.model.reducer import CallStatus, Decision, RunStatus
 from runjournal.producers.approvals import ApprovalInbox
@@ -49,7 +49,7 @@ def cli(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess:
 def wait_requested(settings: Settings, run_id: str, call_id: str, timeout_s: float = 30) -> None:
     """Until the owner waits on the inbox (its APPROVAL_REQUESTED is durable by then)."""
     member = f"{run_id}|{call_id}".encode()
-    r = redis.Redis.from_url(settings.redis_url)
+    r = redis_client.client(settings)
     deadline = time.monotonic() + timeout_s
     while not r.sismember(ApprovalInbox(r, settings.topic_prefix).pending_key(), member):
         assert time.monotonic() < deadline, "the owner never asked for approval"
@@ -111,7 +111,7 @@ def test_a_pending_approval_survives_a_crash_and_recovery(topics: Settings, serv
     store.wipe()  # Redis is disposable: recovery finds the request in the journal, not in a snapshot
 
     taker = recover(topics, service_env, provider, run_id)
-    plan = PlanStore(redis.Redis.from_url(topics.redis_url), topics.topic_prefix).get(run_id)
+    plan = PlanStore(redis_client.client(topics), topics.topic_prefix).get(run_id)
     assert dict(plan.approvals) == {"send": ApprovalStatus.PENDING} and dict(plan.calls) == {}
     if waiting:
         wait_resumed_at_send(topics, run_id)
@@ -134,7 +134,7 @@ def test_a_pending_approval_survives_a_crash_and_recovery(topics: Settings, serv
     with pytest.raises(ApprovalRefusedError, match="already GRANTED by alice"):
         submit_decision(topics, run_id, "send", granted=True, approver="mallory")
     if waiting:  # replaying the code: the journal's grant answers await_approval; nothing is asked or sent
-        inbox = ApprovalInbox(redis.Redis.from_url(topics.redis_url), topics.topic_prefix)
+        inbox = ApprovalInbox(redis_client.client(topics), topics.topic_prefix)
         replayed = replay_run(topics, run_id, lambda handle: script(handle, provider.url, inbox=inbox))
         assert [c.result for c in replayed.calls] == ['{"sent": true}'] and replayed.stopped is None
         assert provider.executions() == 1
@@ -154,7 +154,7 @@ def test_an_approval_granted_before_a_crash_is_not_asked_again(topics: Settings,
     assert owner.wait(60) == -signal.SIGKILL, owner.stderr.read()[-3000:]
 
     taker = recover(topics, service_env, provider, run_id)
-    plan = PlanStore(redis.Redis.from_url(topics.redis_url), topics.topic_prefix).get(run_id)
+    plan = PlanStore(redis_client.client(topics), topics.topic_prefix).get(run_id)
     assert dict(plan.approvals) == {"send": ApprovalStatus.GRANTED}
     assert taker.wait(60) == 0, taker.stderr.read()[-3000:]
 
@@ -184,7 +184,7 @@ def test_deny_and_refusals_write_nothing_unwanted(topics: Settings, service_env:
     project(topics)
     denied = cli(service_env, "deny", run_id, "pay", "--reason", "too big", "--approver", "carol", "--json")
     assert denied.returncode == 0, denied.stderr
-    inbox = ApprovalInbox(redis.Redis.from_url(topics.redis_url), topics.topic_prefix)
+    inbox = ApprovalInbox(redis_client.client(topics), topics.topic_prefix)
     assert inbox.decision(run_id, "pay")["decision"] == "DENIED"
     assert inbox.decision(run_id, "pay")["comment"] == "too big"
     with pytest.raises(ApprovalRefusedError, match="already waiting"):

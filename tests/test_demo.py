@@ -52,16 +52,14 @@ def test_demo_generated_workload_under_chaos(service_env: dict[str, str], tmp_pa
 
 def leftovers(env: dict[str, str], prefix: str) -> tuple[list[str], int]:
     """(topics, Redis key count) left under ``prefix``."""
-    import redis
-
-    from runjournal.core import kafka
+    from runjournal.core import kafka, redis_client
+    from runjournal.core.redis_keys import RedisKeys
     from runjournal.core.settings import Settings
 
     settings = Settings.load(bootstrap=env["RUNJOURNAL_BOOTSTRAP"], redis_url=env["RUNJOURNAL_REDIS_URL"])
     names = [t for t in kafka.admin_client(settings).list_topics(timeout=10).topics if t.startswith(f"{prefix}.")]
-    r = redis.Redis.from_url(settings.redis_url)
-    patterns = (f"{prefix}:*", f"rj:{{{prefix}*", f"rj:{prefix}:*")
-    keys = sum(1 for pattern in patterns for _ in r.scan_iter(match=pattern))
+    r = redis_client.client(settings)
+    keys = sum(1 for pattern in RedisKeys(prefix).patterns() for _ in redis_client.scan_keys(r, pattern))
     return names, keys
 
 

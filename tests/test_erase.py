@@ -10,12 +10,12 @@ import uuid
 from datetime import UTC, datetime
 
 import pytest
-import redis
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from runjournal.consumers.erase import RunStillLiveError, erase_run
 from runjournal.consumers.memory import ItemKind, MemoryItem, Provenance, QdrantMemoryStore, Scope
-from runjournal.core import kafka
+from runjournal.core import kafka, redis_client
+from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.model.reducer import state_digest
 from runjournal.producers.approvals import ApprovalInbox
@@ -65,10 +65,10 @@ def test_erase_a_finished_run(topics: Settings) -> None:
     gone, kept = "erase-me", "keep-me"
     events = {run_id: run_events(run_id, calls=2) for run_id in (gone, kept)}
     publish(topics, events[gone] + events[kept])
-    r = redis.Redis.from_url(topics.redis_url)
+    r, keys = redis_client.client(topics), RedisKeys(topics.topic_prefix)
     inbox = ApprovalInbox(r, topics.topic_prefix)
     for run_id in (gone, kept):
-        r.set(f"{topics.topic_prefix}:plan:{run_id}", "{}")
+        r.set(keys.plan(run_id), "{}")
         inbox.requested(run_id, "c0")
         inbox.decide(run_id, "c0", granted=True, approver="alice")
     with QdrantMemoryStore.open(topics, HashingEmbedder()) as store:
@@ -91,7 +91,7 @@ def test_erase_a_finished_run(topics: Settings) -> None:
     assert {k for k in latest if k.startswith(f"{gone}:")} == {e.key for e in events[gone]}
     assert all(latest[e.key] is None for e in events[gone]), "every key of the run ends in a tombstone"
     assert all(v is not None for k, v in records if k.startswith(f"{kept}:")), "no other run is touched"
-    assert r.get(f"{topics.topic_prefix}:plan:{gone}") is None and inbox.decision(gone, "c0") is None
+    assert r.get(keys.plan(gone)) is None and inbox.decision(gone, "c0") is None
     assert inbox.pending() == [] and inbox.decision(kept, "c0") is not None  # kept's request was decided
     assert memory_runs(topics) == [kept]
 
@@ -131,8 +131,8 @@ def test_erase_refuses_a_live_run(topics: Settings) -> None:
     run_id = "live-1"
     publish(topics, run_events(run_id, calls=1, finish=False))
     project(topics)
-    r = redis.Redis.from_url(topics.redis_url)
-    r.set(f"{topics.topic_prefix}:lease:agent-1", "x", px=30_000)  # run_events' writer holds a lease
+    r = redis_client.client(topics)
+    r.set(RedisKeys(topics.topic_prefix).lease("agent-1"), "x", px=30_000)  # run_events' writer holds a lease
     with pytest.raises(RunStillLiveError, match="live lease"):
         erase_run(topics, run_id, erase_memory=False)
     assert all(v is not None for _k, v in topic_records(topics))

@@ -10,13 +10,13 @@ import logging
 import time
 
 import pytest
-import redis
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 
 from runjournal.consumers.projector import Projector
 from runjournal.consumers.recovery.job import RecoveryJob
-from runjournal.core import kafka
+from runjournal.core import kafka, redis_client
+from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.producers.fencing import transactional_id
 from runjournal.producers.partitioner import partition_for
@@ -175,7 +175,7 @@ def test_case4_registry_outage_recovery_waits_never_parks_or_disowns(topics: Set
     assert [r.action for r in report.runs] == ["retry_later"], report.as_dict()
     assert "registry" in (report.runs[0].detail or "")
     assert run in owned(topics, "agent-1"), "a registry outage must not disown the run"
-    assert not redis.Redis.from_url(topics.redis_url).sismember(f"{topics.topic_prefix}:parked", run)
+    assert not redis_client.client(topics).sismember(RedisKeys(topics.topic_prefix).parked(), run)
     assert job.policy.retries > 0  # the wait is visible (logged and counted)
     own_registry.start()  # the registry is back (same port, same stored ids)
     report = job.recover(stale=True)

@@ -54,6 +54,16 @@ def test_kafka_clients_are_configured_in_one_place() -> None:
     assert offenders == []
 
 
+def test_redis_clients_are_built_in_one_place() -> None:
+    """No Redis client is constructed outside ``runjournal.core.redis_client`` (product, demo and bench): every
+    client comes from ``redis_client.client(settings)``, which reads a cluster URL, the ACL user and TLS."""
+    builder = ROOT / "runjournal" / "core" / "redis_client.py"
+    pattern = re.compile(r"\b(?:Redis|StrictRedis|RedisCluster|ConnectionPool)\(|\bfrom_url\(")
+    offenders = [f"{p.relative_to(ROOT)}:{i}" for p in SOURCES if p != builder and "tests" not in p.parts
+                 for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert offenders == []
+
+
 def _snippets() -> list[tuple[str, str]]:
     out = []
     for doc in DOCS:

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import redis
 
-from runjournal.core import kafka
+from runjournal.core import kafka, redis_client
+from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.producers import (
     Journal,
@@ -190,9 +190,9 @@ def test_large_result_goes_to_redis_by_reference(topics: Settings) -> None:
 
 
 def test_lease_heartbeats_with_ttl_and_is_deleted_on_close(topics: Settings) -> None:
-    r = redis.Redis.from_url(topics.redis_url, decode_responses=True)
+    r = redis_client.client(topics, decode_responses=True)
     pid = f"lease-{uuid.uuid4().hex[:8]}"
-    key, owned = f"{topics.topic_prefix}:lease:{pid}", f"{topics.topic_prefix}:owned:{pid}"
+    key, owned = RedisKeys(topics.topic_prefix).lease(pid), RedisKeys(topics.topic_prefix).owned(pid)
     journal = Journal(topics, producer_id=pid, lease_ttl_ms=900)
     try:
         value = json.loads(r.get(key) or "{}")
@@ -246,11 +246,11 @@ def test_emit_refuses_reserved_types_and_non_durable_durable_types(journal: Jour
 def test_missing_topic_is_refused_and_a_reused_producer_id_is_a_new_incarnation(
     settings: Settings, topics: Settings
 ) -> None:
-    r = redis.Redis.from_url(settings.redis_url)
+    r = redis_client.client(settings)
     other = settings.model_copy(update={"topic_prefix": f"missing{uuid.uuid4().hex[:8]}"})
     with pytest.raises(TopicNotFoundError):
         Journal(other, producer_id="lonely")
-    assert not r.exists(f"{other.topic_prefix}:lease:lonely")  # released again
+    assert not r.exists(RedisKeys(other.topic_prefix).lease("lonely"))  # released again
     admin = kafka.admin_client(other)
     assert other.events_topic not in admin.list_topics(timeout=10).topics  # the probe did not create it
     with Journal(topics, producer_id="twin") as first:

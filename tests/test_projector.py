@@ -7,12 +7,11 @@ import threading
 import uuid
 
 import pytest
-import redis
 from confluent_kafka import TopicPartition
 
 from runjournal.consumers.inspect import read_all_events
 from runjournal.consumers.projector import ProjectionStore, Projector
-from runjournal.core import kafka
+from runjournal.core import kafka, redis_client
 from runjournal.core.settings import Settings
 from runjournal.model.reducer import RunStatus, fold, state_digest
 from runjournal.producers.partitioner import partition_for
@@ -40,7 +39,7 @@ def topic_fold_digests(settings: Settings, run_ids: list[str]) -> dict[str, str 
 
 
 def redis_digests(settings: Settings, run_ids: list[str]) -> dict[str, str | None]:
-    store = ProjectionStore(redis.Redis.from_url(settings.redis_url), settings.topic_prefix)
+    store = ProjectionStore(redis_client.client(settings), settings.topic_prefix)
     out = {}
     for run_id in run_ids:
         state = store.get(partition_for(run_id, settings.partitions), run_id)
@@ -113,7 +112,7 @@ def test_empty_value_is_corrupt_not_a_tombstone_and_tombstones_erase(topics: Set
     publish(topics, run_events("erase-me") + run_events("keep-me"))
     project(topics)
     p = partition_for("erase-me", topics.partitions)
-    store = ProjectionStore(redis.Redis.from_url(topics.redis_url), topics.topic_prefix)
+    store = ProjectionStore(redis_client.client(topics), topics.topic_prefix)
     assert store.get(p, "erase-me") is not None
     publish(topics, [(e.key, None) for e in run_events("erase-me")] + [("keep-me:1:99", b"")])
     projector = project(topics)
@@ -155,7 +154,7 @@ def test_script_flush_midstream_reloads_and_applies_once(topics: Settings) -> No
     worker = threading.Thread(target=projector.run, kwargs={"stop": stop})
     worker.start()
     try:
-        client = redis.Redis.from_url(topics.redis_url)
+        client = redis_client.client(topics)
         for _ in range(100):
             if ProjectionStore(client, topics.topic_prefix).get(partition_for("n2", 3), "n2"):
                 break

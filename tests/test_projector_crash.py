@@ -1,4 +1,8 @@
-"""Crash tests with real processes: SIGKILLed projectors, a second group member, a restarted Redis."""
+"""Crash tests with real processes: SIGKILLed projectors, a second group member, a restarted Redis.
+
+``tests/cluster/test_redis_cluster.py`` runs these same tests against a 3-master Redis Cluster (it overrides the
+``settings`` and ``private_redis`` fixtures): there the restarted Redis is one master of a private cluster.
+"""
 
 from __future__ import annotations
 
@@ -10,14 +14,17 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import redis
 
 from runjournal.consumers.projector import Projector
+from runjournal.core import redis_client
 from runjournal.core.settings import Settings
-from runjournal.deploy.procs import free_port, spawn
+from runjournal.deploy.procs import Proc, free_port, spawn
 from tests.support.workload import interleave, publish, run_events
 from tests.test_projector import redis_digests, topic_fold_digests
 
@@ -105,26 +112,68 @@ def test_two_members_split_partitions_and_survive_a_kill(topics: Settings, servi
                 p.wait(30)
 
 
-def _private_redis(tmp: Path, port: int):  # noqa: ANN202
-    argv = ["redis-server", "--bind", "127.0.0.1", "--port", str(port), "--dir", str(tmp), "--appendonly", "yes",
-            "--appendfsync", "everysec", "--save", "", "--daemonize", "no"]
-    proc = spawn(argv, log_path=tmp / "redis.log", cwd=tmp)
-    client = redis.Redis(port=port)
-    for _ in range(100):
-        try:
-            client.ping()
-            return proc
-        except redis.ConnectionError:
-            time.sleep(0.05)
-    raise AssertionError("private redis did not start")
+@dataclass
+class PrivateRedis:
+    """A redis-server of the test's own (AOF, ``appendfsync everysec``) that the test restarts."""
+
+    tmp: Path
+    port: int
+    proc: Proc | None = None
+
+    @property
+    def url(self) -> str:
+        """``RUNJOURNAL_REDIS_URL`` for it."""
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def overrides(self) -> dict[str, object]:
+        """Settings that point at it (no user, no TLS)."""
+        return {"redis_url": self.url, "redis_username": None, "redis_password": None, "redis_ssl_ca_location": None}
+
+    def start(self) -> None:
+        """Start it (on its AOF) and wait until it answers."""
+        argv = ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--dir", str(self.tmp),
+                "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--daemonize", "no"]
+        self.proc = spawn(argv, log_path=self.tmp / "redis.log", cwd=self.tmp)
+        client = redis_client.client(None, url=self.url)
+        for _ in range(100):
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        raise AssertionError("private redis did not start")
+
+    def go_away(self, how: str) -> None:
+        """``restart``: SHUTDOWN (flushes the AOF; scripts are forgotten); ``sigkill``: SIGKILL (the last second of
+        writes may be lost)."""
+        assert self.proc is not None
+        if how == "restart":
+            redis_client.client(None, url=self.url).shutdown()
+        else:
+            os.kill(self.proc.pid, signal.SIGKILL)
+
+    def stop(self) -> None:
+        """Stop it for good."""
+        if self.proc is not None:
+            self.proc.stop(grace_s=5)
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    """A private Redis, started (``tests/cluster`` overrides it with a private 3-master Redis Cluster)."""
+    private = PrivateRedis(tmp_path, free_port())
+    private.start()
+    try:
+        yield private
+    finally:
+        private.stop()
 
 
 @pytest.mark.parametrize("how", ["restart", "sigkill"])
-def test_redis_restart_midstream_no_loss_no_double_apply(topics: Settings, tmp_path: Path, how: str) -> None:
+def test_redis_restart_midstream_no_loss_no_double_apply(topics: Settings, private_redis: PrivateRedis,
+                                                        how: str) -> None:
     """Redis restarted under a running projector: NOSCRIPT reload, or (SIGKILL) a lost last second → re-seek."""
-    port = free_port()
-    proc = _private_redis(tmp_path, port)
-    settings = topics.model_copy(update={"redis_url": f"redis://127.0.0.1:{port}/0"})
+    settings = topics.model_copy(update=private_redis.overrides())
     ids = workload(settings, 30, seed=31)
     projector = Projector(settings, batch_size=50)
     stop = threading.Event()
@@ -135,12 +184,9 @@ def test_redis_restart_midstream_no_loss_no_double_apply(topics: Settings, tmp_p
         deadline = time.monotonic() + 60
         while redis_digests(settings, ids) != expected and time.monotonic() < deadline:
             time.sleep(0.2)
-        if how == "restart":
-            redis.Redis(port=port).shutdown()  # flushes the AOF; scripts are forgotten
-        else:
-            os.kill(proc.pid, signal.SIGKILL)  # appendfsync everysec: the last second may be lost
+        private_redis.go_away(how)
         time.sleep(0.5)
-        proc = _private_redis(tmp_path, port)
+        private_redis.start()
         ids += workload(settings, 30, seed=32)
         expected = topic_fold_digests(settings, ids)
         deadline = time.monotonic() + 90
@@ -151,4 +197,3 @@ def test_redis_restart_midstream_no_loss_no_double_apply(topics: Settings, tmp_p
     finally:
         stop.set()
         worker.join(60)
-        proc.stop(grace_s=5)

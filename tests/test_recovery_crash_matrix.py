@@ -21,6 +21,8 @@ from collections import Counter
 import pytest
 
 from runjournal.consumers.inspect import read_all_events
+from runjournal.core import redis_client
+from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.model.reducer import RunStatus
 from runjournal.producers.plan import PlanStore
@@ -36,6 +38,8 @@ STEPS = {  # failpoint -> hit at which the job dies (two runs: inside the hand-o
     "recovery.after_read": 1,
     "recovery.after_commit": 1,
     "recovery.inside_handover": 2,
+    "recovery.handover.after_plan": 1,  # the hand-over's three writes (three Redis Cluster slots): between them
+    "recovery.handover.after_assign": 1,
 }
 
 
@@ -136,15 +140,13 @@ def test_killed_after_commit_and_the_assignee_died_too_resumes_under_a_newer_epo
     """The other branch of (b): the pass dies after committing RUN_RESUMED (epoch 2 to ``taker``), and ``taker``
     dies before anyone completed the hand-over. The next pass fences ``taker`` (the owner the tail names) and
     resumes the run under epoch 3 on another live instance."""
-    import redis
-
     run = "twice-dead"
     publish(topics, run_events(run, finish=False))
     owns(topics, "agent-1", run)
     live(topics, "taker")
     killed = _recover(service_env, "recovery.after_commit=1")
     assert killed.returncode == -signal.SIGKILL
-    redis.Redis.from_url(topics.redis_url).delete(f"{topics.topic_prefix}:lease:taker")
+    redis_client.client(topics).delete(RedisKeys(topics.topic_prefix).lease("taker"))
     live(topics, "taker-2")
     report = json.loads(_recover(service_env).stdout)
     assert [(r["action"], r["epoch"], r["assigned_to"]) for r in report["runs"]] == [("resumed", 3, "taker-2")]

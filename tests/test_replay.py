@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 from confluent_kafka import TopicPartition
 
 from runjournal.consumers.recovery.job import RecoveryJob
 from runjournal.consumers.replay import ReplayDivergedError, ReplayHandle, replay_run, replay_state
-from runjournal.core import kafka
+from runjournal.core import kafka, redis_client
+from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.demo.tools import ProviderTool
 from runjournal.model.reducer import CallStatus, RunStatus, state_digest
@@ -149,5 +149,5 @@ def test_replay_of_a_recovered_run_crosses_epochs_without_calling(topics: Settin
     intent_seq = next(e.seq for e in full.events if e.type == "TOOL_CALL_INTENDED")
     at_crash = replay_run(topics, run_id, lambda handle: script(handle, provider.url), until_seq=intent_seq)
     assert at_crash.replayed.state.epoch == 1 and at_crash.calls == () and at_crash.stopped
-    assert redis.Redis.from_url(topics.redis_url).exists(f"{topics.topic_prefix}:plan:{run_id}")  # untouched
+    assert redis_client.client(topics).exists(RedisKeys(topics.topic_prefix).plan(run_id))  # untouched
     assert provider.executions() == 1

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-import redis
 from confluent_kafka import Message
 
 from runjournal.consumers._partitions import range_consumer, read_ranges, watermarks
 from runjournal.consumers.memory.extract import RunContext
 from runjournal.consumers.projector.store import ProjectionStore
+from runjournal.core import redis_client
 from runjournal.core.settings import Settings
 from runjournal.schemas import EventCodec
 from runjournal.schemas.errors import SchemaError
@@ -53,7 +53,7 @@ class RunOwners:
         self.settings = settings
         self.codec = codec
         self.max_runs = max_runs
-        self.store = ProjectionStore(redis.Redis.from_url(settings.redis_url), settings.topic_prefix)
+        self.store = ProjectionStore(redis_client.client(settings), settings.topic_prefix)
         self._known: OrderedDict[str, RunContext] = OrderedDict()
         self.journal_reads = 0
         """Times the journal had to be read (neither the event nor the projection knew the owner)."""

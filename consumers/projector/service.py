@@ -54,7 +54,8 @@ from runjournal.consumers.projector.metrics import ProjectorMetrics
 from runjournal.consumers.projector.stats import ProjectorStats
 from runjournal.consumers.projector.store import ProjectionStore
 from runjournal.consumers.topic_identity import TopicMismatchError, check_projection, describe_events_topic
-from runjournal.core import failpoints, kafka
+from runjournal.core import failpoints, kafka, redis_client
+from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.model.reducer import RunState, RunStatus, apply, block
 from runjournal.schemas import EventCodec, codec_from_settings
@@ -104,8 +105,8 @@ class Projector:
         self.metrics = metrics or ProjectorMetrics()
         # A blip is absorbed by redis-py's own quick retry; a longer outage by the failure policy (step 8),
         # visibly: the batch that failed was not written, so it is simply folded and written again.
-        self.redis = redis.Redis.from_url(
-            settings.redis_url,
+        self.redis = redis_client.client(
+            settings,
             retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=3),
             retry_on_error=[redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError],
         )
@@ -116,7 +117,7 @@ class Projector:
         self._quarantined: set[tuple[int, int]] = set()
         self._mismatch: TopicMismatchError | None = None
         self.store = ProjectionStore(self.redis, settings.topic_prefix)
-        self.lag_key = f"rj:{settings.topic_prefix}:projector:lag_ms"
+        self.lag_key = RedisKeys(settings.topic_prefix).projector_lag()
         """Redis list of the last 10,000 per-poll lag samples ``"<unix ms>:<lag ms>"``, newest first."""
         self.dlq = DeadLetters(settings, settings.events_dlq_topic)
         self.group_id = group_id or projector_group(settings)

@@ -1,7 +1,8 @@
 """Redis layout of the projection and the one atomic write per partition batch.
 
 Keys (``P`` = topic prefix, ``p`` = partition; ``{P.p}`` is the Redis Cluster hash tag, so a
-partition's keys live in one slot and one script may touch them all — DESIGN.md § Projector):
+partition's keys live in one slot and one script may touch them all — DESIGN.md § Projector; every
+key name lives in ``runjournal.core.redis_keys``):
 
 * ``rj:{P.p}:offset`` — the partition's applied offset: the last offset whose effect is in Redis.
 * ``rj:{P.p}:run:<run_id>`` — the run's state JSON (``RunState.to_json``, execution records included).
@@ -22,6 +23,8 @@ from typing import Any
 
 import redis
 
+from runjournal.core import redis_client
+from runjournal.core.redis_keys import RedisKeys, partition_tag
 from runjournal.model.reducer import RunState
 
 __all__ = ["ApplyResult", "ProjectionStore", "partition_tag"]
@@ -51,11 +54,6 @@ return {1, ARGV[2]}
 """
 
 
-def partition_tag(prefix: str, partition: int) -> str:
-    """The hash tag shared by all keys of one partition: ``{<prefix>.p<partition>}``."""
-    return f"{{{prefix}.p{partition}}}"
-
-
 @dataclass(frozen=True)
 class ApplyResult:
     """Outcome of :meth:`ProjectionStore.apply_batch`."""
@@ -70,28 +68,29 @@ class ProjectionStore:
     """Run states and applied offsets in Redis, for one topic prefix.
 
     Args:
-        client: a redis-py client (``decode_responses=False``).
+        client: a client from ``runjournal.core.redis_client`` (one server or a cluster; ``decode_responses=False``).
         prefix: the topic prefix (``Settings.topic_prefix``); keys never collide across prefixes.
     """
 
     def __init__(self, client: redis.Redis, prefix: str) -> None:
         self.client = client
         self.prefix = prefix
+        self.keys = RedisKeys(prefix)
         # register_script runs EVALSHA and, on NOSCRIPT (Redis restarted or flushed), loads and retries.
         self._apply = client.register_script(_APPLY_LUA)
 
     # -- keys -----------------------------------------------------------------------------
     def offset_key(self, partition: int) -> str:
         """``rj:{P.p}:offset``."""
-        return f"rj:{partition_tag(self.prefix, partition)}:offset"
+        return self.keys.offset(partition)
 
     def runs_key(self, partition: int) -> str:
         """``rj:{P.p}:runs``."""
-        return f"rj:{partition_tag(self.prefix, partition)}:runs"
+        return self.keys.runs(partition)
 
     def run_key(self, partition: int, run_id: str) -> str:
         """``rj:{P.p}:run:<run_id>``."""
-        return f"rj:{partition_tag(self.prefix, partition)}:run:{run_id}"
+        return self.keys.run(partition, run_id)
 
     # -- reads ----------------------------------------------------------------------------
     def applied_offset(self, partition: int) -> int:
@@ -145,10 +144,11 @@ class ProjectionStore:
     def wipe(self) -> int:
         """Delete every projection key of this prefix and its topic identity (``projector --rebuild``).
 
+        Keys are found by SCAN on every primary of a cluster (``redis_client.delete_matching``), with globs that
+        match this prefix's partitions only (``RedisKeys.partition_globs``).
+
         Returns:
             Keys deleted.
         """
-        deleted = int(self.client.delete(f"rj:{{{self.prefix}}}:topic"))  # the topic identity (topic_identity)
-        for key in self.client.scan_iter(match=f"rj:{{{self.prefix}.p*", count=1000):
-            deleted += int(self.client.delete(key))
-        return deleted
+        deleted = int(self.client.delete(self.keys.topic_identity()))  # the topic identity (topic_identity)
+        return deleted + redis_client.delete_matching(self.client, self.keys.partition_globs())

@@ -1,7 +1,7 @@
 """Which agent instances are alive (a lease key with a TTL) and which runs each one owns.
 
-Keys (written by ``producers``; named in ``runjournal.producers._lease``): ``{prefix}:lease:{instance}``
-(TTL'd, compare-and-set heartbeat) and ``{prefix}:owned:{instance}`` (set of run ids), where an instance
+Keys (written by ``producers``; named by ``runjournal.core.redis_keys``): ``rj:{P:i:<instance>}:lease``
+(TTL'd, compare-and-set heartbeat) and ``rj:{P:i:<instance>}:owned`` (set of run ids), where an instance
 is one *incarnation* of a producer_id: ``agent-7`` for the first Journal started under that name,
 ``agent-7#2`` for the second. A restarted ``agent-7`` is therefore a new instance with its own lease;
 the earlier one — an owned set and no lease — is dead (or a paused zombie, which is why recovery fences
@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from runjournal.producers._lease import lease_key, owned_key, run_id_key
+from runjournal.core import redis_client
+from runjournal.core.redis_keys import RedisKeys
 
 __all__ = ["InstanceView", "Instances"]
 
@@ -44,18 +45,21 @@ class Instances:
     def __init__(self, client: Any, prefix: str) -> None:
         self.r = client
         self.prefix = prefix
+        self.keys = RedisKeys(prefix)
 
     def lease_key(self, producer_id: str) -> str:
-        """``{prefix}:lease:{instance}``."""
-        return lease_key(self.prefix, producer_id)
+        """``rj:{P:i:<instance>}:lease``."""
+        return self.keys.lease(producer_id)
 
     def owned_key(self, producer_id: str) -> str:
-        """``{prefix}:owned:{instance}``."""
-        return owned_key(self.prefix, producer_id)
+        """``rj:{P:i:<instance>}:owned``."""
+        return self.keys.owned(producer_id)
 
-    def _ids(self, kind: str) -> set[str]:
-        head = f"{self.prefix}:{kind}:"
-        return {_text(k)[len(head):] for k in self.r.scan_iter(match=f"{head}*", count=1000)}
+    def _ids(self, family: str) -> set[str]:
+        """Instance ids with a key of ``family`` (SCAN on every primary of a cluster)."""
+        found = (self.keys.instance_of(k, family)
+                 for k in redis_client.scan_keys(self.r, self.keys.instance_glob(family)))
+        return {i for i in found if i is not None}
 
     def live(self) -> set[str]:
         """Instance ids holding a lease now."""
@@ -79,12 +83,12 @@ class Instances:
         return min(candidates, key=lambda pid: (int(self.r.scard(self.owned_key(pid))), pid))
 
     def run_started_by(self, run_id: str) -> str | None:
-        """The instance that claimed ``run_id`` in ``start_run`` (``{prefix}:runid:{run_id}``), or None."""
-        raw = self.r.get(run_id_key(self.prefix, run_id))
+        """The instance that claimed ``run_id`` in ``start_run`` (``rj:{P:r:<run_id>}:claim``), or None."""
+        raw = self.r.get(self.keys.claim(run_id))
         return None if raw is None else _text(raw)
 
     def free_run_id(self, run_id: str, started_by: str) -> bool:
         """Free a run id ``started_by`` claimed (compare-and-delete), so a run that left no fact in the
         journal can be started again under its id. Call only after fencing ``started_by`` and reading the
         journal to its end (``no_facts``). Returns True when freed."""
-        return bool(self.r.eval(_FREE_RUN_ID, 1, run_id_key(self.prefix, run_id), started_by))
+        return bool(self.r.eval(_FREE_RUN_ID, 1, self.keys.claim(run_id), started_by))

@@ -20,8 +20,10 @@ Order (DESIGN.md § Zombies: fence first, then read), numbered as in :meth:`Reco
 6. Publish RUN_RESUMED (seq = last + 1, epoch + 1, plan summary) for all runs in one
    transaction of the recovery job's own transactional producer (two concurrent recovery jobs
    fence each other).
-7. Hand over, per run, in one Redis MULTI: the plan, the assignee's assignment list and owned
-   set, and removal from the dead instance's owned set (check-and-set: never a second list entry).
+7. Hand over, per run, in three idempotent writes, each within one Redis Cluster slot
+   (``runjournal.core.redis_keys``): the plan (the run's slot); the assignee's assignment list and owned set
+   in one check-and-set script (its instance slot: never a second list entry); the removal from the dead
+   instance's owned set (its slot).
 
 Every step is idempotent and a crash at any point is completed by the next normal pass:
 
@@ -29,14 +31,16 @@ Every step is idempotent and a crash at any point is completed by the next norma
   happened — the recovery producer's next ``init_transactions`` aborts the open transaction — and the
   next pass does it all again;
 * after 6, before or inside 7: the journal already names the assignee as owner (epoch n+1). The next
-  pass finds a *live* owner that does not hold the run (not in its owned set): the hand-over did not
-  complete, so it completes it (``handed_over``) — the run is resumed exactly once. When the assignee
-  has died meanwhile, the run is resumed again under epoch n+2 to another live instance.
+  pass finds a *live* owner that does not hold the run (not in its owned set), or holds it while the dead
+  owner's set still lists it: the hand-over did not complete, so it completes it (``handed_over``) — the
+  run is resumed exactly once. When the assignee has died meanwhile, the run is resumed again under
+  epoch n+2 to another live instance.
 
 Transactional failures (c): an abortable one aborts the transaction and leaves the job usable (its runs are
 ``retry_later``); a fatal one (fenced by another recovery job, unauthorised) raises
 :class:`~runjournal.consumers.failures.FatalDependencyError`. Failpoints (``RJ_FAILPOINTS``, crash tests):
-``recovery.after_fence``, ``recovery.after_read``, ``recovery.after_commit``, ``recovery.inside_handover``.
+``recovery.after_fence``, ``recovery.after_read``, ``recovery.after_commit``, ``recovery.inside_handover``,
+``recovery.handover.after_plan``, ``recovery.handover.after_assign``.
 
 A run with no fact at all after 2-4 (``no_facts``) frees its run id for its fenced starter, so it can be
 started again. With ``reopen_failed`` a FAILED run is resumed too (continuing it: ``continue_run``).
@@ -51,7 +55,6 @@ import time
 import uuid
 from typing import Any
 
-import redis
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from runjournal.consumers.failures import FailurePolicy, FatalDependencyError, kafka_error_verdict
@@ -61,8 +64,9 @@ from runjournal.consumers.recovery.plan import Classified, build_plan, classify,
 from runjournal.consumers.recovery.report import RecoveryReport, RunOutcome, with_changes
 from runjournal.consumers.recovery.tail import end_offsets, fold_tails
 from runjournal.consumers.topic_identity import check_projection, describe_events_topic
-from runjournal.core import failpoints, kafka
+from runjournal.core import failpoints, kafka, redis_client
 from runjournal.core.errors import RunjournalError
+from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.model.reducer import RunState, RunStatus
 from runjournal.producers.fencing import fence_producer
@@ -97,7 +101,8 @@ class RecoveryJob:
         self.max_wait_s = max_wait_s
         self.read_timeout_s = read_timeout_s
         self.policy = FailurePolicy("recovery", log, max_wait_s=outage_wait_s)
-        self.redis = redis.Redis.from_url(settings.redis_url)
+        self.redis = redis_client.client(settings)
+        self.keys = RedisKeys(settings.topic_prefix)
         self.store = ProjectionStore(self.redis, settings.topic_prefix)
         self.instances = Instances(self.redis, settings.topic_prefix)
         self.plans = PlanStore(self.redis, settings.topic_prefix)
@@ -259,10 +264,15 @@ class RecoveryJob:
         return resumable
 
     def _live_owner(self, base: RunOutcome, state: RunState, dead_owner: str | None) -> RunOutcome:
-        """The journal names a live owner. It holds the run (its owned set has it): leave it alone. It does not:
-        a pass committed RUN_RESUMED to it and died before the hand-over — complete that hand-over now."""
+        """The journal names a live owner. It holds the run (its owned set has it): leave it alone — but if the dead
+        owner's set still lists the run, a pass died before the hand-over's last write: remove it (``handed_over``).
+        It does not hold it: a pass committed RUN_RESUMED to it and died before the hand-over — complete it now."""
         assert state.owner is not None
         if self.redis.sismember(self.plans.owned_key(state.owner), state.run_id):
+            if dead_owner and dead_owner != state.owner and self.redis.srem(self.plans.owned_key(dead_owner),
+                                                                            state.run_id):
+                return with_changes(base, action="handed_over", epoch=state.epoch, assigned_to=state.owner,
+                                    detail=f"completed an earlier pass's hand-over: {dead_owner} no longer lists it")
             return with_changes(base, action="owner_alive", detail=f"owned by live {state.owner}")
         classified = classify(state)
         plan = build_plan(state, classified, new_epoch=state.epoch, resumed_seq=state.last_seq,
@@ -356,33 +366,25 @@ class RecoveryJob:
                               "assigned_to": target})
 
     def _hand_over(self, plan: Any, dead_owner: str | None) -> None:
-        """Step 7 for one run, check-and-set (WATCH on the assignee's owned set): the plan; the assignment list
-        and owned-set entries only if the assignee does not hold the run yet; removal from the dead owner.
-        Running it again (a pass completing a crashed one) adds no second list entry."""
-        owned = self.plans.owned_key(plan.assigned_to)
-
-        def txn(pipe: Any) -> None:
-            held = pipe.sismember(owned, plan.run_id)
-            pipe.multi()
-            pipe.set(self.plans.plan_key(plan.run_id), plan.to_json())
-            if not held:
-                pipe.rpush(self.plans.assign_key(plan.assigned_to), plan.run_id)
-                pipe.sadd(owned, plan.run_id)
-            if dead_owner and dead_owner != plan.assigned_to:
-                pipe.srem(self.plans.owned_key(dead_owner), plan.run_id)
-
-        self.policy.call("hand over", lambda: self.redis.transaction(txn, owned))
+        """Step 7 for one run, in three idempotent writes, each within one Redis Cluster slot: the plan (the run's
+        slot); the assignment, check-and-set (the assignee's owned set and list, one script: never a second list
+        entry); the removal from the dead owner's owned set. A crash between them is completed by the next pass
+        (:meth:`_live_owner`): the assignee does not hold the run yet, or the dead owner still lists it."""
+        self.policy.call("hand over", lambda: self.plans.put(plan))
+        failpoints.hit("recovery.handover.after_plan")
+        self.policy.call("hand over", lambda: self.plans.assign(plan.run_id, plan.assigned_to))
+        failpoints.hit("recovery.handover.after_assign")
+        if dead_owner and dead_owner != plan.assigned_to:
+            self.policy.call("hand over", lambda: self._disown(dead_owner, plan.run_id))
 
     def _disown(self, owner: str | None, run_id: str) -> None:
         if owner:
             self.redis.srem(self.plans.owned_key(owner), run_id)
 
     def _park(self, owner: str | None, run_id: str) -> None:
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.sadd(f"{self.settings.topic_prefix}:parked", run_id)
-        if owner:
-            pipe.srem(self.plans.owned_key(owner), run_id)
-        pipe.execute()
+        """Park, then disown (two slots): a crash between leaves the run listed; the next pass parks it again."""
+        self.redis.sadd(self.keys.parked(), run_id)
+        self._disown(owner, run_id)
 
     def close(self) -> None:
         """Flush and drop the recovery producer."""

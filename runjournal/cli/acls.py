@@ -1,4 +1,4 @@
-"""``runjournal acls …``: the Kafka ACLs each role needs (least privilege), shown or created."""
+"""``runjournal acls …``: the Kafka ACLs and Redis ACL rules each role needs (least privilege), shown or created."""
 
 from __future__ import annotations
 
@@ -9,19 +9,28 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from runjournal.core.errors import ConfigError
 from runjournal.core.settings import Settings
 
 __all__ = ["acls_app"]
 
-acls_app = typer.Typer(help="The Kafka ACLs each runjournal role needs, for the current topic prefix.",
-                       no_args_is_help=True)
+acls_app = typer.Typer(help="The Kafka ACLs (and, with --redis, the Redis ACL rules) each runjournal role needs, "
+                            "for the current topic prefix.", no_args_is_help=True)
 console = Console()
 err_console = Console(stderr=True)
+
+
+RedisOpt = Annotated[bool, typer.Option("--redis", help="Redis ACL rules (key patterns and commands) instead of "
+                                                        "Kafka ACLs.")]
+AgentNameOpt = Annotated[str | None, typer.Option(
+    help="With --redis: limit the agent role's instance keys to this producer_id's instances (one user per agent).")]
 
 
 @acls_app.command("show")
 def acls_show(
     role: Annotated[list[str] | None, typer.Option(help="Only this role (repeatable).")] = None,
+    redis: RedisOpt = False,
+    agent_name: AgentNameOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object: role → grants.")] = False,
 ) -> None:
     """Print each role's grants for RUNJOURNAL_TOPIC_PREFIX (agent, projector, recovery, memory, operator)."""
@@ -31,6 +40,9 @@ def acls_show(
     unknown = sorted(set(role or []) - set(ROLES))
     if unknown:
         raise typer.BadParameter(f"unknown role(s) {unknown}; roles: {', '.join(ROLES)}", param_hint="--role")
+    if redis:
+        _show_redis(role or list(ROLES), prefix, agent_name, as_json)
+        return
     out = {r: grants_for(r, prefix) for r in (role or list(ROLES))}
     if as_json:
         print(json.dumps(out))
@@ -43,15 +55,38 @@ def acls_show(
     console.print(table)
 
 
+def _show_redis(roles: list[str], prefix: str, agent_name: str | None, as_json: bool) -> None:
+    from runjournal.deploy import redis_acls
+
+    out = {r: {"grants": redis_acls.grants_for(r, prefix, agent_name=agent_name),
+               "rules": redis_acls.rules_for(r, prefix, agent_name=agent_name)} for r in roles}
+    if as_json:
+        print(json.dumps(out))
+        return
+    table = Table("role", "keys", "access", "patterns", "why")
+    for r, info in out.items():
+        for g in info["grants"]:
+            table.add_row(r, g["family"], g["access"], " ".join(g["patterns"]), g["why"])
+    console.print(table)
+    console.print("ACL SETUSER <user> on ><password> " + "; ".join(
+        f"{r}: {' '.join(i['rules'])}" for r, i in out.items()), soft_wrap=True)
+
+
 @acls_app.command("create")
 def acls_create(
     principal: Annotated[list[str] | None, typer.Option(
-        help="ROLE=PRINCIPAL, e.g. agent=User:svc-agent (repeatable); default: every role to User:<role>.")] = None,
+        help="ROLE=PRINCIPAL, e.g. agent=User:svc-agent (repeatable); default: every role to User:<role>. "
+             "With --redis: ROLE=USER, e.g. agent=svc-agent (default: every role to the user named like it).")] = None,
+    redis: Annotated[bool, typer.Option("--redis", help="Add the roles' Redis ACL rules for the prefix to their "
+                                                        "Redis users, on every node, as the configured Redis user "
+                                                        "(ACL SETUSER; users are created disabled when missing).")]
+    = False,
+    agent_name: AgentNameOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Create the roles' ACLs for RUNJOURNAL_TOPIC_PREFIX, as the configured Kafka user (an ACL administrator).
 
-    Works on any cluster with Kafka's standard authorizer; idempotent.
+    Works on any cluster with Kafka's standard authorizer; idempotent. With --redis, the Redis rules instead.
     """
     from confluent_kafka import KafkaException
 
@@ -61,8 +96,11 @@ def acls_create(
     if any(len(p) != 2 or p[0] not in ROLES for p in pairs):
         raise typer.BadParameter(f"expected ROLE=PRINCIPAL with ROLE one of {', '.join(ROLES)}",
                                  param_hint="--principal")
-    principals = dict(pairs) if pairs else {r: f"User:{r}" for r in ROLES}  # type: ignore[arg-type]
     settings = Settings.load()
+    if redis:
+        _create_redis(settings, dict(pairs) if pairs else {r: r for r in ROLES}, agent_name, as_json)  # type: ignore[arg-type]
+        return
+    principals = dict(pairs) if pairs else {r: f"User:{r}" for r in ROLES}  # type: ignore[arg-type]
     try:
         count = create_acls(settings, principals)
     except KafkaException as exc:
@@ -74,3 +112,25 @@ def acls_create(
     else:
         console.print(f"{count} ACL bindings for prefix {settings.topic_prefix}: "
                       + ", ".join(f"{r} → {p}" for r, p in principals.items()))
+
+
+def _create_redis(settings: Settings, users: dict[str, str], agent_name: str | None, as_json: bool) -> None:
+    from runjournal.cli._errors import cli_errors
+    from runjournal.core import redis_client
+    from runjournal.deploy import redis_acls
+
+    with cli_errors(as_json):  # a refused login or ACL names the settings to check (ConfigError)
+        redis_client.check_access(settings)
+        admin = redis_client.client(settings)
+        try:
+            count = redis_acls.grant(admin, users, settings.topic_prefix, agent_name=agent_name)
+        except Exception as exc:
+            if hint := redis_client.access_problem(exc):
+                raise ConfigError(f"Redis refused ACL SETUSER: {exc} — {hint} (creating users needs the "
+                                  "administrator)") from exc
+            raise
+    if as_json:
+        print(json.dumps({"prefix": settings.topic_prefix, "users": users, "commands": count}))
+    else:
+        console.print(f"{count} ACL SETUSER commands for prefix {settings.topic_prefix}: "
+                      + ", ".join(f"{r} → {u}" for r, u in users.items()))

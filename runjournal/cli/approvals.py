@@ -12,12 +12,12 @@ import getpass
 import json
 from typing import Annotated, Any
 
-import redis
 import typer
 from rich.console import Console
 
 from runjournal.consumers._partitions import run_partition
 from runjournal.consumers.projector.store import ProjectionStore
+from runjournal.core import redis_client as redis_clients
 from runjournal.core.errors import RunjournalError
 from runjournal.core.settings import Settings
 from runjournal.producers.approvals import ApprovalInbox
@@ -33,7 +33,7 @@ class ApprovalRefusedError(RunjournalError):
 
 
 def submit_decision(settings: Settings, run_id: str, call_id: str, *, granted: bool, approver: str,
-                    comment: str | None = None, redis_client: redis.Redis | None = None) -> dict[str, Any]:
+                    comment: str | None = None, redis_client: Any = None) -> dict[str, Any]:
     """Write a decision to the run's inbox if the projection shows ``call_id`` pending.
 
     Args:
@@ -43,7 +43,7 @@ def submit_decision(settings: Settings, run_id: str, call_id: str, *, granted: b
         granted: grant (True) or deny (False).
         approver: who decides.
         comment: the grant's comment or the denial's reason.
-        redis_client: default from ``settings.redis_url``.
+        redis_client: default ``runjournal.core.redis_client.client(settings)``.
 
     Returns:
         ``{"run_id", "call_id", "decision", "approver", "comment", "tool", "reason"}`` (``tool`` and
@@ -54,7 +54,7 @@ def submit_decision(settings: Settings, run_id: str, call_id: str, *, granted: b
         TopicNotFoundError: the events topic does not exist.
         redis.RedisError: Redis unreachable.
     """
-    client = redis_client if redis_client is not None else redis.Redis.from_url(settings.redis_url)
+    client = redis_client if redis_client is not None else redis_clients.client(settings)
     state = ProjectionStore(client, settings.topic_prefix).get(run_partition(settings, run_id), run_id)
     if state is None:
         raise ApprovalRefusedError(f"run {run_id} has no projected state (unknown run, or the projector has not "

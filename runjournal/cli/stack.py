@@ -27,9 +27,9 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object ins
 
 
 def _stack(settings: Settings, ports: StackPorts | None = None, brokers: int | None = None,
-           secure: bool | None = None) -> Stack:
+           secure: bool | None = None, redis_cluster: bool | None = None) -> Stack:
     return Stack(settings.stack_dir, settings.cache_dir, ports=ports or StackPorts(), qdrant_url=settings.qdrant_url,
-                 brokers=brokers, secure=secure, topic_prefix=settings.topic_prefix)
+                 brokers=brokers, secure=secure, redis_cluster=redis_cluster, topic_prefix=settings.topic_prefix)
 
 
 def _fail(exc: Exception, as_json: bool = False) -> typer.Exit:
@@ -42,12 +42,17 @@ def _fail(exc: Exception, as_json: bool = False) -> typer.Exit:
 def stack_up(
     kafka_port: Annotated[int, typer.Option(help="Kafka client port on 127.0.0.1 (node i: + 2i).")] = 9092,
     controller_port: Annotated[int, typer.Option(help="KRaft controller port on 127.0.0.1 (node i: + 2i).")] = 9093,
-    redis_port: Annotated[int, typer.Option(help="Redis port on 127.0.0.1.")] = 6379,
+    redis_port: Annotated[int, typer.Option(help="Redis port on 127.0.0.1 (a cluster: node i on + i, its bus on "
+                                                 "+ 3 + i).")] = 6379,
     brokers: Annotated[int | None, typer.Option(help="Kafka nodes (broker+controller each, static quorum); 3 is the "
                                                      "production shape: replication 3, min.insync.replicas 2. "
                                                      "Default: the stack's own, or 1.")] = None,
     secure: Annotated[bool, typer.Option("--secure", help="SASL_SSL (SCRAM) listener, a CA and broker certificate "
-                                         "made at start, a SCRAM user and ACLs per role.")] = False,
+                                         "made at start, a SCRAM user and ACLs per role; Redis over TLS only, "
+                                         "with an ACL user per role and no default user.")] = False,
+    redis_cluster: Annotated[bool, typer.Option(
+        "--redis-cluster", help="A 3-master Redis Cluster (cluster-enabled redis-server x3 joined by redis-cli "
+                                "--cluster create) instead of one Redis server. Default: the stack's own.")] = False,
     timeout_s: Annotated[float, typer.Option("--timeout", help="Readiness timeout per component, seconds.")] = 120.0,
     registry: Annotated[bool, typer.Option(
         "--registry", help="Also start a schema registry (Apicurio, from Maven Central) and register the "
@@ -59,7 +64,7 @@ def stack_up(
     Idempotent: restarts only what is not running."""
     settings = Settings.load()
     ports = StackPorts(kafka_port, controller_port, redis_port, registry_port)
-    stack = _stack(settings, ports, brokers, secure or None)
+    stack = _stack(settings, ports, brokers, secure or None, redis_cluster or None)
     try:
         report = stack.up(timeout_s=timeout_s, registry=registry)
         if registry:
@@ -74,9 +79,9 @@ def stack_up(
         where = info.get("bootstrap") or info.get("url") or info.get("path")
         console.print(f"[green]✓[/] {name:<6} {info['action']:<16} {where}")
     console.print(f"stack up in {report['elapsed_s']} s; state in {settings.stack_dir / 'stack.json'}")
-    if report["kafka"].get("secure"):
-        console.print("secure: commands use the 'operator' user; `runjournal stack env --role ROLE` prints another "
-                      "role's settings")
+    if report["kafka"].get("secure") or report["redis"].get("secure"):
+        console.print("secure: commands use the 'operator' user (Kafka and Redis); `runjournal stack env --role ROLE` "
+                      "prints another role's settings")
 
 
 @stack_app.command("env")
@@ -85,11 +90,10 @@ def stack_env(
                                            "administrator).")],
     as_json: JsonOpt = False,
 ) -> None:
-    """Print the RUNJOURNAL_* settings that run a service as ROLE's user on the secure local stack."""
-    from runjournal.deploy.kafka_cluster import role_env
-
+    """Print the RUNJOURNAL_* settings that run a service as ROLE's user on the secure local stack (its Kafka
+    SCRAM user and its Redis ACL user)."""
     try:
-        env = role_env(_stack(Settings.load()).read_state().get("kafka", {}), role)
+        env = _stack(Settings.load()).role_env(role)
     except StackError as exc:
         raise _fail(exc) from exc
     if as_json:

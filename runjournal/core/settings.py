@@ -7,7 +7,9 @@ other command finds the broker and Redis without any variable set.
 Variables (each field of :class:`Settings`, upper-cased, with the ``RUNJOURNAL_`` prefix; the
 README's Settings table lists meanings and defaults): ``BOOTSTRAP``, ``REDIS_URL``,
 ``QDRANT_PATH``, ``QDRANT_URL``, ``QDRANT_API_KEY``, ``SCHEMA_REGISTRY_URL``, ``TOPIC_PREFIX``,
-``STACK_DIR``, ``CACHE_DIR``, ``PARTITIONS``, ``REPLICATION_FACTOR``, ``LOG_LEVEL``, the Kafka
+``STACK_DIR``, ``CACHE_DIR``, ``PARTITIONS``, ``REPLICATION_FACTOR``, ``LOG_LEVEL``, the Redis security
+settings ``REDIS_USERNAME``, ``REDIS_PASSWORD``, ``REDIS_SSL_CA_LOCATION``, ``REDIS_SSL_CERTIFICATE_LOCATION``,
+``REDIS_SSL_KEY_LOCATION`` (``REDIS_URL`` may name a Redis Cluster: ``runjournal.core._redis_url``), the Kafka
 security settings ``KAFKA_SECURITY_PROTOCOL``, ``KAFKA_SASL_MECHANISM``, ``KAFKA_SASL_USERNAME``,
 ``KAFKA_SASL_PASSWORD``, ``KAFKA_SSL_CA_LOCATION``, ``KAFKA_SSL_CERTIFICATE_LOCATION``,
 ``KAFKA_SSL_KEY_LOCATION``, ``KAFKA_SSL_KEY_PASSWORD``, ``KAFKA_PROPERTIES_FILE``, and any
@@ -16,6 +18,7 @@ security settings ``KAFKA_SECURITY_PROTOCOL``, ``KAFKA_SASL_MECHANISM``, ``KAFKA
 The local stack's state file supplies, besides the endpoints, the replication factor (its broker
 count) and, for a ``--secure`` stack, its security protocol, CA and the operator's credentials —
 only when the bootstrap itself came from the state file (never mixed into another cluster's settings).
+Likewise a secure stack's Redis CA and the operator's Redis user, only with the Redis URL of the state file.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from runjournal.core import _kafka_props
+from runjournal.core._redis_url import parse_redis_url
 from runjournal.core.errors import ConfigError
 
 __all__ = ["Settings", "default_cache_dir", "default_stack_dir", "mask_url"]
@@ -74,7 +78,18 @@ class Settings(BaseSettings):
     bootstrap: str = "127.0.0.1:9092"
     """Kafka bootstrap servers, comma separated ``host:port``."""
     redis_url: str = "redis://127.0.0.1:6379/0"
-    """Redis URL; may carry a password (masked by :meth:`masked`)."""
+    """Redis URL: ``redis://`` / ``rediss://`` (TLS) for one server, ``redis+cluster://h1:p1,h2:p2`` /
+    ``rediss+cluster://…`` for a Redis Cluster (``runjournal.core._redis_url``); a password in it is masked."""
+    redis_username: str | None = None
+    """Redis ACL user (wins over the URL's); None: the URL's, else Redis's ``default`` user."""
+    redis_password: SecretStr | None = None
+    """Password of the Redis user (wins over the URL's); masked when printed."""
+    redis_ssl_ca_location: Path | None = None
+    """PEM of the CA that signed the Redis servers' certificates (needs a ``rediss`` URL); None: the system's."""
+    redis_ssl_certificate_location: Path | None = None
+    """The client's PEM certificate for Redis (mutual TLS, ``tls-auth-clients yes``)."""
+    redis_ssl_key_location: Path | None = None
+    """The client's PEM private key for Redis (mutual TLS)."""
     qdrant_path: Path | None = None
     """Embedded Qdrant directory; None means ``<stack_dir>/qdrant``."""
     qdrant_url: str | None = None
@@ -129,6 +144,12 @@ class Settings(BaseSettings):
             raise ValueError("must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL")
         return v.upper() if v else None
 
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url_form(cls, v: str) -> str:
+        parse_redis_url(v)  # ValueError names the accepted forms
+        return v
+
     @field_validator("topic_prefix")
     @classmethod
     def _legal_topic(cls, v: str) -> str:
@@ -164,6 +185,7 @@ class Settings(BaseSettings):
         fill.update(_from_stack_state(base.stack_dir / STATE_FILE, explicit, with_kafka=not kafka_given))
         settings = base.model_copy(update=fill) if fill else base
         _check_kafka_security(settings)
+        _check_redis_security(settings)
         return settings
 
     # -- derived names -----------------------------------------------------------------
@@ -209,7 +231,7 @@ class Settings(BaseSettings):
         out["redis_url"] = mask_url(self.redis_url)
         out["qdrant_url"] = mask_url(self.qdrant_url)
         out["schema_registry_url"] = mask_url(self.schema_registry_url)
-        for name in ("qdrant_api_key", "kafka_sasl_password", "kafka_ssl_key_password"):
+        for name in ("qdrant_api_key", "kafka_sasl_password", "kafka_ssl_key_password", "redis_password"):
             out[name] = "***" if getattr(self, name) else None
         out["kafka_properties"] = {k: "***" if _kafka_props.is_secret(k) else v.get_secret_value()
                                    for k, v in sorted(self.kafka_properties.items())}
@@ -279,6 +301,7 @@ def _from_stack_state(path: Path, explicit: set[str], *, with_kafka: bool) -> di
     fill: dict[str, Any] = {}
     if "redis_url" not in explicit and (url := state.get("redis", {}).get("url")):
         fill["redis_url"] = url
+        fill.update(_redis_security_from_state(state["redis"], explicit))
     registry = state.get("registry", {})
     pid = (registry.get("process") or {}).get("pid")
     if "schema_registry_url" not in explicit and pid and registry.get("url") and Path(f"/proc/{pid}").exists():
@@ -302,6 +325,39 @@ def _from_stack_state(path: Path, explicit: set[str], *, with_kafka: bool) -> di
         if password:
             fill.update(kafka_sasl_username=user, kafka_sasl_password=SecretStr(password))
     return fill
+
+
+def _redis_security_from_state(entry: dict[str, Any], explicit: set[str]) -> dict[str, Any]:
+    """A secure stack's Redis CA and its default user's credentials (the operator), unless given."""
+    security = entry.get("security") or {}
+    fill: dict[str, Any] = {}
+    if "redis_ssl_ca_location" not in explicit and security.get("ca"):
+        fill["redis_ssl_ca_location"] = Path(security["ca"])
+    if not explicit & {"redis_username", "redis_password"} and security.get("users_file"):
+        user = security.get("default_user", "operator")
+        try:
+            password = json.loads(Path(security["users_file"]).read_text())[user]
+        except (OSError, ValueError, KeyError):
+            password = None
+        if password:
+            fill.update(redis_username=user, redis_password=SecretStr(password))
+    return fill
+
+
+def _check_redis_security(s: Settings) -> None:
+    """TLS files need a ``rediss`` URL; mutual TLS needs both files; each file must exist (errors name the variable)."""
+    target = parse_redis_url(s.redis_url)
+    files = [n for n in ("redis_ssl_ca_location", "redis_ssl_certificate_location", "redis_ssl_key_location")
+             if getattr(s, n) is not None]
+    if files and not target.tls:
+        raise ConfigError(f"Redis TLS files are set ({', '.join(f'RUNJOURNAL_{n.upper()}' for n in files)}) but "
+                          "RUNJOURNAL_REDIS_URL is not TLS: use rediss:// (or rediss+cluster://)")
+    if (s.redis_ssl_certificate_location is None) != (s.redis_ssl_key_location is None):
+        raise ConfigError("Redis mutual TLS needs both RUNJOURNAL_REDIS_SSL_CERTIFICATE_LOCATION and "
+                          "RUNJOURNAL_REDIS_SSL_KEY_LOCATION")
+    for name in files:
+        if not getattr(s, name).is_file():
+            raise ConfigError(f"RUNJOURNAL_{name.upper()}: {getattr(s, name)} is not a readable file")
 
 
 def _check_kafka_security(s: Settings) -> None:

@@ -6,10 +6,10 @@ Before each model turn (an assistant message or a tool call) it builds the turn'
 :class:`~runjournal.consumers.context.ContextManager` — the run's execution facts first, then memory and
 knowledge labelled advisory — for the user's latest message. The recorded script decides what the turn
 does (there is no model here); the context is what a model would be given, and the last one of each run
-is kept in ``{prefix}:demo:context`` for the report (counters in ``{prefix}:demo:contexts``).
+is kept in ``rj:{P:demo}:context`` for the report (counters in ``rj:{P:demo}:contexts``).
 
 Run as a process: ``python -m runjournal.demo.agent --producer-id ID --workload FILE --provider URL``.
-It exits when the queue is empty and ``{prefix}:demo:done`` is set, or on SIGTERM.
+It exits when the queue is empty and ``rj:{P:demo}:done`` is set, or on SIGTERM.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import redis
-
 from runjournal.consumers.context import Context, ContextManager
+from runjournal.core import redis_client
+from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.demo.tools import ProviderTool, RecordedTool
 from runjournal.demo.workload import RunScript, Step
@@ -37,21 +37,32 @@ log = logging.getLogger("runjournal.demo.agent")
 
 
 class DemoKeys:
-    """Redis keys of the demo's work queue (``{prefix}:demo:*``)."""
+    """Redis keys of the demo's work queue (``rj:{P:demo}:*``: one hash tag, so LMOVE queue → claimed works on a
+    Redis Cluster; ``runjournal.core.redis_keys``)."""
 
     def __init__(self, prefix: str) -> None:
-        self.queue = f"{prefix}:demo:queue"
-        self.done = f"{prefix}:demo:done"
-        self.contexts = f"{prefix}:demo:contexts"
+        self._keys = RedisKeys(prefix)
+        self.queue = self._keys.demo("queue")
+        self.done = self._keys.demo("done")
+        self.contexts = self._keys.demo("contexts")
         """Hash of counters: built, with_memory, with_knowledge, advice_unavailable, facts_pending (the run not yet
         projected: the context holds no facts and, without a tenant, no memory)."""
-        self.context = f"{prefix}:demo:context"
+        self.context = self._keys.demo("context")
         """Hash run_id -> the JSON of the run's last context."""
         self.prefix = prefix
 
     def claimed(self, producer_id: str) -> str:
         """Runs an instance took from the queue (moved atomically, so a crash never loses one)."""
-        return f"{self.prefix}:demo:claimed:{producer_id}"
+        return self._keys.demo(f"claimed:{producer_id}")
+
+    def claimed_glob(self) -> str:
+        """Every instance's claimed list."""
+        return self._keys.demo("claimed:*")
+
+    def owner_of_claimed(self, key: bytes | str) -> str:
+        """The instance whose claimed list ``key`` is."""
+        text = key.decode() if isinstance(key, bytes) else key
+        return text[len(self._keys.demo("claimed:")):]
 
 
 def load_scripts(path: Path) -> dict[str, RunScript]:
@@ -73,7 +84,7 @@ def _tool(step: Step, handle: RunHandle, provider_url: str) -> Any:
 class TurnContexts:
     """Builds each model turn's context and keeps the evidence of it in Redis (see the module docstring)."""
 
-    def __init__(self, manager: ContextManager, r: redis.Redis, keys: DemoKeys) -> None:
+    def __init__(self, manager: ContextManager, r: Any, keys: DemoKeys) -> None:
         self.manager, self.r, self.keys = manager, r, keys
 
     def build(self, run_id: str, query: str) -> Context:
@@ -136,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     settings = Settings.load()
     scripts = load_scripts(args.workload)
-    r = redis.Redis.from_url(settings.redis_url)
+    r = redis_client.client(settings)
     keys = DemoKeys(settings.topic_prefix)
     inbox = ApprovalInbox(r, settings.topic_prefix)
     advice = args.advice == "on"

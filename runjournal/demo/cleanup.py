@@ -11,18 +11,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import redis
-
-from runjournal.core import kafka
+from runjournal.core import kafka, redis_client
+from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 
 __all__ = ["remove_demo"]
-
-
-def _redis_patterns(prefix: str) -> list[str]:
-    """Every key family of a prefix: instances, plans, approvals, results, demo queue (``{prefix}:*``),
-    the projection (``rj:{<prefix>.p<n>}:*``), the topic identity (``rj:{<prefix>}:*``), lag samples."""
-    return [f"{prefix}:*", f"rj:{{{prefix}.p*", f"rj:{{{prefix}}}:*", f"rj:{prefix}:*"]
 
 
 def remove_demo(settings: Settings, workdir: Path | None = None, *, timeout_s: float = 30.0) -> dict[str, Any]:
@@ -51,10 +44,9 @@ def remove_demo(settings: Settings, workdir: Path | None = None, *, timeout_s: f
         except Exception as exc:  # noqa: BLE001 - a group that never formed is fine to report
             if "GROUP_ID_NOT_FOUND" not in str(exc):
                 out["cleanup_errors"].append(f"group {name}: {exc}")
-    client = redis.Redis.from_url(settings.redis_url)
-    for pattern in _redis_patterns(settings.topic_prefix):
-        for key in client.scan_iter(match=pattern, count=1000):
-            out["redis_keys_deleted"] += int(client.delete(key))
+    # every key family of the prefix (RedisKeys.patterns), SCAN and DEL on each primary of a cluster
+    out["redis_keys_deleted"] = redis_client.delete_matching(redis_client.client(settings),
+                                                             RedisKeys(settings.topic_prefix).patterns())
     out["qdrant_collections_deleted"], errors = _drop_collections(settings)
     out["cleanup_errors"].extend(errors)
     if workdir is not None and workdir.exists():

@@ -35,12 +35,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import redis
 
 from runjournal.consumers.projector import Projector
 from runjournal.consumers.projector.store import ProjectionStore
 from runjournal.consumers.recovery.job import RecoveryError, RecoveryJob
 from runjournal.consumers.topic_identity import preflight
+from runjournal.core import redis_client
+from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.demo.agent import DemoKeys
 from runjournal.demo.cleanup import remove_demo
@@ -98,7 +99,7 @@ class _Background:
     def __init__(self, settings: Settings, fleet: Fleet, keys: DemoKeys) -> None:
         self.settings, self.fleet, self.keys = settings, fleet, keys
         self.stop = threading.Event()
-        self.r = redis.Redis.from_url(settings.redis_url)
+        self.r = redis_client.client(settings)
         self.inbox = ApprovalInbox(self.r, settings.topic_prefix)
         self.reports: list[dict[str, Any]] = []
         self.approvals = 0
@@ -131,10 +132,10 @@ class _Background:
         """
         live = job.instances.live()
         owned: set[str] = set()
-        for okey in self.r.scan_iter(match=f"{self.keys.prefix}:owned:*"):
+        for okey in redis_client.scan_keys(self.r, RedisKeys(self.keys.prefix).instance_glob("owned")):
             owned |= {m.decode() for m in self.r.smembers(okey)}
-        for key in self.r.scan_iter(match=f"{self.keys.prefix}:demo:claimed:*"):
-            owner = key.decode().rsplit(":", 1)[1]
+        for key in redis_client.scan_keys(self.r, self.keys.claimed_glob()):
+            owner = self.keys.owner_of_claimed(key)
             if owner in live or owner in self.fleet.agents:
                 continue
             # Runs still in an owned set are left to the stale pass (it settles them, see _settle).
@@ -204,7 +205,7 @@ def run_demo(opts: DemoOptions, *, progress: Any = None) -> dict[str, Any]:
     memory = _start_memory(env, workdir, settings) if opts.memory else None
     fleet.advice = memory is not None
     keys = DemoKeys(prefix)
-    r = redis.Redis.from_url(settings.redis_url)
+    r = redis_client.client(settings)
     r.rpush(keys.queue, *[s.run_id for s in scripts])  # 4
     for _ in range(opts.agents):
         fleet.spawn_agent(arm_failpoint=False)
@@ -251,7 +252,7 @@ def run_demo(opts: DemoOptions, *, progress: Any = None) -> dict[str, Any]:
 
 def _chaos_loop(opts: DemoOptions, settings: Settings, scripts: list[RunScript], fleet: Fleet,
                 rng: random.Random, progress: Any) -> bool:
-    store = ProjectionStore(redis.Redis.from_url(settings.redis_url), settings.topic_prefix)
+    store = ProjectionStore(redis_client.client(settings), settings.topic_prefix)
     total = len(scripts)
     kill_at = sorted(rng.uniform(0.05, 0.8) for _ in range(opts.kills)) if not opts.kill_every_s else []
     next_clock_kill = time.monotonic() + (opts.kill_every_s or 0)
@@ -333,7 +334,7 @@ def _ingest_knowledge(settings: Settings, paths: list[Path]) -> list[dict[str, A
         reader.close()
 
 
-def _contexts(r: redis.Redis, keys: DemoKeys, summary: dict[str, Any]) -> dict[str, Any]:
+def _contexts(r: Any, keys: DemoKeys, summary: dict[str, Any]) -> dict[str, Any]:
     """Counters of the agents' turn contexts, and one run's last context for the report: a recovered run
     with advice if there is one."""
     counts = {k.decode(): int(v) for k, v in r.hgetall(keys.contexts).items()}

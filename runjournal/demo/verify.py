@@ -13,10 +13,10 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-import redis
-
 from runjournal.consumers.inspect import read_all_events
 from runjournal.consumers.projector.store import ProjectionStore
+from runjournal.core import redis_client
+from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.demo.provider import ledger_stats
 from runjournal.demo.workload import RunScript
@@ -39,7 +39,7 @@ def _percentile(values: list[int], q: float) -> float | None:
 def verify(settings: Settings, scripts: list[RunScript], ledger_path: Path, partitions: int) -> dict[str, Any]:
     """The demo's summary figures (keys as ``runjournal demo --json`` prints them, without fleet counts)."""
     by_run = read_all_events(settings)
-    client = redis.Redis.from_url(settings.redis_url)
+    client = redis_client.client(settings)
     store = ProjectionStore(client, settings.topic_prefix)
     completed = matches = mismatches = 0
     per_run: dict[str, dict[str, Any]] = {}
@@ -63,7 +63,7 @@ def verify(settings: Settings, scripts: list[RunScript], ledger_path: Path, part
     ledger = ledger_stats(db)
     db.close()
     samples = [tuple(int(v) for v in x.decode().split(":"))
-               for x in client.lrange(f"rj:{settings.topic_prefix}:projector:lag_ms", 0, -1)]
+               for x in client.lrange(RedisKeys(settings.topic_prefix).projector_lag(), 0, -1)]
     lags = [lag for _, lag in samples]
     return {
         "runs_total": len(scripts),

@@ -1,13 +1,16 @@
-"""The production shape, for real: three KRaft brokers on loopback, SASL_SSL + SCRAM, the roles' ACLs.
+"""The production shape, for real: three KRaft brokers on loopback, SASL_SSL + SCRAM, the roles' ACLs, and a
+3-master Redis Cluster over TLS with an ACL user per role.
 
-One session stack, started the way a user starts it — ``runjournal stack up --brokers 3 --secure`` in a
-temp directory on free ports — and stopped with ``runjournal stack down`` at the end (no process left).
-``RJ_TEST_CLUSTER_STACK_DIR`` names an already running secure 3-broker stack instead (kept running).
+One session stack, started the way a user starts it — ``runjournal stack up --brokers 3 --secure
+--redis-cluster`` in a temp directory on free ports — and stopped with ``runjournal stack down`` at the end
+(no process left). ``RJ_TEST_CLUSTER_STACK_DIR`` names an already running stack of that shape instead (kept
+running).
 
-Every test gets a fresh topic prefix: the administrator grants each role its ACLs for that prefix
-(``runjournal.deploy.acls``), the *operator* creates the topics, and each service runs with its role's
-credentials as ``runjournal stack env --role ROLE`` prints them. The test's own oracle (fresh reads,
-Redis checks) uses the administrator.
+Every test gets a fresh topic prefix: the administrator grants each role its Kafka ACLs
+(``runjournal.deploy.acls``) and its Redis ACL rules (``runjournal.deploy.redis_acls``) for that prefix, the
+*operator* creates the topics, and each service runs with its role's credentials (Kafka and Redis) as
+``runjournal stack env --role ROLE`` prints them. The test's own oracle (fresh reads, Redis checks) uses the
+administrator of both.
 
 Every module here sets ``pytestmark = [pytest.mark.cluster, …]``: ``make test`` leaves them out,
 ``make test-cluster`` runs them.
@@ -30,10 +33,10 @@ from typing import Any
 
 import pytest
 
+from runjournal.core import redis_client
 from runjournal.core.settings import Settings
-from runjournal.deploy import acls
+from runjournal.deploy import acls, redis_acls, redis_stack
 from runjournal.deploy.kafka_cluster import admin_settings
-from runjournal.deploy.procs import free_port
 
 
 def base_env() -> dict[str, str]:
@@ -99,10 +102,12 @@ class Cluster:
         return env
 
     def admin(self) -> Settings:
-        """The stack's administrator (a super user): the tests' oracle."""
+        """The stack's administrator (a Kafka super user, Redis ``admin``): the tests' oracle."""
         settings = admin_settings(self.state()["kafka"])
         assert settings is not None
-        return settings
+        redis_admin = redis_stack.admin_settings(self.state()["redis"])
+        return settings.model_copy(update={name: getattr(redis_admin, name) for name in (
+            "redis_url", "redis_username", "redis_password", "redis_ssl_ca_location")})
 
 
 @pytest.fixture(scope="session")
@@ -114,9 +119,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         return
     stack_dir = tmp_path_factory.mktemp("cluster")
     env = {**base_env(), "RUNJOURNAL_STACK_DIR": str(stack_dir)}
-    base = free_port_block(6)
-    up = cli(env, "stack", "up", "--brokers", "3", "--secure", "--json", "--kafka-port", str(base),
-             "--controller-port", str(base + 1), "--redis-port", str(free_port()), timeout_s=600)
+    base = free_port_block(12)  # Kafka: base + 0…5 (client, controller per node); Redis: base + 6…11 (client, bus)
+    redis_base = base + 6
+    up = cli(env, "stack", "up", "--brokers", "3", "--secure", "--redis-cluster", "--json", "--kafka-port", str(base),
+             "--controller-port", str(base + 1), "--redis-port", str(redis_base), timeout_s=600)
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         yield Cluster(stack_dir)
@@ -139,9 +145,8 @@ class Tenant:
     """Events topic partitions."""
 
     def env(self, role: str | None) -> dict[str, str]:
-        """A ``role`` process's environment for this prefix."""
+        """A ``role`` process's environment for this prefix (None: the stack's default user, the operator)."""
         return self.cluster.env(role, RUNJOURNAL_TOPIC_PREFIX=self.prefix, RUNJOURNAL_PARTITIONS=str(self.partitions),
-                                RUNJOURNAL_REDIS_URL=self.cluster.state()["redis"]["url"],
                                 RUNJOURNAL_QDRANT_PATH=str(self.work / "qdrant"))
 
     def settings(self, role: str | None = None) -> Settings:
@@ -150,7 +155,6 @@ class Tenant:
             admin = self.cluster.admin()
             return admin.model_copy(update={"topic_prefix": self.prefix, "partitions": self.partitions,
                                             "replication_factor": 3, "stack_dir": self.cluster.stack_dir,
-                                            "redis_url": self.cluster.state()["redis"]["url"],
                                             "qdrant_path": self.work / "qdrant"})
         env = self.env(role)
         fields = {k[len("RUNJOURNAL_"):].lower(): v for k, v in env.items() if k.startswith("RUNJOURNAL_")}
@@ -158,9 +162,10 @@ class Tenant:
 
 
 def new_tenant(cluster: Cluster, work: Path) -> Tenant:
-    """A fresh prefix with the roles' ACLs granted by the administrator (no topics yet)."""
+    """A fresh prefix with the roles' Kafka ACLs and Redis ACL rules granted by the administrator (no topics yet)."""
     t = Tenant(cluster, f"c{uuid.uuid4().hex[:10]}", work)
     acls.create_acls(cluster.admin(), {r: f"User:{r}" for r in acls.ROLES}, prefix=t.prefix)
+    redis_acls.grant(redis_client.client(cluster.admin()), {r: r for r in redis_acls.ROLES}, t.prefix)
     return t
 
 

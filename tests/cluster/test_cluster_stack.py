@@ -1,23 +1,28 @@
-"""``runjournal stack up --brokers 3``: the production shape on loopback, run the way a user runs it.
+"""``runjournal stack up --brokers 3 --redis-cluster``: the production shape on loopback, run the way a user runs it.
 
 Three KRaft nodes with a static quorum; the settings pick the replication factor up from the stack;
 ``topics create`` makes every topic RF 3 / ``min.insync.replicas`` 2 and refuses existing topics that could
 drop acknowledged events; the transaction state log and the offsets topic are RF 3; ``stack up`` without
 ``--brokers`` keeps the stack's shape, with another shape it refuses; ``stack down`` stops all three nodes.
+Redis is three masters joined by ``redis-cli --cluster create``; a SIGKILLed master shows in ``stack status`` and
+``stack up`` starts it again, back into the cluster on its ``nodes.conf`` and AOF, its keys intact.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import ConfigResource, NewTopic, ResourceType
 
 from runjournal import Journal
-from runjournal.core import kafka
+from runjournal.core import kafka, redis_client
 from runjournal.core.settings import Settings
-from runjournal.deploy.procs import Proc, free_port
+from runjournal.deploy.procs import Proc
 from runjournal.deploy.topics import EVENTS_TOPIC_CONFIG
 from tests.cluster.conftest import base_env, cli, free_port_block
 
@@ -36,13 +41,16 @@ def _replicas(admin, topic: str) -> set[int]:  # noqa: ANN001 - AdminClient
 
 def test_stack_up_brokers_3_is_the_production_shape(tmp_path: Path) -> None:
     env = {**base_env(), "RUNJOURNAL_STACK_DIR": str(tmp_path / "stack")}
-    base = free_port_block(6)
-    ports = ["--kafka-port", str(base), "--controller-port", str(base + 1), "--redis-port", str(free_port())]
-    up = cli(env, "stack", "up", "--brokers", "3", "--json", *ports, timeout_s=600)
+    base = free_port_block(12)
+    ports = ["--kafka-port", str(base), "--controller-port", str(base + 1), "--redis-port", str(base + 6)]
+    up = cli(env, "stack", "up", "--brokers", "3", "--redis-cluster", "--json", *ports, timeout_s=600)
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         report = json.loads(up.stdout)["kafka"]
         assert (report["action"], report["brokers"]) == ("started", 3)
+        redis_report = json.loads(up.stdout)["redis"]
+        assert (redis_report["cluster"], redis_report["nodes"]) == (True, 3)
+        assert redis_report["url"] == "redis+cluster://" + ",".join(f"127.0.0.1:{base + 6 + i}" for i in range(3))
         again = json.loads(cli(env, "stack", "up", "--json").stdout)["kafka"]  # no --brokers: the stack's own shape
         assert again["action"] == "already running"
         other = cli(env, "stack", "up", "--brokers", "1")
@@ -54,9 +62,10 @@ def test_stack_up_brokers_3_is_the_production_shape(tmp_path: Path) -> None:
         assert settings.replication_factor == 3
         _topics_are_rf3_and_lossy_ones_refused(env, settings)
         _internal_topics_are_rf3(settings)
+        _a_killed_redis_master_is_started_again(env, settings)
     finally:
         down = cli(env, "stack", "down", "--json")
-    assert json.loads(down.stdout)["kafka"] == "stopped"
+    assert json.loads(down.stdout) == {"redis": "stopped", "kafka": "stopped"}
     state = json.loads((tmp_path / "stack" / "stack.json").read_text())
     pids = [n["pid"] for n in health["kafka"]["nodes"]]
     assert all("process" not in n for n in state["kafka"]["nodes"])
@@ -91,3 +100,22 @@ def _internal_topics_are_rf3(settings: Settings) -> None:
     assert _replicas(admin, "__transaction_state") == {3}
     assert _config(admin, "__transaction_state", "min.insync.replicas") == "2"
     assert _replicas(admin, "__consumer_offsets") == {3}
+
+
+def _a_killed_redis_master_is_started_again(env: dict[str, str], settings: Settings) -> None:
+    client = redis_client.client(settings)
+    keys = [f"k{i}" for i in range(30)]  # spread over the three masters
+    for key in keys:
+        client.set(key, key)
+    time.sleep(2)  # appendfsync everysec: past the next fsync, the keys are in every master's AOF
+    status = json.loads(cli(env, "stack", "status", "--json").stdout)["redis"]
+    assert status["healthy"] and status["cluster_state"] == "ok"
+    assert [n["running"] for n in status["nodes"]] == [True] * 3
+    os.kill(status["nodes"][1]["pid"], signal.SIGKILL)
+    down = json.loads(cli(env, "stack", "status", "--json").stdout)["redis"]
+    assert not down["healthy"] and [n["running"] for n in down["nodes"]] == [True, False, True]
+    again = json.loads(cli(env, "stack", "up", "--json").stdout)["redis"]
+    assert again["action"] == "restarted node(s) [2]", again
+    assert json.loads(cli(env, "stack", "status", "--json").stdout)["redis"]["healthy"]
+    fresh = redis_client.client(settings)
+    assert [fresh.get(k) for k in keys] == [k.encode() for k in keys], "the restarted master kept its keys (AOF)"

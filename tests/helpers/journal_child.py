@@ -16,8 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import redis
-
+from runjournal.core import redis_client
 from runjournal.core.settings import Settings
 from runjournal.producers import Journal
 from runjournal.producers._txn import TxnPublisher
@@ -32,7 +31,7 @@ def _signal_and_hang(path: Path) -> None:
 def main() -> None:
     mode, run_id, producer_id, signal_file = sys.argv[1:5]
     settings = Settings.load()
-    r = redis.Redis.from_url(settings.redis_url)
+    r = redis_client.client(settings)
     witness = f"{settings.topic_prefix}:witness:{run_id}"
     signal = Path(signal_file)
 

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import sys
 
-import redis
-
+from runjournal.core import redis_client
 from runjournal.core.settings import Settings
 from runjournal.demo.tools import ProviderTool
 from runjournal.producers import Journal
@@ -45,7 +44,7 @@ def main() -> None:
     resume = mode == "resume"
     sends = int(sys.argv[5]) if len(sys.argv) > 5 else 1
     settings = Settings.load()
-    inbox = ApprovalInbox(redis.Redis.from_url(settings.redis_url), settings.topic_prefix) \
+    inbox = ApprovalInbox(redis_client.client(settings), settings.topic_prefix) \
         if sys.argv[6:7] == ["approval"] else None
     with Journal(settings, producer_id=producer_id, lease_ttl_ms=2500) as journal:  # short, for tests; 3x a heartbeat
         if resume:

@@ -8,9 +8,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import redis
-
-from runjournal.core import kafka
+from runjournal.core import kafka, redis_client
+from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.producers.partitioner import partition_for
 
@@ -25,24 +24,24 @@ def run_on_partition(settings: Settings, partition: int, tag: str) -> str:
 
 def owns(settings: Settings, producer_id: str, *run_ids: str) -> None:
     """Put ``run_ids`` in ``producer_id``'s owned set (no lease: a dead instance)."""
-    redis.Redis.from_url(settings.redis_url).sadd(f"{settings.topic_prefix}:owned:{producer_id}", *run_ids)
+    redis_client.client(settings).sadd(RedisKeys(settings.topic_prefix).owned(producer_id), *run_ids)
 
 
 def live(settings: Settings, producer_id: str, ttl_s: int = 300) -> None:
     """Give ``producer_id`` a lease (a live instance) for ``ttl_s`` seconds."""
-    redis.Redis.from_url(settings.redis_url).set(f"{settings.topic_prefix}:lease:{producer_id}", "1", ex=ttl_s)
+    redis_client.client(settings).set(RedisKeys(settings.topic_prefix).lease(producer_id), "1", ex=ttl_s)
 
 
 def owned(settings: Settings, producer_id: str) -> set[str]:
     """``producer_id``'s owned set."""
-    r = redis.Redis.from_url(settings.redis_url)
-    return {m.decode() for m in r.smembers(f"{settings.topic_prefix}:owned:{producer_id}")}
+    r = redis_client.client(settings)
+    return {m.decode() for m in r.smembers(RedisKeys(settings.topic_prefix).owned(producer_id))}
 
 
 def assigned(settings: Settings, producer_id: str) -> list[str]:
     """``producer_id``'s assignment list (what its ``claim_assignment`` would pop), in order."""
-    r = redis.Redis.from_url(settings.redis_url)
-    return [m.decode() for m in r.lrange(f"{settings.topic_prefix}:assign:{producer_id}", 0, -1)]
+    r = redis_client.client(settings)
+    return [m.decode() for m in r.lrange(RedisKeys(settings.topic_prefix).assign(producer_id), 0, -1)]
 
 
 @contextmanager

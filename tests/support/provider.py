@@ -15,9 +15,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import redis
-
 from runjournal.consumers.projector import ProjectionStore, Projector
+from runjournal.core import redis_client
+from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.demo.provider import ledger_stats
 from runjournal.deploy.procs import free_port
@@ -73,19 +73,19 @@ def child(env: dict[str, str], run_id: str, producer_id: str, provider: Provider
 
 def wait_lease_gone(settings: Settings, producer_id: str, timeout_s: float = 10) -> None:
     """Wait until ``producer_id``'s lease key has expired (at most ``timeout_s`` seconds)."""
-    r = redis.Redis.from_url(settings.redis_url)
+    r, key = redis_client.client(settings), RedisKeys(settings.topic_prefix).lease(producer_id)
     deadline = time.monotonic() + timeout_s
-    while r.exists(f"{settings.topic_prefix}:lease:{producer_id}") and time.monotonic() < deadline:
+    while r.exists(key) and time.monotonic() < deadline:
         time.sleep(0.1)
 
 
 def wait_lease(settings: Settings, producer_id: str, timeout_s: float = 30) -> None:
     """Wait until ``producer_id`` holds a lease (its Journal started); assert it does."""
-    r = redis.Redis.from_url(settings.redis_url)
+    r, key = redis_client.client(settings), RedisKeys(settings.topic_prefix).lease(producer_id)
     deadline = time.monotonic() + timeout_s
-    while not r.exists(f"{settings.topic_prefix}:lease:{producer_id}") and time.monotonic() < deadline:
+    while not r.exists(key) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert r.exists(f"{settings.topic_prefix}:lease:{producer_id}")
+    assert r.exists(key)
 
 
 def project(settings: Settings) -> ProjectionStore:

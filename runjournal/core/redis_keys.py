@@ -1,0 +1,162 @@
+"""Every Redis key runjournal uses, for one topic prefix ``P`` — and the one rule their hash tags follow.
+
+**The rule.** The keys one Lua script or one MULTI/EXEC touches share a hash tag, because a Redis Cluster
+runs a script or a transaction only within one slot (redis-py refuses it before sending). The tag names the
+unit of atomicity; a key used alone needs no tag and is spread over the cluster by its full name:
+
+* partition ``{P.p<n>}``: ``rj:{P.p<n>}:offset``, ``:runs``, ``:run:<run_id>`` — the projector's batch script;
+* instance ``{P:i:<instance>}``: ``rj:{P:i:<instance>}:lease``, ``:owned``, ``:assign`` and
+  ``rj:{P:i:<name>}:incarnation`` — own a run while the lease is ours (lease + owned set); hand a run over
+  (owned set + assignment list);
+* run ``{P:r:<run_id>}``: ``rj:{P:r:<run_id>}:plan``, ``:approvals``, ``:claim`` — one node holds a run's keys;
+* no tag: single keys of the whole prefix — ``rj:P:topic``, ``rj:P:parked``, ``rj:P:approvals:pending``,
+  ``rj:P:projector:lag_ms`` — and ``rj:P:result:<sha256>`` (results spread over the nodes);
+* demo ``{P:demo}``: ``rj:{P:demo}:queue``, ``:claimed:<instance>``, … — LMOVE from the queue to a claimed list.
+
+No operation spans two units: the recovery hand-over writes the plan (run unit), then the assignee's owned
+set and assignment list in one script (the assignee's instance unit), then removes the run from the dead
+owner's owned set (its instance unit) — each step idempotent, a crash between them completed by the next
+pass (``runjournal.consumers.recovery.job``). The partition tag ``{P.p<n>}`` is the projector's from the
+first build and stays as it is.
+
+``P`` holds only letters, digits, ``.``, ``_`` and ``-`` (``Settings.topic_prefix``), so the ``:`` after it
+ends every family's glob exactly; the partition globs spell the digits out (``rj:{P.p[0-9]}:*`` …), so
+they match no key of a prefix ``P.p1`` (whose tags are ``{P.p1:…}``, never ``{P.p1}``: that is why no key of
+a whole prefix is tagged ``{P}``; the issue-14 topic identity ``rj:{P}:topic`` moved to ``rj:P:topic``, and a
+projector adopts the identity again once after the upgrade). Redis ACL key patterns (``runjournal.deploy.redis_acls``)
+and scans (erase, wipe, demo cleanup) use the same globs (:meth:`RedisKeys.patterns`).
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["MAX_PARTITION_DIGITS", "RedisKeys", "glob_escape", "partition_tag"]
+
+MAX_PARTITION_DIGITS = 5
+"""Partition numbers have at most 5 digits (``Settings.partitions`` <= 10,000)."""
+_GLOB = re.compile(r"([*?\[\]\\])")
+
+
+def glob_escape(text: str) -> str:
+    """``text`` with Redis glob metacharacters (``* ? [ ] \\``) escaped, for a literal match in a pattern."""
+    return _GLOB.sub(r"\\\1", text)
+
+
+def partition_tag(prefix: str, partition: int) -> str:
+    """The hash tag shared by all keys of one partition: ``{<prefix>.p<partition>}``."""
+    return f"{{{prefix}.p{partition}}}"
+
+
+class RedisKeys:
+    """The key names of one topic prefix (``Settings.topic_prefix``); see the module docstring for the units.
+
+    Args:
+        prefix: the topic prefix ``P``.
+    """
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    # -- partition unit: the projection (written by the projector only) --------------------------------
+    def offset(self, partition: int) -> str:
+        """``rj:{P.p<n>}:offset`` — the partition's applied offset."""
+        return f"rj:{partition_tag(self.prefix, partition)}:offset"
+
+    def runs(self, partition: int) -> str:
+        """``rj:{P.p<n>}:runs`` — set of the partition's projected run ids."""
+        return f"rj:{partition_tag(self.prefix, partition)}:runs"
+
+    def run(self, partition: int, run_id: str) -> str:
+        """``rj:{P.p<n>}:run:<run_id>`` — the run's projected state JSON."""
+        return f"rj:{partition_tag(self.prefix, partition)}:run:{run_id}"
+
+    # -- instance unit: leases, owned runs, assignments ----------------------------------------------
+    def _instance(self, instance: str) -> str:
+        return f"rj:{{{self.prefix}:i:{instance}}}"
+
+    def lease(self, instance: str) -> str:
+        """``rj:{P:i:<instance>}:lease`` — the instance's lease (TTL'd, compare-and-set)."""
+        return f"{self._instance(instance)}:lease"
+
+    def owned(self, instance: str) -> str:
+        """``rj:{P:i:<instance>}:owned`` — set of the run ids the instance writes."""
+        return f"{self._instance(instance)}:owned"
+
+    def assign(self, instance: str) -> str:
+        """``rj:{P:i:<instance>}:assign`` — list of recovered runs handed to the instance."""
+        return f"{self._instance(instance)}:assign"
+
+    def incarnation(self, name: str) -> str:
+        """``rj:{P:i:<name>}:incarnation`` — counter of the Journals started under producer_id ``name``."""
+        return f"{self._instance(name)}:incarnation"
+
+    # -- run unit: recovery plan, approval inbox, run-id claim ------------------------------------------
+    def _run(self, run_id: str) -> str:
+        return f"rj:{{{self.prefix}:r:{run_id}}}"
+
+    def plan(self, run_id: str) -> str:
+        """``rj:{P:r:<run_id>}:plan`` — the recovery plan (JSON) a resumed run continues from."""
+        return f"{self._run(run_id)}:plan"
+
+    def approvals(self, run_id: str) -> str:
+        """``rj:{P:r:<run_id>}:approvals`` — hash call_id → a human's decision, for the run's owner."""
+        return f"{self._run(run_id)}:approvals"
+
+    def claim(self, run_id: str) -> str:
+        """``rj:{P:r:<run_id>}:claim`` — the instance that started the run (SET NX: a run id is used once)."""
+        return f"{self._run(run_id)}:claim"
+
+    # -- untagged single keys -------------------------------------------------------------------------
+    def topic_identity(self) -> str:
+        """``rj:P:topic`` — the topic id and partition count the projection was built from."""
+        return f"rj:{self.prefix}:topic"
+
+    def parked(self) -> str:
+        """``rj:P:parked`` — set of runs recovery parked (a gap or an undecodable record)."""
+        return f"rj:{self.prefix}:parked"
+
+    def approvals_pending(self) -> str:
+        """``rj:P:approvals:pending`` — set of ``run_id|call_id`` awaiting a decision (a hint for approvers)."""
+        return f"rj:{self.prefix}:approvals:pending"
+
+    def result(self, hexdigest: str) -> str:
+        """``rj:P:result:<sha256 hex>`` — a large tool result, content-addressed (no tag: spread over the nodes)."""
+        return f"rj:{self.prefix}:result:{hexdigest}"
+
+    def projector_lag(self) -> str:
+        """``rj:P:projector:lag_ms`` — list of the projector's last lag samples ``"<unix ms>:<lag ms>"``."""
+        return f"rj:{self.prefix}:projector:lag_ms"
+
+    # -- demo unit: the demo's work queue (runjournal.demo) -----------------------------------------------
+    def demo(self, name: str) -> str:
+        """``rj:{P:demo}:<name>`` — the demo's queue, done flag, context counters and claimed lists."""
+        return f"rj:{{{self.prefix}:demo}}:{name}"
+
+    # -- globs: scans and ACL key patterns ------------------------------------------------------------
+    def partition_globs(self) -> list[str]:
+        """``rj:{P.p[0-9]}:*`` … (1 to 5 digits): every projection key of this prefix and of no other."""
+        return [f"rj:{{{self.prefix}.p{'[0-9]' * n}}}:*" for n in range(1, MAX_PARTITION_DIGITS + 1)]
+
+    def instance_glob(self, family: str = "*", instance: str = "*") -> str:
+        """``rj:{P:i:<instance>}:<family>``; ``*`` is a wildcard, any other value is escaped (matched literally)."""
+        inst = instance if instance == "*" else glob_escape(instance)
+        fam = family if family == "*" else glob_escape(family)
+        return f"rj:{{{self.prefix}:i:{inst}}}:{fam}"
+
+    def run_glob(self, family: str = "*") -> str:
+        """``rj:{P:r:*}:<family>`` — every run's key of one family (``*``: all run-unit keys)."""
+        return f"rj:{{{self.prefix}:r:*}}:{family}"
+
+    def instance_of(self, key: bytes | str, family: str) -> str | None:
+        """The instance id in an instance-unit key of ``family`` (``rj:{P:i:agent-7#2}:lease`` → ``agent-7#2``)."""
+        text = key.decode() if isinstance(key, bytes) else key
+        head, tail = f"rj:{{{self.prefix}:i:", f"}}:{family}"
+        if text.startswith(head) and text.endswith(tail):
+            return text[len(head):-len(tail)]
+        return None
+
+    def patterns(self) -> list[str]:
+        """Globs covering every key of this prefix (and none of another): cleanup of a whole prefix."""
+        return [*self.partition_globs(), f"rj:{{{self.prefix}:i:*", f"rj:{{{self.prefix}:r:*",
+                f"rj:{{{self.prefix}:demo}}:*", f"rj:{self.prefix}:*"]
