@@ -172,6 +172,7 @@ def _delete_redis(settings: Settings, client: redis.Redis, partition: int, run_i
             else:
                 pipe.lrem(key, 0, run_id)
     deleted, *entries = pipe.execute()
+    client.hdel(projection.index_key(partition), run_id)  # the runs list's entry (projector/index.py)
     pending_removed = inbox.forget(run_id)  # the inbox hash is gone: only its pending-set entries remain
     return int(deleted), sum(int(n) for n in entries) + pending_removed
 

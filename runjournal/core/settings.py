@@ -7,7 +7,7 @@ other command finds the broker and Redis without any variable set.
 Variables (each field of :class:`Settings`, upper-cased, with the ``RUNJOURNAL_`` prefix; the
 README's Settings table lists meanings and defaults): ``BOOTSTRAP``, ``REDIS_URL``,
 ``QDRANT_PATH``, ``QDRANT_URL``, ``QDRANT_API_KEY``, ``SCHEMA_REGISTRY_URL``, ``TOPIC_PREFIX``,
-``STACK_DIR``, ``CACHE_DIR``, ``PARTITIONS``, ``LOG_LEVEL``.
+``STACK_DIR``, ``CACHE_DIR``, ``PARTITIONS``, ``LOG_LEVEL``, ``CONSOLE_OPERATOR_TOKEN``.
 """
 
 from __future__ import annotations
@@ -84,6 +84,8 @@ class Settings(BaseSettings):
     """Partition count for ``topics create`` (fixed at creation: the run-to-partition map depends on it)."""
     log_level: str | None = None
     """Log level of every command (DEBUG … CRITICAL); None: INFO for services, WARNING otherwise."""
+    console_operator_token: SecretStr | None = None
+    """``runjournal console``: operators who sign in with this token may approve and deny; unset: read-only."""
 
     @field_validator("log_level")
     @classmethod
@@ -157,6 +159,7 @@ class Settings(BaseSettings):
         out["qdrant_url"] = mask_url(self.qdrant_url)
         out["schema_registry_url"] = mask_url(self.schema_registry_url)
         out["qdrant_api_key"] = "***" if self.qdrant_api_key else None
+        out["console_operator_token"] = "***" if self.console_operator_token else None
         return out
 
     def __repr__(self) -> str:
