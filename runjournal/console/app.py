@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
+import jinja2
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -109,7 +110,8 @@ class _Console:
         self.lag = LagBoard(data.redis, config.settings.topic_prefix, lambda: data.partitions,
                             extra_urls=config.scrape_urls,
                             on_error=lambda service: metrics.scrape_errors.labels(service).inc())
-        self.templates = Jinja2Templates(directory=str(_HERE / "templates"))
+        self.templates = Jinja2Templates(env=jinja2.Environment(
+            loader=jinja2.FileSystemLoader(_HERE / "templates"), autoescape=True))  # every value HTML-escaped
         self.templates.env.filters["ms"] = _ms
         self.templates.env.globals["fmt_num"] = _num
         self.templates.env.globals["fmt_lag"] = lambda v: "—" if v is None else f"{v:.2f} s"

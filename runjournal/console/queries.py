@@ -18,7 +18,7 @@ import redis
 
 from runjournal.consumers._partitions import events_partition_count
 from runjournal.consumers.inspect import read_run_events
-from runjournal.consumers.projector.index import RunSummary, read_index
+from runjournal.consumers.projector.index import RunSummary, attention, read_entries
 from runjournal.consumers.projector.store import ProjectionStore
 from runjournal.core.settings import Settings
 from runjournal.model.reducer import CallStatus, RunState
@@ -128,18 +128,18 @@ class ConsoleData:
             page: 1-based page; per_page: rows per page (default 100).
         """
         started = time.perf_counter()
-        every = read_index(self.redis, self.store, range(self.partitions))
-        by_status = Counter(r.status for r in every)
+        every = read_entries(self.redis, self.store, range(self.partitions))  # dicts: objects only for the page
         statuses = STATUS_GROUPS.get(status or "", {status} if status else None)
-        rows = [r for r in every if (statuses is None or r.status in statuses)
-                and (tenant is None or r.tenant_id == tenant) and (agent is None or r.agent == agent)]
-        rows.sort(key=lambda r: (r.attention, -(r.updated_at_ms or 0), r.run_id))
+        rows = [e for e in every if (statuses is None or e["s"] in statuses)
+                and (tenant is None or e["t"] == tenant) and (agent is None or e["a"] == agent)]
+        rows.sort(key=lambda e: (attention(e), -(e["m"] or 0), e["id"]))
         pages = max(1, -(-len(rows) // per_page))
         page = min(max(1, page), pages)
-        return RunsPage(rows=rows[(page - 1) * per_page:page * per_page], total=len(rows),
-                        runs_in_projection=len(every), by_status=dict(sorted(by_status.items())),
-                        tenants=sorted({r.tenant_id for r in every if r.tenant_id}),
-                        agents=sorted({r.agent for r in every if r.agent}), page=page, pages=pages,
+        return RunsPage(rows=[RunSummary.from_dict(e["pt"], e) for e in rows[(page - 1) * per_page:page * per_page]],
+                        total=len(rows), runs_in_projection=len(every),
+                        by_status=dict(sorted(Counter(e["s"] for e in every).items())),
+                        tenants=sorted({e["t"] for e in every if e["t"]}),
+                        agents=sorted({e["a"] for e in every if e["a"]}), page=page, pages=pages,
                         elapsed_ms=(time.perf_counter() - started) * 1000)
 
     # -- one run -----------------------------------------------------------------------------------
