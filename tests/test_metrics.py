@@ -101,18 +101,24 @@ def _scrape(url: str, *, until: Any = None, timeout_s: float = 120) -> str:
 
 
 @pytest.fixture
-def services(topics: Settings, service_env: dict[str, str]) -> Iterator[dict[str, str]]:
-    """projector, memory extractor, recovery sweep and console, each with its /metrics on a free port."""
+def services(topics: Settings, service_env: dict[str, str]) -> Iterator[dict[str, Any]]:
+    """projector, memory extractor, recovery sweep and console, each with its /metrics on a free port, and
+    the journal's own metrics endpoint (``JournalMetrics.serve``), which the console scrapes by ``--scrape``."""
+    journal = JournalMetrics.serve(free_port(), addr="127.0.0.1")
+    assert journal.server is not None
     ports = {name: free_port() for name in ("projector", "memory", "recovery", "console")}
-    argv = {"projector": ["projector", "--metrics-port", str(ports["projector"])],
+    argv = {"projector": ["projector", "--metrics-port", str(ports["projector"]), "--metrics-addr", "127.0.0.1"],
             "memory": ["memory-extractor", "--metrics-port", str(ports["memory"])],
             "recovery": ["recover", "--stale", "--watch", "0.5", "--json", "--metrics-port", str(ports["recovery"])],
-            "console": ["console", "--port", str(ports["console"])]}
+            "console": ["console", "--port", str(ports["console"]), "--host", "127.0.0.1", "--per-page", "50",
+                        "--scrape", journal.server.url]}
     procs = [subprocess.Popen([sys.executable, "-m", "runjournal", *args], env=service_env,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for args in argv.values()]
     try:
-        yield {name: f"http://127.0.0.1:{port}/metrics" for name, port in ports.items()}
+        yield {**{name: f"http://127.0.0.1:{port}/metrics" for name, port in ports.items()},
+               "journal": journal.server.url, "journal_metrics": journal}
     finally:
+        journal.server.close()
         for proc in procs:
             proc.terminate()
         for proc in procs:
@@ -128,13 +134,13 @@ class Echo:
 
 @pytest.mark.integration
 def test_every_service_exports_base_units_with_the_process_collector_promtool_clean(
-        topics: Settings, services: dict[str, str]) -> None:
+        topics: Settings, services: dict[str, Any]) -> None:
     # work for every service: runs, an undecodable record (a dead letter by cause), a dead instance's owned run
     publish(topics, [e for i in range(3) for e in run_events(f"m-{i}")])
     publish(topics, [("m-bad:1:1", b"not avro at all")])
     r = redis.Redis.from_url(topics.redis_url)
     r.sadd(f"{topics.topic_prefix}:owned:ghost-{uuid.uuid4().hex[:6]}", "m-never-started")
-    journal_metrics = JournalMetrics.serve(0)
+    journal_metrics = services["journal_metrics"]
     host = CollectorRegistry()  # a host application's registry
     with Journal(topics, producer_id=f"agent-{uuid.uuid4().hex[:6]}",
                  metrics=journal_metrics) as one, Journal(topics, metrics=JournalMetrics(host)) as two:
@@ -150,11 +156,10 @@ def test_every_service_exports_base_units_with_the_process_collector_promtool_cl
             "recovery": _scrape(services["recovery"], until=lambda t: total(
                 t, "runjournal_recovery_passes_total", result="ok") >= 1),
             "console": _scrape(services["console"]),
-            "journal": _scrape(journal_metrics.server.url if journal_metrics.server else "",
+            "journal": _scrape(services["journal"],
                                until=lambda t: total(t, "runjournal_journal_transactions_committed_total") > 0),
             "host": generate_latest(host).decode(),
         }
-    journal_metrics.server.close()
     for name, text in texts.items():
         assert promtool_problems(text) == "", (name, promtool_problems(text))
         assert not re.search(r"^runjournal_\w*_ms(_|\b)", text, re.M), name
@@ -187,6 +192,6 @@ def test_every_service_exports_base_units_with_the_process_collector_promtool_cl
                                                              topics.topic_prefix)}
     assert announced == {"projector", "memory", "recovery"}
     lag = httpx.get(services["console"].replace("/metrics", "/lag"), timeout=30).text
-    for service in ("projector", "memory", "recovery"):
+    for service in ("projector", "memory", "recovery", "journal"):  # the journal's by --scrape
         assert f'data-service="{service}"' in lag
-    assert lag.count("<td>up</td>") == 3
+    assert lag.count("<td>up</td>") == 4
