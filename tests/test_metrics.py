@@ -15,6 +15,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -28,6 +29,7 @@ from runjournal.core.settings import Settings
 from runjournal.deploy.procs import free_port
 from runjournal.producers import Journal
 from runjournal.producers.metrics import JournalMetrics
+from runjournal.schemas import Event, EventType
 from tests.support.workload import publish, run_events
 
 PROCESS = ("process_cpu_seconds_total", "process_resident_memory_bytes", "runjournal_build_info")
@@ -125,6 +127,16 @@ def services(topics: Settings, service_env: dict[str, str]) -> Iterator[dict[str
             proc.wait(30)
 
 
+def _zombie_run() -> list[Event]:
+    """RUN_STARTED, RUN_RESUMED to epoch 2, then a NODE_STARTED of epoch 1 (a zombie): fenced by epoch."""
+    def ev(seq: int, epoch: int, etype: EventType, payload: dict) -> Event:
+        return Event(event_id=str(uuid.uuid4()), run_id="m-zombie", tenant_id="acme", seq=seq, epoch=epoch,
+                     producer_id=f"agent-{epoch}", type=etype, occurred_at=datetime.now(UTC), payload=payload)
+    return [ev(1, 1, EventType.RUN_STARTED, {"agent": "a", "input_json": "{}"}),
+            ev(2, 2, EventType.RUN_RESUMED, {"previous_epoch": 1, "recovered_by": "test", "plan_json": "{}"}),
+            ev(3, 1, EventType.NODE_STARTED, {"node_path": "late", "attempt": 1})]
+
+
 class Echo:
     name, side_effect, timeout_ms = "echo", True, 1000
 
@@ -137,7 +149,7 @@ def test_every_service_exports_base_units_with_the_process_collector_promtool_cl
         topics: Settings, services: dict[str, Any]) -> None:
     # work for every service: runs, an undecodable record (a dead letter by cause), a dead instance's owned run
     publish(topics, [e for i in range(3) for e in run_events(f"m-{i}")])
-    publish(topics, [("m-bad:1:1", b"not avro at all")])
+    publish(topics, [("m-bad:1:1", b"not avro at all"), *_zombie_run()])
     r = redis.Redis.from_url(topics.redis_url)
     r.sadd(f"{topics.topic_prefix}:owned:ghost-{uuid.uuid4().hex[:6]}", "m-never-started")
     journal_metrics = services["journal_metrics"]
@@ -176,6 +188,7 @@ def test_every_service_exports_base_units_with_the_process_collector_promtool_cl
     (dead,) = samples(p)["runjournal_projector_dead_letters_total"]
     assert dead.value == 1 and dead.labels["cause"].endswith("Error")  # by cause: the decoder's error class
     assert total(p, "runjournal_projector_call_outcomes_total", outcome="committed") >= 6
+    assert total(p, "runjournal_projector_stale_epoch_rejected_total") == 1  # the zombie's event, fenced
     # the memory extractor: events, lag, dead letters by cause
     assert total(mem, "runjournal_memory_dead_letters_total") >= 1 and "runjournal_memory_lag_seconds" in mem
     # the recovery sweep: passes and their duration, fences, runs by action, the backlog

@@ -18,7 +18,7 @@ def console_command(
     scrape: Annotated[list[str] | None, typer.Option(
         "--scrape", help="A service's /metrics URL to read lag from, besides those announced in Redis "
                          "(repeatable).")] = None,
-    per_page: Annotated[int, typer.Option(help="Rows per page of the runs list.")] = 100,
+    per_page: Annotated[int, typer.Option(min=1, max=1000, help="Rows per page of the runs list.")] = 100,
 ) -> None:
     """Serve the web console over the projection, the topic and memory.
 

@@ -27,6 +27,8 @@ from typing import Any
 from urllib.parse import urlencode
 
 import jinja2
+import redis
+from confluent_kafka import KafkaException
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -50,6 +52,8 @@ from runjournal.model.reducer import RunStatus
 __all__ = ["ConsoleConfig", "build_app"]
 
 _HERE = Path(__file__).parent
+#: What a page answers with 503 and the error named (topic missing, Redis or the broker unreachable).
+_UNAVAILABLE = (RunjournalError, redis.RedisError, KafkaException, OSError)
 _HEADERS = {"Content-Security-Policy": "default-src 'self'; form-action 'self'; frame-ancestors 'none'",
             "X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin"}
 
@@ -132,7 +136,7 @@ class _Console:
         filters = {k: q.get(k) or None for k in ("status", "tenant", "agent")}
         try:
             page = self.data.runs(**filters, page=int(q.get("page") or 1), per_page=self.config.per_page)
-        except (RunjournalError, OSError, ValueError) as exc:
+        except (*_UNAVAILABLE, ValueError) as exc:
             return self._error(request, exc)
         self.metrics.runs_listed.set(page.runs_in_projection)
         if request.url.path.startswith("/api/"):
@@ -148,7 +152,7 @@ class _Console:
         run_id = request.path_params["run_id"]
         try:
             page = self.data.run(run_id)
-        except (RunjournalError, OSError) as exc:
+        except _UNAVAILABLE as exc:
             return self._error(request, exc)
         if page is None:
             return self._page(request, "error.html", {
@@ -186,6 +190,9 @@ class _Console:
         except ApprovalRefusedError as exc:
             self.metrics.decisions.labels(decision, "refused").inc()
             return PlainTextResponse(f"refused: {exc}", status_code=409)
+        except _UNAVAILABLE as exc:
+            self.metrics.decisions.labels(decision, "unavailable").inc()
+            return PlainTextResponse(f"not written: {type(exc).__name__}: {exc}", status_code=503)
         self.metrics.decisions.labels(decision, "written").inc()
         if "text/html" not in request.headers.get("accept", ""):
             return JSONResponse({"run_id": run_id, "call_id": call_id, "decision": decision, "written": True})

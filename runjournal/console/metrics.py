@@ -24,7 +24,7 @@ class ConsoleMetrics:
                                     ["route", "method", "status"])
         self.decisions = m.counter(r, "runjournal_console_decisions",
                                    "Approval decisions submitted, by decision and result (written, refused, "
-                                   "unauthorized)", ["decision", "result"])
+                                   "unauthorized, unavailable)", ["decision", "result"])
         self.scrape_errors = m.counter(r, "runjournal_console_scrape_errors",
                                        "Failed scrapes of a service's /metrics, by service", ["service"])
         self.runs_listed = m.gauge(r, "runjournal_console_runs_in_projection",
