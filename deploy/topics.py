@@ -22,6 +22,7 @@ mod count) depends on it, so an existing events topic with another count is refu
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,11 +96,35 @@ def create_topics(settings: Settings, partitions: int | None = None, *, timeout_
         except Exception as exc:  # TOPIC_ALREADY_EXISTS from a concurrent creator is fine
             if "TOPIC_ALREADY_EXISTS" not in str(exc):
                 raise
+    if created:
+        _await_metadata(admin, created, timeout_s)
     reports = describe_topics(settings, list(wanted), timeout_s=timeout_s)
     for rep in reports:
         object.__setattr__(rep, "action", "created" if rep.name in created else "exists")
     _check_events_topic(next(r for r in reports if r.name == settings.events_topic), count)
     return reports
+
+
+def _await_metadata(admin: Any, names: set[str], timeout_s: float) -> None:
+    """Wait until the metadata shows each created topic with a leader for every partition.
+
+    A successful CreateTopics answer comes from the controller; the broker answering the next
+    metadata request may not know the topic yet (seen under load: a fresh topic reported with 0
+    partitions), and checking it then would refuse a topic that is fine.
+
+    Raises:
+        TopicConfigError: the topics did not appear within ``timeout_s`` seconds.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        meta = admin.list_topics(timeout=max(1.0, deadline - time.monotonic()))
+        pending = sorted(n for n in names if n not in meta.topics or not meta.topics[n].partitions
+                         or any(p.leader < 0 for p in meta.topics[n].partitions.values()))
+        if not pending:
+            return
+        if time.monotonic() > deadline:
+            raise TopicConfigError(f"created topics {pending} have no leader in the metadata after {timeout_s} s")
+        time.sleep(0.1)
 
 
 def _check_events_topic(report: TopicReport, count: int) -> None:
