@@ -199,3 +199,9 @@ def test_decisions_only_with_the_operator_token(consoles: dict[str, str], projec
     assert nothing.status_code == 409 and inbox.decision("r-done", "send") is None
     metrics = httpx.get(f"{consoles['token']}/metrics", timeout=30).text
     assert 'runjournal_console_decisions_total{decision="grant",result="written"} 1.0' in metrics
+
+
+def test_the_operator_token_is_a_masked_setting(service_env: dict[str, str]) -> None:
+    shown = subprocess.run([sys.executable, "-m", "runjournal", "settings"], capture_output=True, text=True,
+                           env={**service_env, "RUNJOURNAL_CONSOLE_OPERATOR_TOKEN": TOKEN}, timeout=60, check=True)
+    assert '"console_operator_token": "***"' in shown.stdout and TOKEN not in shown.stdout

@@ -84,6 +84,21 @@ def test_a_service_registry_carries_the_process_collector_and_is_promtool_clean(
                                                "runjournal_x_lag_ms 1\n")  # the check can fail
 
 
+@pytest.mark.integration
+def test_an_endpoint_is_announced_for_the_console_while_it_serves(settings: Settings) -> None:
+    r = redis.Redis.from_url(settings.redis_url)
+    server = m.serve(m.new_registry("test"), free_port(), service="projector", addr="127.0.0.1", redis_client=r,
+                     prefix=settings.topic_prefix)
+    (entry,) = m.announced_endpoints(r, settings.topic_prefix)
+    assert entry["service"] == "projector" and entry["url"] == server.url
+    assert "process_cpu_seconds_total" in httpx.get(server.url, timeout=10).text
+    assert m.announced_endpoints(r, settings.topic_prefix, max_age_s=-1) == []  # an entry not refreshed ages out
+    server.close()
+    assert m.announced_endpoints(r, settings.topic_prefix) == []
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(server.url, timeout=2)
+
+
 # -- every service, as a user runs it ------------------------------------------------------------------------
 def _scrape(url: str, *, until: Any = None, timeout_s: float = 120) -> str:
     """GET ``url`` until it answers and ``until(text)`` holds."""

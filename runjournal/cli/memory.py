@@ -57,7 +57,11 @@ def memory_extractor_command(
                             as_json=as_json)
         if metrics_port is not None:
             _serve_metrics(extractor.metrics, metrics_port, metrics_addr, settings)
-        stats = extractor.run(until_caught_up=until_caught_up, stop=_stop_on_signals()).as_dict()
+        try:
+            stats = extractor.run(until_caught_up=until_caught_up, stop=_stop_on_signals()).as_dict()
+        finally:
+            if extractor.metrics.server is not None:
+                extractor.metrics.server.close()  # withdraws its announcement for the console
     finally:
         owner.close()
     if as_json:

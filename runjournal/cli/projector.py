@@ -45,7 +45,11 @@ def projector_command(
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    stats = projector.run(until_caught_up=until_caught_up, stop=stop)
+    try:
+        stats = projector.run(until_caught_up=until_caught_up, stop=stop)
+    finally:
+        if projector.metrics.server is not None:
+            projector.metrics.server.close()  # withdraws its announcement for the console
     out = stats.as_dict()
     if as_json:
         print(json.dumps(out))
