@@ -34,7 +34,7 @@ deps-test: ## Install what the tests drive besides the stack: Debian's chromium 
 	  else echo "missing:$$missing — run: sudo apt-get install -y$$missing" >&2; exit 1; fi; \
 	fi
 
-# .[dev] = every extra (cli, memory, registry) + the test, lint and type-check tools; make demo needs
+# .[dev] = every extra (cli, memory, registry, console) + the test, lint and type-check tools; make demo needs
 # .[demo] only, but one venv serves both targets.
 $(BIN)/runjournal: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

@@ -24,6 +24,7 @@ reported on its own row.
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 import uuid
@@ -38,6 +39,7 @@ from bench._events import Templates, interleave, publish_raw, run_events
 from bench._model import Row, goal_met, paired_ratios, summarise
 from bench._rounds import Side, progress
 from bench._rounds import interleave as rounds_of
+from runjournal.consumers.failures import FailurePolicy
 from runjournal.consumers.projector.store import ProjectionStore
 from runjournal.consumers.recovery.job import RecoveryJob
 from runjournal.consumers.recovery.plan import build_plan, classify
@@ -137,7 +139,7 @@ def _build(env: BenchEnv, label: str, inflight: dict[str, list[Event]], total: i
     n_hist, states = b.publish(history=True)
     b.seed(states)
     n_tail, _ = b.publish(history=False)
-    highs = end_offsets(settings, range(settings.partitions))
+    highs = {p: high for p, (_low, high) in end_offsets(settings, set(range(settings.partitions))).items()}
     if highs != b.offsets:
         raise RuntimeError(f"offsets are not as published: {highs} != {b.offsets}")
     by_partition: dict[int, set[str]] = {}
@@ -153,7 +155,8 @@ def plans_seconds(topic: _Topic) -> float:
     codec = codec_from_settings(s)
     started = time.perf_counter()
     ends = end_offsets(s, topic.by_partition)
-    states, _reads = fold_tails(s, store, codec, topic.by_partition, ends)
+    policy = FailurePolicy("bench", logging.getLogger("runjournal.bench"))
+    states, _reads = fold_tails(s, store, codec, topic.by_partition, ends, policy=policy)
     now_ms, unknown = int(time.time() * 1000), 0
     for state in states.values():
         assert state is not None

@@ -28,21 +28,23 @@ def commit_pending(consumer: Consumer, topic: str, pending: dict[int, int], part
 
 
 def partition_lags(consumer: Consumer, done: dict[int, int], *, cached: bool = False) -> dict[int, int]:
-    """Records behind, per assigned partition: end offset minus max(position, last done + 1); ``{}`` when
-    nothing is assigned. The end offset is what a ``read_committed`` reader may read (the LSO).
+    """Records behind, per assigned partition: end offset minus max(position, last done + 1, log start); ``{}``
+    when nothing is assigned. The end offset is what a ``read_committed`` reader may read (the LSO). The log
+    start counts: a partition whose records were all deleted or compacted away (low = high) has nothing to
+    read although nothing was consumed (issue 14 (a)).
 
-    With ``cached`` the end offsets are the ones the last fetch responses carried (no request to the
-    broker); a partition without one yet is left out.
+    With ``cached`` the offsets are the ones the last fetch responses carried (no request to the broker; used
+    for the lag metrics); a partition without them yet is left out.
     """
     assignment = consumer.assignment()
     if not assignment:
         return {}
     lags = {}
     for tp in consumer.position(assignment):
-        _low, high = consumer.get_watermark_offsets(tp, timeout=5, cached=cached)
+        low, high = consumer.get_watermark_offsets(tp, timeout=5, cached=cached)
         if high < 0:
             continue
-        lags[tp.partition] = max(0, high - max(tp.offset, done.get(tp.partition, -1) + 1))
+        lags[tp.partition] = max(0, high - max(tp.offset, done.get(tp.partition, -1) + 1, low))
     return lags
 
 

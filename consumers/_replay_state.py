@@ -25,7 +25,9 @@ class TimelineRow(TypedDict, total=False):
     epoch: int | None
     """Event epoch (None as for seq)."""
     type: str
-    """Event type, ``TOMBSTONE`` or ``UNDECODABLE``."""
+    """Event type, ``UNKNOWN`` (a newer writer's type), ``TOMBSTONE`` or ``UNDECODABLE``."""
+    writer_type: str
+    """UNKNOWN only: the type symbol the (newer) writer wrote."""
     node_id: str | None
     """Envelope ``node_id``."""
     error: str

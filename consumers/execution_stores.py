@@ -31,7 +31,7 @@ from runjournal.core.settings import Settings
 from runjournal.model import ExecutionRecord, RunState, unsettled_calls
 from runjournal.producers.partitioner import partition_for
 from runjournal.schemas import EventCodec, codec_from_settings
-from runjournal.schemas.errors import SchemaError
+from runjournal.schemas.errors import RegistryError, SchemaError
 from runjournal.schemas.events import Event
 from runjournal.stores import Authority, Checkpoint, EventPosition, Plane, StoredEvent
 
@@ -151,6 +151,8 @@ class KafkaEventStore:
             return StoredEvent(msg.partition(), msg.offset(), key, None)
         try:
             event = self.codec.decode(msg.value(), topic=msg.topic(), partition=msg.partition(), offset=msg.offset())
+        except RegistryError:
+            raise  # transient: the record is fine, its writer schema's source is away
         except SchemaError as exc:
             return StoredEvent(msg.partition(), msg.offset(), key, None, error=f"{type(exc).__name__}: {exc}")
         return StoredEvent(msg.partition(), msg.offset(), key, event)

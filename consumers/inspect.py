@@ -3,63 +3,54 @@
 from __future__ import annotations
 
 import json
-import uuid
 from typing import Any
 
 import redis
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import Message
 
+from runjournal.consumers._partitions import events_partition_count, range_consumer, read_ranges, watermarks
 from runjournal.consumers.projector.store import ProjectionStore
-from runjournal.core import kafka
 from runjournal.core.settings import Settings
 from runjournal.producers.partitioner import partition_for
-from runjournal.schemas import codec_from_settings
-from runjournal.schemas.errors import SchemaError
+from runjournal.schemas import EventType, codec_from_settings
+from runjournal.schemas.errors import RegistryError, SchemaError
 
 __all__ = ["inspect_run", "read_run_events"]
-
-
-def _partition_count(settings: Settings, consumer: Consumer) -> int:
-    meta = consumer.list_topics(settings.events_topic, timeout=10)
-    return len(meta.topics[settings.events_topic].partitions)
 
 
 def read_run_events(settings: Settings, run_id: str, *, until_offset: int | None = None) -> list[dict[str, Any]]:
     """The run's records in offset order: ``[{offset, key, seq, epoch, type, node_id, event | error}]``.
 
-    Scans the run's partition from the beginning to its end offset (read_committed). Cost grows
-    with the partition's size; fine for inspection and tests, not for a hot path.
+    Scans the run's partition from its log start to its end offset (read_committed), deciding the end from
+    positions (:func:`runjournal.consumers._partitions.read_ranges`). Cost grows with the partition's size;
+    fine for inspection and tests, not for a hot path.
+
+    A type this reader does not know has ``type`` ``UNKNOWN`` and ``writer_type`` the writer's symbol.
+
+    Raises:
+        TopicNotFoundError: the events topic does not exist (``runjournal topics create``).
+        TimeoutError: the partition could not be read to its end within 60 s.
+        RegistryError: a writer schema's source (registry, ``{prefix}.schemas``) is unavailable; records
+            the codec cannot read for content reasons come back as ``UNDECODABLE`` rows instead.
     """
     codec = codec_from_settings(settings)
-    consumer = kafka.consumer(settings, **{"group.id": f"inspect-{uuid.uuid4()}",
-                         "enable.auto.commit": False, "isolation.level": "read_committed"})
+    partition = partition_for(run_id, events_partition_count(settings))
+    ((low, high),) = watermarks(settings, [partition]).values()
+    end = high if until_offset is None else min(high, until_offset + 1)
+    out: list[dict[str, Any]] = []
+    prefix = f"{run_id}:".encode()
+
+    def on_record(msg: Message) -> None:
+        if msg.key() and msg.key().startswith(prefix):
+            out.append(_row(codec, msg))
+
+    consumer = range_consumer(settings, "inspect")
     try:
-        partition = partition_for(run_id, _partition_count(settings, consumer))
-        tp = TopicPartition(settings.events_topic, partition)
-        _low, high = consumer.get_watermark_offsets(tp, timeout=10)
-        end = high if until_offset is None else min(high, until_offset + 1)
-        consumer.assign([TopicPartition(settings.events_topic, partition, OFFSET_BEGINNING)])
-        out: list[dict[str, Any]] = []
-        prefix = f"{run_id}:".encode()
-        idle = 0
-        while idle < 6:  # control records (transaction markers) leave offsets no message reaches
-            msgs = consumer.consume(1000, timeout=0.5)
-            if not msgs:
-                idle += 1
-                if consumer.position([tp])[0].offset >= end:
-                    break
-                continue
-            idle = 0
-            for msg in msgs:
-                if msg.error() or msg.offset() >= end:
-                    continue
-                if msg.key() and msg.key().startswith(prefix):
-                    out.append(_row(codec, msg))
-            if msgs[-1].offset() + 1 >= end:
-                break
-        return out
+        if read_ranges(consumer, settings.events_topic, {partition: (low, end)}, on_record, timeout_s=60):
+            raise TimeoutError(f"could not read partition {partition} of {settings.events_topic} to offset {end}")
     finally:
         consumer.close()
+    return out
 
 
 def _row(codec: Any, msg: Any) -> dict[str, Any]:
@@ -68,19 +59,23 @@ def _row(codec: Any, msg: Any) -> dict[str, Any]:
         return {**row, "type": "TOMBSTONE", "seq": None, "epoch": None}
     try:
         event = codec.decode(msg.value(), topic=msg.topic(), partition=msg.partition(), offset=msg.offset())
+    except RegistryError:
+        raise  # an outage of the schema source says nothing about the record: never shown as UNDECODABLE
     except SchemaError as exc:
         return {**row, "type": "UNDECODABLE", "seq": None, "epoch": None, "error": str(exc)}
-    return {**row, "seq": event.seq, "epoch": event.epoch, "type": str(event.type), "node_id": event.node_id,
-            "event": event}
+    row.update(seq=event.seq, epoch=event.epoch, type=str(event.type), node_id=event.node_id, event=event)
+    if event.type is EventType.UNKNOWN:  # a newer writer's type: recorded, named as the writer wrote it
+        row["writer_type"] = event.payload.get("type")
+    return row
 
 
 def inspect_run(settings: Settings, run_id: str, *, with_timeline: bool = True) -> dict[str, Any] | None:
-    """``{"run_id", "partition", "state": {...}, "timeline": [...]}``, or None when the run has no state."""
-    consumer = kafka.consumer(settings, **{"group.id": f"inspect-{uuid.uuid4()}"})
-    try:
-        partition = partition_for(run_id, _partition_count(settings, consumer))
-    finally:
-        consumer.close()
+    """``{"run_id", "partition", "state": {...}, "timeline": [...]}``, or None when the run has no state.
+
+    Raises:
+        TopicNotFoundError: the events topic does not exist (``runjournal topics create``).
+    """
+    partition = partition_for(run_id, events_partition_count(settings))
     store = ProjectionStore(redis.Redis.from_url(settings.redis_url), settings.topic_prefix)
     state = store.get(partition, run_id)
     if state is None:
@@ -92,44 +87,36 @@ def inspect_run(settings: Settings, run_id: str, *, with_timeline: bool = True) 
     return report
 
 
-def read_all_events(settings: Settings, *, idle_limit: int = 20) -> dict[str, list[tuple[Any, int, int]]]:
+def read_all_events(settings: Settings, *, timeout_s: float = 120.0) -> dict[str, list[tuple[Any, int, int]]]:
     """Every decodable event of the events topic, per run, as ``(event, partition, offset)`` in offset order.
 
-    Reads each partition from the beginning to the end offset seen at the start (read_committed).
+    Reads each partition from its log start to the end offset seen at the start (read_committed).
     Undecodable records and tombstones are left out. For verification and tests — cost grows with history.
+
+    Raises:
+        TopicNotFoundError: the events topic does not exist.
+        TimeoutError: some partition could not be read to its end within ``timeout_s`` seconds.
     """
     codec = codec_from_settings(settings)
-    consumer = kafka.consumer(settings, **{"group.id": f"read-all-{uuid.uuid4()}",
-                         "enable.auto.commit": False, "isolation.level": "read_committed"})
+    ranges = watermarks(settings, range(events_partition_count(settings)))
+    by_run: dict[str, list[tuple[Any, int, int]]] = {}
+
+    def on_record(m: Message) -> None:
+        if m.value() is None:
+            return
+        try:
+            ev = codec.decode(m.value(), topic=m.topic(), partition=m.partition(), offset=m.offset())
+        except RegistryError:
+            raise
+        except SchemaError:
+            return
+        by_run.setdefault(ev.run_id, []).append((ev, m.partition(), m.offset()))
+
+    consumer = range_consumer(settings, "read-all")
     try:
-        n = _partition_count(settings, consumer)
-        tps = [TopicPartition(settings.events_topic, p) for p in range(n)]
-        ends = {tp.partition: consumer.get_watermark_offsets(tp, timeout=10, cached=False)[1] for tp in tps}
-        consumer.assign([TopicPartition(settings.events_topic, p, OFFSET_BEGINNING) for p in range(n)])
-        by_run: dict[str, list[tuple[Any, int, int]]] = {}
-        todo = {p for p, end in ends.items() if end > 0}
-        idle = 0
-        while todo and idle < idle_limit:
-            msgs = consumer.consume(2000, timeout=0.5)
-            if not msgs:
-                idle += 1
-                for tp in consumer.position([TopicPartition(settings.events_topic, p) for p in todo]):
-                    if tp.offset >= ends[tp.partition]:
-                        todo.discard(tp.partition)
-                continue
-            idle = 0
-            for m in msgs:
-                if m.error() or m.offset() >= ends[m.partition()]:
-                    continue
-                if m.offset() + 1 >= ends[m.partition()]:
-                    todo.discard(m.partition())
-                if m.value() is None:
-                    continue
-                try:
-                    ev = codec.decode(m.value(), topic=m.topic(), partition=m.partition(), offset=m.offset())
-                except SchemaError:
-                    continue
-                by_run.setdefault(ev.run_id, []).append((ev, m.partition(), m.offset()))
-        return by_run
+        left = read_ranges(consumer, settings.events_topic, ranges, on_record, timeout_s=timeout_s)
     finally:
         consumer.close()
+    if left:
+        raise TimeoutError(f"could not read partitions {sorted(left)} of {settings.events_topic} to their ends")
+    return by_run

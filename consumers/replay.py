@@ -103,7 +103,7 @@ def replay_state(settings: Settings, run_id: str, *, until_seq: int | None = Non
             break  # runjournal.model.reducer.fold's rule
         event = row.get("event")
         if event is not None:
-            state = apply(state, event, partition=partition, offset=row["offset"])
+            state = apply(state, event, partition=partition, offset=row["offset"], critical=settings.critical_types)
             events.append(event)
         elif row["type"] == "UNDECODABLE":
             state = block(state, run_id, f"undecodable record: {row.get('error')}", partition=partition,

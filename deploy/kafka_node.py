@@ -64,7 +64,7 @@ def require_tool(name: str) -> str:
 
 
 def _pom_text() -> str:
-    return resources.files("deploy").joinpath("pom.xml").read_text()
+    return resources.files("runjournal.deploy").joinpath("pom.xml").read_text()
 
 
 def kafka_version() -> str:

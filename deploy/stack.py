@@ -1,4 +1,5 @@
-"""The local stack: Apache Kafka (KRaft, from Maven Central), Redis (Debian's redis-server), Qdrant (embedded).
+"""The local stack: Apache Kafka (KRaft, from Maven Central), Redis (Debian's redis-server), Qdrant (embedded),
+and on request a schema registry (Apicurio, from Maven Central: ``runjournal.deploy.registry``).
 
 ``Stack(stack_dir, cache_dir).up()`` is idempotent: components whose recorded process is
 still alive and healthy are left alone. ``down()`` stops only processes ``up()`` started,
@@ -18,6 +19,7 @@ from typing import Any
 from runjournal.deploy.errors import StackError
 from runjournal.deploy.kafka_node import KafkaNode, ensure_jars, kafka_version, require_tool
 from runjournal.deploy.procs import Proc, port_in_use, read_tail, spawn
+from runjournal.deploy.registry import registry_health, up_registry
 
 __all__ = ["Stack", "StackPorts"]
 
@@ -34,6 +36,8 @@ class StackPorts:
     """KRaft controller listener."""
     redis: int = 6379
     """Redis."""
+    registry: int = 8081
+    """Schema registry HTTP (only with ``up(registry=True)``)."""
 
 
 @dataclass
@@ -69,11 +73,15 @@ class Stack:
         tmp.replace(self.state_path)
 
     # -- up ---------------------------------------------------------------------------
-    def up(self, *, timeout_s: float = 120.0) -> dict[str, Any]:
+    def up(self, *, timeout_s: float = 120.0, registry: bool = False) -> dict[str, Any]:
         """Start what is not running; return a report with timings in seconds.
 
+        Args:
+            timeout_s: readiness timeout per component, seconds.
+            registry: also start the schema registry (``runjournal.deploy.registry``).
+
         Returns:
-            ``{"kafka": {...}, "redis": {...}, "qdrant": {...}, "elapsed_s": float}``.
+            ``{"kafka": {...}, "redis": {...}, "qdrant": {...}, "elapsed_s": float}`` (+ ``"registry"``).
 
         Raises:
             MissingToolError: java, mvn or redis-server missing (message names the package).
@@ -89,6 +97,11 @@ class Stack:
         self._write_state(state)
         report["qdrant"] = self._up_qdrant(state)
         self._write_state(state)
+        if registry:
+            try:
+                report["registry"] = up_registry(state, self.stack_dir, self.cache_dir, self.ports.registry, timeout_s)
+            finally:
+                self._write_state(state)
         report["elapsed_s"] = round(time.monotonic() - started, 2)
         return report
 
@@ -150,14 +163,16 @@ class Stack:
 
     # -- down -------------------------------------------------------------------------
     def down(self, *, grace_s: float = 30.0) -> dict[str, str]:
-        """Stop the processes ``up`` started (Redis first, then Kafka). Harmless when nothing runs.
+        """Stop the processes ``up`` started (registry, Redis, then Kafka). Harmless when nothing runs.
 
         Returns:
-            ``{"kafka": "stopped" | "killed" | "not running", "redis": ...}``.
+            ``{"kafka": "stopped" | "killed" | "not running", "redis": ...}`` (+ ``"registry"`` if it was started).
         """
         state = self.read_state()
         result: dict[str, str] = {}
-        for name in ("redis", "kafka"):
+        for name in ("registry", "redis", "kafka"):
+            if name == "registry" and name not in state:
+                continue
             entry = state.get(name, {})
             proc = Proc.from_json(entry.get("process"))
             result[name] = proc.stop(grace_s=grace_s) if proc else "not running"
@@ -171,11 +186,14 @@ class Stack:
     def status(self) -> dict[str, Any]:
         """Health of each component: ``{"kafka": {"healthy": bool, ...}, "redis": {...}, "qdrant": {...}}``."""
         state = self.read_state()
-        return {
+        report = {
             "kafka": _kafka_health(state.get("kafka", {})),
             "redis": _redis_health(state.get("redis", {})),
             "qdrant": _qdrant_health(state.get("qdrant", {}), self.qdrant_url),
         }
+        if state.get("registry", {}).get("process"):
+            report["registry"] = registry_health(state["registry"])
+        return report
 
 
 def _wait_redis(url: str, proc: Proc, log: Path, timeout_s: float) -> float:

@@ -16,6 +16,8 @@ Choices, each a topic-level config:
 * ``min.insync.replicas`` — 1 on a 1-broker stack, 2 where replication is 3 (``acks=all``).
 
 Dead-letter topics keep everything (``retention.ms=-1``): a quarantined event is never lost.
+``{prefix}.schemas`` (writer schemas by fingerprint, :mod:`runjournal.schemas.catalog`) is compacted,
+one partition; writers create it themselves when missing.
 The partition count is fixed at creation: the run-to-partition mapping (murmur2 of run_id
 mod count) depends on it, so an existing events topic with another count is refused.
 """
@@ -29,6 +31,7 @@ from typing import Any
 from runjournal.core import kafka
 from runjournal.core.settings import Settings
 from runjournal.deploy.errors import TopicConfigError
+from runjournal.schemas.catalog import SCHEMAS_TOPIC_CONFIG
 
 __all__ = ["EVENTS_TOPIC_CONFIG", "TopicReport", "create_topics", "describe_topics"]
 
@@ -53,6 +56,9 @@ class TopicReport:
     """Partition count."""
     config: dict[str, str]
     """The topic's effective value of each config runjournal sets."""
+    topic_id: str | None = None
+    """Kafka's topic id: a topic deleted and created again under the same name gets a new one (a projector
+    checks it against the id its projection was built from: ``runjournal.consumers.topic_identity``)."""
 
 
 def _admin(settings: Settings) -> Any:
@@ -61,7 +67,7 @@ def _admin(settings: Settings) -> Any:
 
 
 def create_topics(settings: Settings, partitions: int | None = None, *, timeout_s: float = 30.0) -> list[TopicReport]:
-    """Create the events topic and both DLQs unless present; verify an existing events topic.
+    """Create the events topic, both DLQs and the writer-schema topic unless present; verify the events topic.
 
     Args:
         settings: bootstrap servers and topic prefix.
@@ -85,6 +91,7 @@ def create_topics(settings: Settings, partitions: int | None = None, *, timeout_
         settings.events_topic: (count, {**EVENTS_TOPIC_CONFIG, "min.insync.replicas": isr}),
         settings.events_dlq_topic: (1, DLQ_TOPIC_CONFIG),
         settings.memory_dlq_topic: (1, DLQ_TOPIC_CONFIG),
+        settings.schemas_topic: (1, SCHEMAS_TOPIC_CONFIG),
     }
     missing = [NewTopic(name, num_partitions=n, replication_factor=rf, config=cfg)
                for name, (n, cfg) in wanted.items() if name not in meta.topics]
@@ -145,14 +152,16 @@ def _check_events_topic(report: TopicReport, count: int) -> None:
 def describe_topics(
     settings: Settings, names: list[str] | None = None, *, timeout_s: float = 30.0
 ) -> list[TopicReport]:
-    """Partition count and runjournal-relevant configs of each topic (default: runjournal's three).
+    """Partition count, topic id and runjournal-relevant configs of each topic (default: runjournal's four).
 
     Raises:
         confluent_kafka.KafkaException: a topic does not exist or the broker is unreachable.
     """
+    from confluent_kafka import TopicCollection
     from confluent_kafka.admin import ConfigResource, ResourceType
 
-    names = names or [settings.events_topic, settings.events_dlq_topic, settings.memory_dlq_topic]
+    names = names or [settings.events_topic, settings.events_dlq_topic, settings.memory_dlq_topic,
+                      settings.schemas_topic]
     admin = _admin(settings)
     meta = admin.list_topics(timeout=timeout_s)
     keys = set(EVENTS_TOPIC_CONFIG) | set(DLQ_TOPIC_CONFIG) | {"min.insync.replicas"}
@@ -160,11 +169,14 @@ def describe_topics(
     configs: dict[str, dict[str, str]] = {}
     for res, fut in (admin.describe_configs(resources, request_timeout=timeout_s) if resources else {}).items():
         configs[res.name] = {k: v.value for k, v in fut.result().items() if k in keys}
+    present = [n for n in names if n in meta.topics]
+    ids = {n: str(f.result().topic_id) for n, f in
+           (admin.describe_topics(TopicCollection(present), request_timeout=timeout_s) if present else {}).items()}
     out = []
     for name in names:
         if name not in meta.topics:
             out.append(TopicReport(name=name, action="missing", partitions=0, config={}))
         else:
             out.append(TopicReport(name=name, action="exists", partitions=len(meta.topics[name].partitions),
-                                   config=configs.get(name, {})))
+                                   config=configs.get(name, {}), topic_id=ids.get(name)))
     return out

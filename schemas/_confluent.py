@@ -1,144 +1,119 @@
 """Confluent Schema Registry framing (``00`` + 4-byte big-endian schema id + Avro body).
 
 Private: used by :class:`runjournal.schemas.codec.EventCodec` when a registry URL is configured.
-Writing goes through ``confluent_kafka.schema_registry.avro.AvroSerializer`` (registration,
-subject ``{topic}-value`` by the topic name strategy, framing). Reading parses the 5-byte
-framing here and fetches the writer schema from the registry by id; the bytes are the
-same ones AvroDeserializer reads (tests check both directions).
+
+* Writing never registers: the writer **looks up** the id of its (already registered) schema under
+  subject ``{topic}-value`` once per subject and caches it. Versions are registered by the publish
+  tool (``runjournal schemas publish --registry``), never by producers on the hot path.
+* Reading fetches the writer schema text by id (cached by the client and by the codec).
+  The body is read with our precompiled schemas; the bytes are the ones ``AvroSerializer`` /
+  ``AvroDeserializer`` write and read (tests check both directions).
+
+Errors are split by kind: a registry that cannot be reached or answers 5xx is a
+:class:`RegistryError` (transient: wait and retry the same record); an id or subject the registry
+does not have is :class:`UnsupportedSchemaError` / :class:`UnregisteredSchemaError` (content).
 """
 
 from __future__ import annotations
 
-import json
 import threading
 from typing import Any
 
-from confluent_kafka.schema_registry import (
-    Schema,
-    SchemaRegistryClient,
-    SchemaRegistryError,
-    topic_subject_name_strategy,
-)
-from confluent_kafka.schema_registry.avro import AvroSerializer
-from confluent_kafka.serialization import MessageField, SerializationContext
-from fastavro.schema import SchemaParseException, parse_schema
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient, SchemaRegistryError
 
-from runjournal.schemas._avro_body import read_body
-from runjournal.schemas.errors import CorruptEventError, InvalidEventError, RegistryError, UnsupportedSchemaError
-from runjournal.schemas.versions import SchemaVersion, fingerprint_of
+from runjournal.schemas.errors import RegistryError, UnregisteredSchemaError, UnsupportedSchemaError
+from runjournal.schemas.versions import SchemaVersion
 
-__all__ = ["ConfluentWire", "registry_client"]
+__all__ = ["HEADER_BYTES", "ConfluentWire", "registry_client"]
 
-_MOCK_CLIENTS: dict[str, SchemaRegistryClient] = {}
-_MOCK_LOCK = threading.Lock()
-_HEADER_BYTES = 5
+#: ``00`` + 4-byte big-endian schema id.
+HEADER_BYTES = 5
+_TIMEOUT_S = 10
+#: The client's own retries are kept short (one retry after 250 ms): waiting out an outage is the
+#: consumers' one failure policy's job, not a second, hidden backoff inside every decode (the client's
+#: default is 3 retries with exponential waits, ~7 s per failed call against a stopped registry).
+_CLIENT_RETRIES = {"max.retries": 1, "retries.wait.ms": 250, "retries.max.wait.ms": 1000}
 
 
 def registry_client(url: str) -> SchemaRegistryClient:
-    """A registry client for ``url``.
+    """A registry client for ``url`` (``http://host:port/apis/ccompat/v6`` for Apicurio).
 
-    ``mock://…`` gives an in-memory registry shared per URL within this process (tests).
+    Raises:
+        RegistryError: the URL is not usable (the client refuses its configuration).
     """
-    if not url.startswith("mock://"):
-        return SchemaRegistryClient.new_client({"url": url})
-    with _MOCK_LOCK:
-        if url not in _MOCK_CLIENTS:
-            _MOCK_CLIENTS[url] = SchemaRegistryClient.new_client({"url": url})
-        return _MOCK_CLIENTS[url]
+    try:
+        return SchemaRegistryClient({"url": url, "timeout": _TIMEOUT_S, **_CLIENT_RETRIES})
+    except (ValueError, TypeError) as exc:
+        raise RegistryError(f"bad schema registry URL {url!r}: {exc}") from exc
+
+
+def _is_missing(exc: SchemaRegistryError) -> bool:
+    return exc.http_status_code == 404
+
+
+def _transient(exc: SchemaRegistryError) -> bool:
+    status = exc.http_status_code
+    return status is None or status < 0 or status >= 500 or status in (408, 429)
 
 
 class ConfluentWire:
-    """Record dict ⇄ Confluent-framed bytes, with the writer's envelope version found by fingerprint."""
+    """Schema id lookup (writers) and schema text by id (readers) for one registry."""
 
-    def __init__(self, client: SchemaRegistryClient, versions: tuple[SchemaVersion, ...]) -> None:
-        current = versions[-1]
-        schema = Schema(current.text, "AVRO")
+    def __init__(self, client: SchemaRegistryClient) -> None:
         self._client = client
-        self._serializer = AvroSerializer(
-            client,
-            schema,
-            conf={"auto.register.schemas": True, "subject.name.strategy": topic_subject_name_strategy},
-        )
-        self._by_fingerprint = {v.fingerprint: v for v in versions}
-        self._current = current
-        self._by_schema_id: dict[int, tuple[SchemaVersion, dict[str, Any] | None]] = {}
+        self._ids: dict[tuple[str, int], int] = {}
+        self._lock = threading.Lock()
 
-    def dumps(self, record: dict[str, Any], topic: str) -> bytes:
-        """Serialise ``record`` (current shape, payload in tuple notation); registers the schema if new.
+    @property
+    def client(self) -> SchemaRegistryClient:
+        """The registry client."""
+        return self._client
+
+    def schema_id(self, version: SchemaVersion, subject: str) -> int:
+        """The id under which ``version``'s schema is registered in ``subject`` (looked up once, cached).
 
         Raises:
-            RegistryError: the registry is unreachable or refused the schema.
-            InvalidEventError: the record does not fit the schema.
+            UnregisteredSchemaError: the subject does not hold this schema (publish it first).
+            RegistryError: the registry is unreachable or failed.
         """
-        ctx = SerializationContext(topic, MessageField.VALUE)
+        key = (subject, version.fingerprint)
+        with self._lock:
+            known = self._ids.get(key)
+        if known is not None:
+            return known
         try:
-            data = self._serializer(record, ctx)
+            registered = self._client.lookup_schema(subject, Schema(version.text, "AVRO"))
         except SchemaRegistryError as exc:
-            raise RegistryError(f"schema registry refused subject {topic}-value: {exc}") from exc
-        except (TypeError, ValueError, AttributeError, OverflowError, KeyError) as exc:
-            raise InvalidEventError(f"event {record.get('event_id')} does not fit the schema: {exc}") from exc
+            if _is_missing(exc):
+                raise UnregisteredSchemaError(
+                    f"schema {version.label} is not registered under subject {subject}: register it with "
+                    f"`runjournal schemas publish --registry` (producers never register)") from exc
+            raise RegistryError(f"schema registry failed looking up {version.label} in {subject}: {exc}") from exc
         except Exception as exc:  # transport errors of the registry's HTTP client
-            raise RegistryError(f"schema registry unreachable for subject {topic}-value: {exc!r}") from exc
-        if not data:
-            raise InvalidEventError(f"serializer produced no bytes for event {record.get('event_id')}")
-        return bytes(data)
+            raise RegistryError(f"schema registry unreachable looking up {subject}: {exc!r}") from exc
+        if registered.schema_id is None:
+            raise RegistryError(f"schema registry answered no id for {version.label} in {subject}")
+        schema_id = int(registered.schema_id)
+        with self._lock:
+            self._ids[key] = schema_id
+        return schema_id
 
-    def loads(self, value: bytes, where: dict[str, Any]) -> tuple[dict[str, Any], SchemaVersion]:
-        """Deserialise to a record resolved to the current schema, plus the writer's envelope version.
-
-        Reads the framing itself (``00`` + 4-byte big-endian schema id) and the body with the
-        precompiled local schemas: AvroDeserializer re-expands the reader schema and walks it for
-        data-contract tags on every call (~4k events/s here), which we do not use. The writer
-        schema still comes from the registry by id (cached), and must be a known version.
+    def schema_text(self, schema_id: int, where: dict[str, Any]) -> str:
+        """The writer schema registered under ``schema_id``.
 
         Raises:
-            CorruptEventError: not Confluent framing, or an unreadable body.
-            UnsupportedSchemaError: schema id unknown to the registry, or a schema that is no known version.
-            RegistryError: the registry could not be reached.
+            UnsupportedSchemaError: the registry has no such id.
+            RegistryError: the registry is unreachable or failed (5xx, timeout).
         """
-        if len(value) <= _HEADER_BYTES or value[0] != 0:
-            if value[:1] == b"\x01":
-                raise UnsupportedSchemaError("Confluent GUID framing (magic 01) is not supported", **where)
-            raise CorruptEventError(f"not Confluent framing: starts {bytes(value[:5]).hex()!r}", **where)
-        schema_id = int.from_bytes(value[1:_HEADER_BYTES], "big")
-        version, reader = self._reader_of(schema_id, where)
-        return read_body(value, _HEADER_BYTES, version, reader, {**where, "schema_id": schema_id}), version
-
-    def _reader_of(
-        self, schema_id: int, where: dict[str, Any]
-    ) -> tuple[SchemaVersion, dict[str, Any] | None]:
-        known = self._by_schema_id.get(schema_id)
-        if known is None:
-            version = self._version_of(schema_id, where)
-            known = (version, None if version is self._current else self._current.parsed)
-            self._by_schema_id[schema_id] = known
-        return known
-
-    def _version_of(self, schema_id: int, where: dict[str, Any]) -> SchemaVersion:
+        where = {**where, "schema_id": schema_id}
         try:
             schema = self._client.get_schema(schema_id)
         except SchemaRegistryError as exc:
-            if exc.http_status_code == 404:
-                raise UnsupportedSchemaError(
-                    f"schema id {schema_id} is unknown to the registry", schema_id=schema_id, **where
-                ) from exc
-            raise RegistryError(f"schema registry failed reading schema id {schema_id}: {exc}") from exc
+            if _is_missing(exc):
+                raise UnsupportedSchemaError(f"schema id {schema_id} is unknown to the registry", **where) from exc
+            if _transient(exc):
+                raise RegistryError(f"schema registry failed reading schema id {schema_id}: {exc}") from exc
+            raise UnsupportedSchemaError(f"schema registry refused schema id {schema_id}: {exc}", **where) from exc
         except Exception as exc:  # transport errors of the registry's HTTP client
-            raise RegistryError(
-                f"schema registry unreachable reading schema id {schema_id}: {exc!r}"
-            ) from exc
-        try:
-            fingerprint = fingerprint_of(parse_schema(json.loads(schema.schema_str or "")))
-        except (ValueError, SchemaParseException) as exc:
-            raise UnsupportedSchemaError(
-                f"schema id {schema_id} is not a valid Avro schema", **where
-            ) from exc
-        version = self._by_fingerprint.get(fingerprint)
-        if version is None:
-            raise UnsupportedSchemaError(
-                f"schema id {schema_id} (fingerprint {fingerprint:#018x}) is no known envelope version",
-                fingerprint=fingerprint,
-                schema_id=schema_id,
-                **where,
-            )
-        return version
+            raise RegistryError(f"schema registry unreachable reading schema id {schema_id}: {exc!r}") from exc
+        return schema.schema_str or ""

@@ -10,7 +10,7 @@ import dataclasses
 from typing import Any
 
 from runjournal.schemas._resolution import kind, short_name
-from runjournal.schemas.events import PAYLOAD_FIELDS, Event, EventType
+from runjournal.schemas.events import KNOWN_TYPES, PAYLOAD_FIELDS, Event
 from runjournal.schemas.versions import payload_record_name
 
 __all__ = ["contract_findings"]
@@ -37,7 +37,7 @@ def contract_findings(expanded: dict[str, Any]) -> list[tuple[str, str]]:
     ]
     if "type" in fields and kind(fields["type"]["type"]) == "enum":
         symbols = [s for s in fields["type"]["type"]["symbols"] if s != "UNKNOWN"]
-        if symbols != [t.value for t in EventType]:
+        if symbols != [t.value for t in KNOWN_TYPES]:
             out.append(
                 ("Event.type", f"enum symbols {symbols} differ from EventType (same names, same order)")
             )

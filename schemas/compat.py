@@ -1,8 +1,19 @@
 """The compatibility gate: every pair of envelope versions under :data:`POLICY`, checked for real.
 
-Policy ``BACKWARD_TRANSITIVE`` (see ``schemas/README.md`` for why): the newest reader must read
-bytes written by *every* older version, because a replay or a rebuilt projection reads v1
-events with today's code. Each ``(writer vI, reader vJ)`` with ``I <= J`` is checked twice:
+Policy ``FULL_TRANSITIVE`` (see ``schemas/README.md`` for why): rolling upgrades go in either
+order, so
+
+* **backward** — every reader reads bytes written by *every* older version (a replay or a
+  rebuilt projection reads v1 events with today's code): each ``(writer vI, reader vJ)``, ``I <= J``;
+* **forward** — every reader from :data:`FORWARD_SINCE` on reads bytes written by *every* newer
+  version (a new agent may publish before the projector is upgraded): each ``(writer vI, reader
+  vJ)``, ``I > J >= FORWARD_SINCE``, resolved the way the codec resolves it — standard Avro rules
+  with the **open payload union** (:mod:`runjournal.schemas._open_union`): the payload record of a
+  type symbol the older reader does not know needs no reader branch, because that reader decodes
+  it as an ``UNKNOWN`` event; the symbol itself needs the older reader's enum default.
+
+v1 → v2 renamed ``instance_id`` and predates the policy (v1 readers are retired), so forward
+checks start at v2. Each pair is checked twice:
 
 1. statically, field by field (Avro spec resolution rules), so a problem names its field;
 2. dynamically, by real fastavro resolution of generated records, one batch per payload
@@ -28,15 +39,18 @@ from fastavro.schema import parse_schema
 from fastavro.utils import generate_one
 
 from runjournal.schemas._contract import contract_findings
+from runjournal.schemas._open_union import open_reader_raw
 from runjournal.schemas._resolution import enum_schemas, kind, resolution_findings
 from runjournal.schemas.errors import SchemaError
 from runjournal.schemas.published import verify_published
 from runjournal.schemas.versions import ENVELOPE_DIR, SchemaVersion, load_version, load_versions, payload_record_name
 
-__all__ = ["POLICY", "Problem", "check_all", "check_pair", "check_schema"]
+__all__ = ["FORWARD_SINCE", "POLICY", "Problem", "check_all", "check_pair", "check_schema", "opened_reader"]
 
-#: The checked compatibility policy: every newer reader reads every older writer.
-POLICY = "BACKWARD_TRANSITIVE"
+#: The checked compatibility policy: every reader reads every older *and* every newer writer.
+POLICY = "FULL_TRANSITIVE"
+#: The oldest reader version the forward half of the policy applies to (v1 → v2 was a rename).
+FORWARD_SINCE = 2
 _UNKNOWN = "UNKNOWN"
 _MAX_DETAIL = 200  # characters of a fastavro error kept in a Problem (some dump whole schemas)
 
@@ -89,13 +103,33 @@ def check_all(
     for version in versions:
         problems += _guarded("-", labels[id(version)], lambda v=version: check_schema(v, label=labels[id(v)]))
     for j, reader in enumerate(versions):
-        for writer in versions[: j + 1]:
+        for i, writer in enumerate(versions):
+            if i > j and j + 1 < FORWARD_SINCE:
+                continue  # forward half starts at FORWARD_SINCE (1-based versions: index j is v{j+1})
             problems += _guarded(
                 labels[id(writer)],
                 labels[id(reader)],
-                lambda w=writer, r=reader: check_pair(w, r, samples=samples, seed=seed, labels=labels),
+                lambda w=writer, r=reader, fwd=i > j: check_pair(
+                    w, opened_reader(r, w) if fwd else r, samples=samples, seed=seed, labels=labels
+                ),
             )
     return problems
+
+
+def opened_reader(reader: SchemaVersion, writer: SchemaVersion) -> SchemaVersion:
+    """``reader`` as the codec resolves ``writer`` with it: its payload union opened for the writer's
+    new type symbols (:func:`runjournal.schemas._open_union.open_reader_raw`); ``reader`` itself when
+    there are none. The result keeps ``reader``'s label in problems."""
+    raw = open_reader_raw(reader.raw, writer.raw)
+    if raw is reader.raw:
+        return reader
+    parsed = parse_schema(raw)
+    opened = SchemaVersion(reader.version, reader.path, raw, parsed, reader.canonical_form, reader.fingerprint)
+    _OPENED_LABELS[id(opened)] = id(reader)
+    return opened
+
+
+_OPENED_LABELS: dict[int, int] = {}
 
 
 def _add_candidates(
@@ -165,7 +199,8 @@ def check_pair(
 ) -> list[Problem]:
     """Problems reading ``writer`` bytes with ``reader``: static field walk plus generated records."""
     labels = labels or {}
-    wl, rl = labels.get(id(writer), writer.label), labels.get(id(reader), reader.label)
+    wl = labels.get(id(writer), writer.label)
+    rl = labels.get(_OPENED_LABELS.get(id(reader), id(reader)), reader.label)
     problems = [
         Problem(wl, rl, path, msg) for path, msg in resolution_findings(_expanded(writer), _expanded(reader))
     ]

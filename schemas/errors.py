@@ -20,6 +20,7 @@ __all__ = [
     "RegistryError",
     "SchemaError",
     "TombstoneError",
+    "UnregisteredSchemaError",
     "UnsupportedSchemaError",
 ]
 
@@ -117,4 +118,17 @@ class InvalidEventError(SchemaError, ValueError):
 
 
 class RegistryError(SchemaError):
-    """The Confluent Schema Registry failed or refused (unreachable, schema rejected as incompatible)."""
+    """A source of writer schemas is unavailable: the schema registry unreachable, timing out or
+    answering 5xx, or the ``{prefix}.schemas`` topic unreadable or unwritable.
+
+    A **transient** failure, not a content problem: the record is fine and decodes once the source
+    is back, so a consumer waits and retries the same record (never dead-letters it). Content
+    problems are :class:`UnsupportedSchemaError` / :class:`CorruptEventError`.
+    """
+
+
+class UnregisteredSchemaError(SchemaError):
+    """A writer's schema is not registered under its subject (writers never register on the hot path).
+
+    Register the version with ``runjournal schemas publish --registry`` first.
+    """

@@ -25,6 +25,7 @@ from runjournal.schemas.errors import SchemaError
 __all__ = [
     "CONTROL_FLOW_TYPES",
     "DURABLE_TYPES",
+    "KNOWN_TYPES",
     "PAYLOAD_FIELDS",
     "Event",
     "EventType",
@@ -37,9 +38,11 @@ __all__ = [
 class EventType(StrEnum):
     """Past-tense facts a run can publish. Order is the Avro enum's symbol order (append only).
 
-    The wire enum (``runjournal.EventType`` in ``schemas/avro/envelope/v*.avsc``) also has a
-    wire-only ``UNKNOWN`` symbol, its Avro ``default``: a reader maps a symbol it does not know
-    to it, and the codec then raises ``UnsupportedSchemaError``. It is never a member here.
+    ``UNKNOWN`` is read-only: the wire enum's ``default`` symbol, which an older reader maps a
+    newer writer's type symbol to. The codec decodes such a record as an ``UNKNOWN`` event whose
+    payload is ``{"type": <the writer's symbol>, "fields": {<the writer's payload>}}``; the reducer
+    records it without acting on it (unless declared critical). ``encode`` refuses it: a writer
+    never writes ``UNKNOWN``. :data:`KNOWN_TYPES` is every other member.
     """
 
     RUN_STARTED = "RUN_STARTED"
@@ -60,6 +63,11 @@ class EventType(StrEnum):
     RUN_CANCELLED = "RUN_CANCELLED"
     USER_CORRECTION = "USER_CORRECTION"
     MESSAGE = "MESSAGE"
+    UNKNOWN = "UNKNOWN"
+
+
+#: Every type a writer may publish (all but the read-only ``UNKNOWN``), in the wire enum's order.
+KNOWN_TYPES: tuple[EventType, ...] = tuple(t for t in EventType if t is not EventType.UNKNOWN)
 
 
 #: Events whose publish is always awaited (broker ack) before the program moves on:
@@ -83,9 +91,10 @@ DURABLE_TYPES: frozenset[EventType] = frozenset(
 
 #: Events that steer a run. After RUN_RESUMED(epoch n) these are rejected from a lower
 #: epoch (a zombie). TOOL_CALL_COMMITTED / TOOL_CALL_FAILED / TOOL_CALL_RECONCILED are
-#: *not* control flow: they report an effect that happened and are always recorded.
+#: *not* control flow: they report an effect that happened and are always recorded; nor is
+#: UNKNOWN (this reader cannot tell what it steers; the reducer records it, see runjournal.model).
 CONTROL_FLOW_TYPES: frozenset[EventType] = frozenset(
-    set(EventType)
+    set(KNOWN_TYPES)
     - {
         EventType.TOOL_CALL_COMMITTED,
         EventType.TOOL_CALL_FAILED,
@@ -182,7 +191,8 @@ class Event:
     occurred_at: datetime
     """When, timezone-aware (stored as timestamp-millis UTC)."""
     payload: dict[str, Any] = field(default_factory=dict)
-    """Typed fields for ``type``; see :data:`PAYLOAD_FIELDS`. Absent optional fields are None."""
+    """Typed fields for ``type``; see :data:`PAYLOAD_FIELDS`. Absent optional fields are None.
+    For ``UNKNOWN``: ``{"type": <writer's symbol>, "fields": <writer's payload dict>}``."""
     node_id: str | None = None
     """Node path within the run's plan, when the event belongs to a node."""
     traceparent: str | None = None

@@ -25,6 +25,7 @@ __all__ = [
     "SchemaVersion",
     "current_version",
     "fingerprint_of",
+    "foreign_version",
     "load_version",
     "load_versions",
     "payload_record_name",
@@ -53,9 +54,10 @@ class SchemaVersion:
     """One published envelope schema version."""
 
     version: int
-    """Version number, from the file name ``v<N>.avsc`` (1-based)."""
+    """Version number, from the file name ``v<N>.avsc`` (1-based); 0 for a writer schema this reader
+    does not ship (found by fingerprint or registry id, see :func:`foreign_version`)."""
     path: Path
-    """The ``.avsc`` file it was read from."""
+    """The ``.avsc`` file it was read from (for a foreign writer: a pseudo path naming its source)."""
     raw: dict[str, Any]
     """The schema JSON as published (docs, aliases and defaults included)."""
     parsed: dict[str, Any]
@@ -67,8 +69,8 @@ class SchemaVersion:
 
     @property
     def label(self) -> str:
-        """``v<N>``."""
-        return f"v{self.version}"
+        """``v<N>``, or ``writer 0x<fingerprint>`` for a writer schema this reader does not ship."""
+        return f"v{self.version}" if self.version else f"writer {self.fingerprint:#018x}"
 
     @property
     def header(self) -> bytes:
@@ -113,6 +115,29 @@ def load_version(path: Path, version: int | None = None) -> SchemaVersion:
     if not isinstance(raw, dict) or not isinstance(parsed, dict):
         raise SchemaError(f"cannot load Avro schema {path}: the top level is not a record")
     return SchemaVersion(version, path, raw, parsed, canonical, fingerprint_of(parsed))
+
+
+def foreign_version(text: str, source: str) -> SchemaVersion:
+    """A writer schema this reader does not ship (from the registry or the ``{prefix}.schemas`` topic).
+
+    Args:
+        text: the schema's JSON text.
+        source: where it came from (``registry id 7``, ``t.schemas``); kept as the pseudo ``path``.
+
+    Returns:
+        A :class:`SchemaVersion` with ``version`` 0.
+
+    Raises:
+        SchemaError: not JSON, not a valid Avro schema, or not a record at the top level.
+    """
+    try:
+        raw = json.loads(text)
+        parsed = parse_schema(raw)
+    except (ValueError, TypeError, SchemaParseException) as exc:
+        raise SchemaError(f"writer schema from {source} is not a valid Avro schema: {exc}") from exc
+    if not isinstance(raw, dict) or not isinstance(parsed, dict):
+        raise SchemaError(f"writer schema from {source} is not a record at the top level")
+    return SchemaVersion(0, Path(source), raw, parsed, to_parsing_canonical_form(parsed), fingerprint_of(parsed))
 
 
 @cache

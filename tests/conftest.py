@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from runjournal.core.settings import Settings, default_cache_dir
-from runjournal.deploy.procs import free_port
+from runjournal.deploy.procs import Proc, free_port
+from runjournal.deploy.registry import RegistryNode, ensure_registry_app
 from runjournal.deploy.stack import Stack, StackPorts
 
 
@@ -107,3 +108,72 @@ def service_env(settings: Settings) -> dict[str, str]:
         RUNJOURNAL_PARTITIONS=str(settings.partitions),
     )
     return env
+
+
+# --------------------------------------------------------------------------- schema registry
+
+
+@dataclass
+class LocalRegistry:
+    """A real schema registry process (Apicurio, the same launcher as ``stack up --registry``).
+
+    ``stop()`` / ``start()`` take it away and bring it back on the same port with the same H2 file,
+    so its subjects and ids survive (an outage, not a reset).
+    """
+
+    node: RegistryNode
+    app: Path
+    proc: Proc | None = None
+
+    @property
+    def url(self) -> str:
+        """``RUNJOURNAL_SCHEMA_REGISTRY_URL`` for this registry."""
+        return self.node.url
+
+    def start(self) -> None:
+        """Start (or restart) the process and wait until it answers."""
+        self.proc = self.node.start(self.app)
+        self.node.wait_ready(self.proc, timeout_s=180)
+
+    def stop(self) -> None:
+        """SIGTERM (SIGKILL after 20 s); the port stops answering."""
+        if self.proc is not None:
+            self.proc.stop(grace_s=20)
+
+
+def _start_registry(directory: Path) -> LocalRegistry:
+    cache = Path(os.environ.get("RUNJOURNAL_CACHE_DIR") or default_cache_dir())
+    app, _ = ensure_registry_app(cache)
+    registry = LocalRegistry(RegistryNode(directory, port=free_port()), app)
+    registry.start()
+    return registry
+
+
+@pytest.fixture(scope="session")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRegistry]:
+    """The session's real schema registry (started on first use, stopped at session end)."""
+    local = _start_registry(tmp_path_factory.mktemp("registry"))
+    try:
+        yield local
+    finally:
+        local.stop()
+
+
+@pytest.fixture
+def own_registry(tmp_path: Path) -> Iterator[LocalRegistry]:
+    """A registry process of this test's own (for tests that stop it)."""
+    local = _start_registry(tmp_path / "registry")
+    try:
+        yield local
+    finally:
+        local.stop()
+
+
+@pytest.fixture
+def registry_topics(topics: Settings, registry: LocalRegistry) -> Settings:
+    """``topics`` with the session registry configured and the published versions registered
+    under ``{prefix}.events-value`` (what ``runjournal schemas publish --registry`` does)."""
+    from runjournal.schemas.registration import register_versions
+
+    register_versions(registry.url, f"{topics.events_topic}-value")
+    return topics.model_copy(update={"schema_registry_url": registry.url})

@@ -43,3 +43,44 @@ def test_demo_generated_workload_under_chaos(service_env: dict[str, str], tmp_pa
     assert summary["contexts_advice_unavailable"] == 0, contexts  # the extractor served the agents' reads
     assert "One run's context" in html and "Execution facts (fact: StateStore / ExecutionRecordStore" in html
     assert "Knowledge (advisory)" in html and "never an execution fact" in html
+    # issue 14 (g): without --keep the demo removes what it created
+    prefix = summary["topic_prefix"]
+    assert summary["cleanup"]["cleanup_errors"] == [], summary["cleanup"]
+    assert leftovers(service_env, prefix) == ([], 0), "topics or Redis keys of the demo were left behind"
+    assert summary["cleanup"]["qdrant_collections_deleted"] and not Path(summary["workdir"]).exists()
+
+
+def leftovers(env: dict[str, str], prefix: str) -> tuple[list[str], int]:
+    """(topics, Redis key count) left under ``prefix``."""
+    import redis
+
+    from runjournal.core import kafka
+    from runjournal.core.settings import Settings
+
+    settings = Settings.load(bootstrap=env["RUNJOURNAL_BOOTSTRAP"], redis_url=env["RUNJOURNAL_REDIS_URL"])
+    names = [t for t in kafka.admin_client(settings).list_topics(timeout=10).topics if t.startswith(f"{prefix}.")]
+    r = redis.Redis.from_url(settings.redis_url)
+    patterns = (f"{prefix}:*", f"rj:{{{prefix}*", f"rj:{prefix}:*")
+    keys = sum(1 for pattern in patterns for _ in r.scan_iter(match=pattern))
+    return names, keys
+
+
+def test_demo_keep_leaves_its_data_and_every_option_runs(service_env: dict[str, str]) -> None:
+    """``--keep`` keeps the demo's topics and keys (removed here by the same cleanup); the remaining demo options
+    (``--kill-every``, ``--no-memory``, ``--partitions``) run as a user runs them."""
+    from runjournal.core.settings import Settings
+    from runjournal.demo.cleanup import remove_demo
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "runjournal", "demo", "--runs", "3", "--agents", "2", "--kill-every", "30",
+         "--no-memory", "--partitions", "2", "--seed", "5", "--keep", "--json"],
+        env=service_env, capture_output=True, text=True, timeout=600, check=False)
+    summary = json.loads(proc.stdout)
+    assert proc.returncode == 0 and summary["ok"] is True, proc.stderr[-3000:]
+    prefix = summary["topic_prefix"]
+    names, keys = leftovers(service_env, prefix)
+    assert len(names) == 3 and keys > 0 and "cleanup" not in summary
+    settings = Settings.load(bootstrap=service_env["RUNJOURNAL_BOOTSTRAP"],
+                             redis_url=service_env["RUNJOURNAL_REDIS_URL"], topic_prefix=prefix)
+    remove_demo(settings, Path(summary["workdir"]))
+    assert leftovers(service_env, prefix) == ([], 0)

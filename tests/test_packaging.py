@@ -86,6 +86,8 @@ for layer in ("runjournal.core", "runjournal.schemas", "runjournal.model", "runj
             out["imports"][mod.name] = "ok"
         except Exception as exc:
             out["imports"][mod.name] = repr(exc)
+from runjournal.deploy.kafka_node import kafka_version  # package data read through the namespace
+out["kafka_version"] = kafka_version()
 out["onnxruntime"] = importlib.util.find_spec("onnxruntime") is not None
 out["prometheus_imported"] = "prometheus_client" in sys.modules  # metrics are opt-in: imported lazily
 try:
@@ -111,10 +113,13 @@ print(json.dumps(out))
                                            "ModuleNotFoundError")
     assert out["api"][:5] == ["Journal", "Settings", "RunHandle", "Tool", "Outcome"]
     failed = {k: v for k, v in out["imports"].items() if v != "ok"}
-    # the registry framing is the [registry] extra's (the codec names the extra when it is missing)
-    assert set(failed) <= {"runjournal.schemas._confluent"} and all("ModuleNotFoundError" in v for v in failed.values())
+    # the registry client's modules (framing, and the publish tool's registration) are the [registry] extra's
+    # (the codec names the extra when it is missing; reading both framings needs only the core)
+    registry_only = {"runjournal.schemas._confluent", "runjournal.schemas.registration"}
+    assert set(failed) <= registry_only and all("ModuleNotFoundError" in v for v in failed.values())
     assert out["onnxruntime"] is False
     assert out["prometheus_imported"] is False and out["journal_metrics"] == "prometheus_client"
+    assert out["kafka_version"].count(".") == 2  # deploy/pom.xml found from outside the checkout
     size = sum(out["sizes"].values())
     assert size < CORE_LIMIT_BYTES, f"core install is {size / 2**20:.1f} MiB: {out['sizes']}"
     # the console script exists and names the extra it needs

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import redis
 
+from runjournal.consumers.failures import FailurePolicy
 from runjournal.consumers.projector.store import ProjectionStore
 from runjournal.consumers.recovery.tail import end_offsets, fold_tails
 from runjournal.core import kafka
@@ -28,12 +31,14 @@ def test_a_record_committed_beyond_an_open_transaction_is_waited_for_not_missed(
     holder.flush(10)
     publish(topics, run[3:5])  # committed, but beyond the open transaction
     ends = end_offsets(topics, [p])
-    assert ends[p] == 6  # the high watermark, not the LSO (3)
+    assert ends[p] == (0, 6)  # the high watermark, not the LSO (3)
     store = ProjectionStore(redis.Redis.from_url(topics.redis_url), topics.topic_prefix)
     codec = codec_from_settings(topics)
-    with pytest.raises(TimeoutError):
-        fold_tails(topics, store, codec, {p: {"tail-run"}}, ends, timeout_s=2)
+    policy = FailurePolicy("recovery", logging.getLogger("test"), max_wait_s=2)
+    _states, reads = fold_tails(topics, store, codec, {p: {"tail-run"}}, ends, policy=policy, timeout_s=2)
+    assert not reads[0].complete and "still undecided" in (reads[0].reason or "")  # nothing decided from it
     holder.abort_transaction(30)
-    states, reads = fold_tails(topics, store, codec, {p: {"tail-run"}}, ends, timeout_s=20)
+    states, reads = fold_tails(topics, store, codec, {p: {"tail-run"}}, ends, policy=policy, timeout_s=20)
+    assert reads[0].complete
     assert states["tail-run"].last_seq == 5  # seq 4 and 5 were beyond the LSO when the end offset was read
     assert reads[0].end == 6 and reads[0].folded == 5

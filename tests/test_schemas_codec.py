@@ -179,7 +179,9 @@ DECODE_FAILURES = [
     pytest.param(b"\xc3", CorruptEventError, id="one-byte"),
     pytest.param(GOOD[:10], CorruptEventError, id="header-only"),
     pytest.param(b"\xc3\x02" + GOOD[2:], CorruptEventError, id="bad-magic"),
-    pytest.param(b"\x00\x00\x00\x00\x01" + GOOD[10:], CorruptEventError, id="confluent-framing"),
+    pytest.param(b"\x00\x00\x00\x00\x01" + GOOD[10:], UnsupportedSchemaError, id="confluent-id-nobody-knows"),
+    pytest.param(b"\x01" + bytes(16) + GOOD[10:], UnsupportedSchemaError, id="confluent-guid-framing"),
+    pytest.param(b"\x02\x01" + GOOD[2:], CorruptEventError, id="no-known-magic"),
     pytest.param(GOOD[:-1], CorruptEventError, id="truncated-body"),
     pytest.param(GOOD + b"\x00", CorruptEventError, id="trailing-byte"),
     pytest.param(GOOD[:10] + b"\xff" * 6, CorruptEventError, id="garbage-body"),
@@ -193,8 +195,8 @@ DECODE_FAILURES = [
     ),
     pytest.param(
         _raw_v2({"type": "UNKNOWN"}, (payload_record_name("RUN_FAILED"), {"error": "e"})),
-        UnsupportedSchemaError,
-        id="unknown-type-symbol",
+        CorruptEventError,
+        id="writer-wrote-UNKNOWN",
     ),
 ]
 

@@ -69,7 +69,7 @@ def _good_evolution(s: dict[str, Any]) -> None:
 
 
 def test_shipped_schemas_pass() -> None:
-    assert POLICY == "BACKWARD_TRANSITIVE"
+    assert POLICY == "FULL_TRANSITIVE"
     assert check_all() == []
 
 
@@ -92,7 +92,35 @@ def test_incompatible_candidate_fails_naming_the_field(
 ) -> None:
     problems = check_all(candidates=[_candidate(tmp_path, edit)])
     assert any(p.field == field and words in p.message for p in problems), problems
-    assert all(p.reader == "candidate:v3.avsc" for p in problems)
+    assert all("candidate:v3.avsc" in (p.reader, p.writer) for p in problems)
+
+
+def _seq_promoted(s: dict[str, Any]) -> None:
+    _field(s, "epoch")["type"] = "long"  # int -> long: older writers still read, older readers cannot
+
+
+def _required_field_dropped(s: dict[str, Any]) -> None:
+    _payload(s, "RunFailedPayload")["fields"] = []  # v2 readers need `error` and have no default for it
+
+
+def _known_type_record_changed(s: dict[str, Any]) -> None:
+    _payload(s, "RunFailedPayload")["name"] = "RunFailedPayloadV3"  # a known type's record renamed: no open union
+
+
+@pytest.mark.parametrize(("edit", "field", "words"), [
+    pytest.param(_seq_promoted, "Event.epoch", "long cannot be read as int", id="promotion"),
+    pytest.param(_required_field_dropped, "Event.payload<RunFailedPayload>.error", "no default", id="dropped"),
+    pytest.param(_known_type_record_changed, "Event.payload<RunFailedPayloadV3>", "matches no branch",
+                 id="known-type-record"),
+])
+def test_forward_break_is_refused_reading_the_newer_writer_with_older_readers(
+    tmp_path: Path, edit: Callable[[dict[str, Any]], None], field: str, words: str
+) -> None:
+    """FULL_TRANSITIVE's forward half: the newest published reader (v2) must read the candidate writer."""
+    problems = check_all(candidates=[_candidate(tmp_path, edit)])
+    forward = [p for p in problems if p.writer == "candidate:v3.avsc" and p.reader == "v2"]
+    assert any(p.field == field and words in p.message for p in forward), problems
+    assert not [p for p in problems if p.reader == "v1" and p.writer != "-"]  # forward starts at v2
 
 
 def test_real_resolution_catches_a_silent_wrong_branch(tmp_path: Path) -> None:
@@ -135,7 +163,7 @@ def test_current_schema_must_match_the_python_contract(tmp_path: Path) -> None:
 def test_cli_check_passes() -> None:
     result = CliRunner().invoke(app, ["check"])
     assert result.exit_code == 0, result.output
-    assert "BACKWARD_TRANSITIVE" in result.output and "ok" in result.output
+    assert "FULL_TRANSITIVE" in result.output and "ok" in result.output
 
 
 def test_cli_check_fails_on_candidate_and_names_field(tmp_path: Path) -> None:

@@ -31,6 +31,7 @@ def test_topics_create_is_compacted_and_idempotent(settings: Settings) -> None:
         settings.events_topic: "created",
         settings.events_dlq_topic: "created",
         settings.memory_dlq_topic: "created",
+        settings.schemas_topic: "created",
     }
     again = create_topics(settings)
     assert {r.action for r in again} == {"exists"}
@@ -115,27 +116,40 @@ def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.skipif(bool(os.environ.get("RUNJOURNAL_BOOTSTRAP")), reason="services are given; launcher not used")
+@pytest.mark.registry
 def test_stack_cli_lifecycle(tmp_path: Path) -> None:
-    """up → up (idempotent) → status --json healthy → down → down (harmless); no process left."""
+    """up --registry → up (idempotent) → status --json healthy → down → down (harmless); no process left."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNJOURNAL_")}
     env["RUNJOURNAL_STACK_DIR"] = str(tmp_path / "stack")
-    ports = ["--kafka-port", str(free_port()), "--controller-port", str(free_port()), "--redis-port", str(free_port())]
+    ports = ["--kafka-port", str(free_port()), "--controller-port", str(free_port()), "--redis-port", str(free_port()),
+             "--registry", "--registry-port", str(free_port())]
     try:
         up = _cli(env, "stack", "up", "--json", *ports)
         assert up.returncode == 0, up.stderr
         report = json.loads(up.stdout)
         assert report["kafka"]["action"] == "started" and report["redis"]["action"] == "started"
+        assert report["registry"]["action"] == "started"
+        assert [r["version"] for r in report["registry"]["subjects"]["runjournal.events-value"]] == ["v2"]
         again = json.loads(_cli(env, "stack", "up", "--json", *ports).stdout)
         assert again["kafka"]["action"] == "already running" and again["kafka"]["pid"] == report["kafka"]["pid"]
+        assert again["registry"]["action"] == "already running"
         status = _cli(env, "stack", "status", "--json")
         assert status.returncode == 0, status.stdout + status.stderr
         health = json.loads(status.stdout)
-        assert health["healthy"] and all(health[c]["healthy"] for c in ("kafka", "redis", "qdrant"))
+        assert health["healthy"] and all(health[c]["healthy"] for c in ("kafka", "redis", "qdrant", "registry"))
+        settings = json.loads(_cli(env, "settings").stdout)  # commands now find the registry, like Kafka
+        assert settings["schema_registry_url"] == report["registry"]["url"]
+        from runjournal.schemas._confluent import registry_client
+
+        assert registry_client(report["registry"]["url"]).get_compatibility("runjournal.events-value") == (
+            "FULL_TRANSITIVE")
     finally:
         down = _cli(env, "stack", "down", "--json")
-    assert json.loads(down.stdout) == {"redis": "stopped", "kafka": "stopped"}
-    assert json.loads(_cli(env, "stack", "down", "--json").stdout) == {"redis": "not running", "kafka": "not running"}
-    for pid in (report["kafka"]["pid"], report["redis"]["pid"]):
+    assert json.loads(down.stdout) == {"registry": "stopped", "redis": "stopped", "kafka": "stopped"}
+    assert json.loads(_cli(env, "stack", "down", "--json").stdout) == {
+        "registry": "not running", "redis": "not running", "kafka": "not running"}
+    assert json.loads(_cli(env, "settings").stdout)["schema_registry_url"] is None
+    for pid in (report["kafka"]["pid"], report["redis"]["pid"], report["registry"]["pid"]):
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3]
     status = _cli(env, "stack", "status", "--json")
     assert status.returncode == 1 and not json.loads(status.stdout)["healthy"]

@@ -88,15 +88,19 @@ def resolve(members: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any
     """Status fields of every member of one group, as a pure function of the set (so the result does
     not depend on delivery order or on how often an event was processed).
 
-    Members are ordered by ``(created_at, event_id, item_index, point id)``; the last is active, each
-    other is superseded by the next one (``superseded_by`` = its id, ``valid_until`` = its created_at).
+    Members are ordered by ``(created_at, partition, offset, item_index, point id)``: time first, and at the
+    same millisecond the journal's own order (two corrections of one run in one millisecond: the later
+    offset wins — never a random event id). The last is active, each other is superseded by the next one
+    (``superseded_by`` = its id, ``valid_until`` = its created_at).
 
     Returns:
         ``{point_id: {"status", "superseded_by", "freshness": {"created_at", "valid_until"}}}``.
     """
-    def order(pid: str) -> tuple[str, str, int, str]:
+    def order(pid: str) -> tuple[str, int, int, int, str]:
         m = members[pid]
-        return m["freshness"]["created_at"], m["provenance"]["event_id"], int(m["provenance"]["item_index"]), pid
+        prov = m["provenance"]
+        return (m["freshness"]["created_at"], int(prov.get("partition", -1)), int(prov.get("offset", -1)),
+                int(prov["item_index"]), pid)
 
     ids = sorted(members, key=order)
     out: dict[str, dict[str, Any]] = {}

@@ -23,6 +23,7 @@ __all__ = [
     "IsolationError",
     "MemoryPlaneError",
     "ModelIntegrityError",
+    "OwnerDroppedError",
     "ScopeError",
     "StoreError",
     "StoreLockedError",
@@ -91,3 +92,9 @@ class StoreLockedError(StoreError):
 class VectorSpaceError(StoreError):
     """An existing collection has another vector size or distance than the embedder: two vector spaces
     would be mixed. Collections are named per embedder and dimension, so this means a name clash."""
+
+
+class OwnerDroppedError(StoreError):
+    """A write would replace an item whose owner (``user_id``) is known with one that has none (an extractor
+    that could not learn the run's owner). Refused: the stored owner stays; the extractor retries the record
+    (bounded) and then dead-letters it with its offset."""

@@ -7,17 +7,20 @@ them. Per poll (numbered as in the code):
 1. ``consume`` up to ``batch_size`` records (``read_committed``: aborted transactions are never seen).
 2. Decode each record. An undecodable one is dead-lettered with its offset; a tombstone (erased
    event) cuts the batch into segments and erases the items extracted from that record.
-3. Remember each run's context from RUN_STARTED (an LRU), and let the :class:`Extractor` find
-   statements; the service adds scope (tenant from the envelope, always) and provenance. An event
-   without a tenant is dead-lettered: items without a tenant are refused at write.
+3. Let the :class:`Extractor` find statements; for an event that yields any, the run's owner and context
+   come from the journal itself (:class:`~runjournal.consumers.memory.owners.RunOwners`: RUN_STARTED, else
+   the projection, else the run's partition — never only what this process happened to see). The
+   service adds scope (tenant from the envelope, always) and provenance. An event without a tenant is
+   dead-lettered: items without a tenant are refused at write.
 4. Embed the segment's items in one call.
 5. Upsert them (``wait=True``): deterministic ids, supersession settled in the store.
 6. Flush the memory DLQ (durable before the offset passes a dead-lettered record).
 7. Commit the group offset (last handled + 1).
 
-Failures (steps 2-5) retry with capped exponential backoff (tenacity). An outage
-(:class:`StoreUnavailableError`, registry unreachable) is retried until it ends or the extractor is
-stopped — the offset does not move, so nothing is lost. Any other error is retried ``max_attempts``
+Failures (steps 2-5) go through the one failure policy (``runjournal.consumers.failures``). An outage
+(:class:`StoreUnavailableError`, registry unreachable, Redis or broker away) is waited out with capped
+backoff, logged and counted, for up to ``max_outage_s`` (then the extractor stops non-zero naming the
+dependency) — the offset does not move, so nothing is lost. Any other error is retried ``max_attempts``
 times for the batch, then record by record (an undecodable record is not retried: the bytes will
 not change); a record that still fails is dead-lettered to
 ``{prefix}.memory.dlq`` with its source offset. The offset never passes a record that was neither
@@ -33,17 +36,28 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
-from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exponential
+from confluent_kafka import Consumer, Message, TopicPartition
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from runjournal.consumers._group import LagExport, commit_pending, partition_lags
 from runjournal.consumers.dlq import DeadLetters
+from runjournal.consumers.failures import (
+    TRANSIENT,
+    DependencyUnavailableError,
+    FailurePolicy,
+    FatalDependencyError,
+    classify,
+    kafka_error_verdict,
+    stops_consumer,
+)
 from runjournal.consumers.memory.embed import Embedder, default_embedder
 from runjournal.consumers.memory.errors import MemoryPlaneError
-from runjournal.consumers.memory.extract import Extractor, RuleExtractor, RunContexts
+from runjournal.consumers.memory.extract import Extractor, RuleExtractor
 from runjournal.consumers.memory.items import MemoryItem, Provenance, Scope
 from runjournal.consumers.memory.metrics import ExtractorMetrics
+from runjournal.consumers.memory.owners import RunOwners
 from runjournal.consumers.memory.store import QdrantMemoryStore
+from runjournal.consumers.topic_identity import TopicMismatchError
 from runjournal.core import kafka
 from runjournal.core.settings import Settings
 from runjournal.schemas import EventCodec, codec_from_settings
@@ -107,7 +121,9 @@ class MemoryExtractor:
         max_attempts: tries of a non-outage failure before dead-lettering (default 4).
         backoff_base_s, backoff_cap_s: exponential backoff start and cap, seconds (0.1, 5.0).
         codec: event codec (default from settings).
-        metrics: Prometheus families (default: a private registry; the CLI serves it with ``--metrics-port``).
+        max_outage_s: longest one dependency outage is waited out before the extractor stops (s, 240).
+        metrics: Prometheus families (default: a private registry; the CLI serves it with ``--metrics-port``); the
+            failure policy's waits are counted in the same registry.
 
     Raises:
         StoreLockedError: local mode and the Qdrant directory is held by another process.
@@ -118,14 +134,15 @@ class MemoryExtractor:
                  embedder: Embedder | None = None, extractor: Extractor | None = None, batch_size: int = 500,
                  poll_timeout_s: float = 0.2, group_id: str | None = None, max_attempts: int = 4,
                  backoff_base_s: float = 0.1, backoff_cap_s: float = 5.0, codec: EventCodec | None = None,
-                 session_timeout_ms: int = 10_000, metrics: ExtractorMetrics | None = None) -> None:
+                 session_timeout_ms: int = 10_000, max_outage_s: float = 240.0,
+                 metrics: ExtractorMetrics | None = None) -> None:
         self.settings = settings
         self.topic = settings.events_topic
         self.store = store or QdrantMemoryStore.open(settings, embedder or default_embedder())
         self.embedder = self.store.embedder
         self.extractor = extractor or RuleExtractor()
-        self.contexts = RunContexts()
         self.codec = codec or codec_from_settings(settings)
+        self.owners = RunOwners(settings, self.codec)
         self.batch_size = batch_size
         self.poll_timeout_s = poll_timeout_s
         self.max_attempts = max_attempts
@@ -137,9 +154,13 @@ class MemoryExtractor:
         self.metrics = metrics or ExtractorMetrics()
         self._lag_export = LagExport(self.metrics.lag)
         self._stop = threading.Event()
+        self.policy = FailurePolicy("memory", log, registry=self.metrics.registry, max_wait_s=max_outage_s,
+                                    backoff_base_s=backoff_base_s, backoff_cap_s=backoff_cap_s, stop=self._stop,
+                                    on_wait=self._count_wait)
         self._done: dict[int, int] = {}
         self._pending_commit: dict[int, int] = {}
         self._assigned_once = threading.Event()
+        self._mismatch: TopicMismatchError | None = None
         self.consumer = kafka.consumer(settings, **{"group.id": self.group_id,
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
@@ -153,6 +174,15 @@ class MemoryExtractor:
     # -- assignment -------------------------------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for tp in consumer.committed(partitions, timeout=10):
+            _low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, tp.partition), timeout=10,
+                                                        cached=False)
+            if tp.offset > high:  # a stored offset beyond the log: another (re-created or truncated) topic
+                self._mismatch = TopicMismatchError(
+                    f"the memory group {self.group_id} committed offset {tp.offset} on partition {tp.partition} of "
+                    f"{self.topic}, which ends at {high}: the topic was re-created or truncated",
+                    repair=f"kafka-consumer-groups.sh --delete --group {self.group_id} (the extractor then re-reads "
+                           "the topic; writes are idempotent by event id)")
+                return  # nothing assigned: the main loop stops on the mismatch
             self._done[tp.partition] = tp.offset - 1 if tp.offset >= 0 else -1
         consumer.incremental_assign(partitions)
         self._assigned_once.set()
@@ -183,7 +213,7 @@ class MemoryExtractor:
             KafkaException: a fatal consumer error.
             DeadLetterError: the memory DLQ did not acknowledge (the offset was not moved).
         """
-        self._stop = stop or threading.Event()
+        self._stop = self.policy.stop = stop or threading.Event()
         started = time.monotonic()
         self.consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
                                 on_lost=self._on_lost)
@@ -193,12 +223,14 @@ class MemoryExtractor:
                 self.metrics.observe_poll([m.timestamp()[1] for m in msgs if not m.error() and m.timestamp()[1] > 0],
                                           int(time.time() * 1000))
                 self._lag_export.maybe(self.consumer, self._done)
+                if self._mismatch is not None:
+                    raise self._mismatch
                 if msgs:
                     try:
                         self._handle(msgs)
-                    except (MemoryPlaneError, RegistryError):
-                        if self._stop.is_set():  # stopped while waiting out an outage: not committed
-                            break
+                    except Exception as exc:
+                        if self._stop.is_set() and classify(exc).kind == TRANSIENT:
+                            break  # stopped while waiting out an outage: not committed
                         raise
                     self._commit(set(self._pending_commit), asynchronous=True)  # step 7
                 elif until_caught_up and self._caught_up():
@@ -214,8 +246,8 @@ class MemoryExtractor:
         segment: list[_Unit] = []
         for msg in msgs:
             if msg.error():
-                if msg.error().fatal():
-                    raise KafkaException(msg.error())
+                if stops_consumer(msg.error()):
+                    raise FatalDependencyError("kafka", kafka_error_verdict(msg.error()).cause)
                 log.warning("consumer error", extra={"error": str(msg.error())})
                 continue
             if msg.value() is None:  # step 2: a tombstone; write what precedes it first
@@ -240,16 +272,19 @@ class MemoryExtractor:
         try:
             event = self._retry("decode", lambda: self.codec.decode(
                 msg.value(), topic=msg.topic(), partition=msg.partition(), offset=msg.offset()))
-            ctx = self.contexts.observe(event)
+            if not self._retry("extract", lambda: self.extractor.extract(event, None), on=(Exception,)):
+                return []  # nothing to remember: no owner lookup
+            ctx = self._retry("owner", lambda: self.owners.context(event, msg))  # from the journal (owners.py)
+            ctx = ctx if ctx is not None and ctx.tenant_id == event.tenant_id else None
             drafts = self._retry("extract", lambda: self.extractor.extract(event, ctx), on=(Exception,))
             if not drafts:
                 return []
-            user = event.payload.get("user_id") or (ctx.user_id if ctx and ctx.tenant_id == event.tenant_id else None)
-            agent = ctx.agent if ctx and ctx.tenant_id == event.tenant_id else None
-            scope = Scope(event.tenant_id, user_id=user or None, agent_id=agent)
+            user = event.payload.get("user_id") or (ctx.user_id if ctx else None)
+            scope = Scope(event.tenant_id, user_id=user or None, agent_id=ctx.agent if ctx else None)
         except Exception as exc:  # noqa: BLE001 - any failure of one record is dead-lettered, never skipped
-            if isinstance(exc, RegistryError | MemoryPlaneError) and self._stop.is_set():
-                raise
+            if isinstance(exc, DependencyUnavailableError | FatalDependencyError) or (
+                    self._stop.is_set() and classify(exc).kind == TRANSIENT):
+                raise  # an outage or a fatal dependency failure is never the record's fault
             self._dead_letter(msg, exc)
             return []
         return [MemoryItem(text=d.text, kind=d.kind, subject=d.subject, scope=scope, created_at=event.occurred_at,
@@ -272,7 +307,7 @@ class MemoryExtractor:
             return
         except MemoryPlaneError:
             if self._stop.is_set():
-                raise
+                raise  # stopped while waiting: not committed
         for unit in units:  # the batch failed for a reason other than an outage: record by record
             try:
                 self._write_items(unit.items)
@@ -309,24 +344,28 @@ class MemoryExtractor:
     # -- retry ----------------------------------------------------------------------------------
     def _retry(self, what: str, fn: Callable[[], T],
                on: tuple[type[BaseException], ...] = (MemoryPlaneError, RegistryError)) -> T:
-        """Call ``fn`` under the backoff policy of the module docstring, retrying errors of types ``on``."""
+        """``fn()`` under the failure policy: a transient failure waits (``self.policy``, bounded by
+        ``max_outage_s``); another error of a type in ``on`` is tried ``max_attempts`` times in all.
+
+        Raises:
+            DependencyUnavailableError / FatalDependencyError: the outage outlasted the budget / a fatal failure.
+        """
+        def item_fault(exc: BaseException) -> bool:
+            return isinstance(exc, on) and not isinstance(exc, DependencyUnavailableError | FatalDependencyError) \
+                and classify(exc).kind != TRANSIENT
+
         retrying = Retrying(
-            retry=retry_if_exception_type(on),
-            stop=self._should_stop,
+            retry=retry_if_exception(item_fault),
+            stop=stop_after_attempt(self.max_attempts) | (lambda _s: self._stop.is_set()),
             wait=wait_exponential(multiplier=self.backoff_base_s, max=self.backoff_cap_s),
             sleep=self._stop.wait,
             before_sleep=lambda rs: self._on_retry(what, rs),
             reraise=True,
         )
-        return retrying(fn)
+        return retrying(lambda: self.policy.call(what, fn))
 
-    def _should_stop(self, state: RetryCallState) -> bool:
-        if self._stop.is_set():
-            return True
-        exc = state.outcome.exception() if state.outcome else None
-        if _is_outage(exc):
-            return False
-        return state.attempt_number >= self.max_attempts
+    def _count_wait(self) -> None:
+        self.stats.retries += 1
 
     def _on_retry(self, what: str, state: RetryCallState) -> None:
         self.stats.retries += 1
@@ -345,10 +384,6 @@ class MemoryExtractor:
         if not self._assigned_once.is_set():
             return False
         return not any(partition_lags(self.consumer, self._done).values())
-
-
-def _is_outage(exc: BaseException | None) -> bool:
-    return isinstance(exc, RegistryError) or bool(getattr(exc, "retryable", False))
 
 
 def _writer_schema(value: bytes | None) -> str:

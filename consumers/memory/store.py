@@ -45,7 +45,7 @@ from runjournal.consumers.memory._payload import (
 )
 from runjournal.consumers.memory._qdrant import mapped, open_client
 from runjournal.consumers.memory.embed import Embedder
-from runjournal.consumers.memory.errors import IsolationError, VectorSpaceError
+from runjournal.consumers.memory.errors import IsolationError, OwnerDroppedError, VectorSpaceError
 from runjournal.consumers.memory.filters import TENANT_KEY, group_filter, scope_filter
 from runjournal.consumers.memory.items import MemoryHit, MemoryItem, Scope, Status
 from runjournal.stores import Authority, Plane, PlaneError
@@ -159,6 +159,7 @@ class QdrantMemoryStore:
         for item, payload, vector in zip(items, built, vectors, strict=True):  # a duplicate record: last wins
             pid = point_id(item.provenance.event_id, item.provenance.item_index)
             payloads[pid], by_id[pid] = payload, vector
+        self._refuse_owner_drop(payloads)
         changed_existing: dict[str, dict[str, Any]] = {}
         groups = self._groups({k for k in (group_key(p) for p in payloads.values()) if k is not None})
         for key, stored in groups.items():
@@ -174,6 +175,17 @@ class QdrantMemoryStore:
             for pid, fields in changed_existing.items():
                 self.client.set_payload(self.collection, payload=fields, points=[pid], wait=True)
         return len(points)
+
+    def _refuse_owner_drop(self, payloads: Mapping[str, Mapping[str, Any]]) -> None:
+        """Raise :class:`OwnerDroppedError` when a stored point has a ``user_id`` its rewrite would drop."""
+        ownerless = [pid for pid, p in payloads.items() if not p["scope"].get("user_id")]
+        if not ownerless:
+            return
+        with mapped("retrieve"):
+            stored = self.client.retrieve(self.collection, ids=ownerless, with_payload=True, with_vectors=False)
+        dropped = [str(pt.id) for pt in stored if ((pt.payload or {}).get("scope") or {}).get("user_id")]
+        if dropped:
+            raise OwnerDroppedError(f"refused: rewriting point(s) {dropped} without their stored user_id")
 
     def delete_by_run(self, run_id: str) -> int:
         """See :meth:`runjournal.consumers.memory.ports.MemoryStore.delete_by_run`; groups that lose a member are

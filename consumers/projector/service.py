@@ -6,7 +6,8 @@ Per poll (DESIGN.md § Projector; numbered as in the code):
 2. Split by partition; drop records at or below the partition's applied offset (redelivery).
 3. Decode. A tombstone (null value) erases its run. An undecodable record is copied to the
    events DLQ with its offset and its run (parsed from the key) is marked BLOCKED; the
-   partition's other runs go on.
+   partition's other runs go on. A registry that cannot be reached is not a bad record: the
+   batch waits (step 8).
 4. Take the touched runs' states from the in-memory cache when it is valid at the partition's
    applied offset (``runjournal.consumers.projector._cache``), the others from Redis (one MGET), and fold
    each event with the pure reducer (``runjournal.model.reducer.apply``).
@@ -15,6 +16,14 @@ Per poll (DESIGN.md § Projector; numbered as in the code):
    atomically, refusing a batch folded from a stale view (then: reload and re-seek).
 7. Commit the group offset (last handled + 1), asynchronously — for lag monitoring and tools;
    on (re)assignment the projector seeks to the offset stored in Redis, not the group's.
+8. Failures go through the one failure policy (``runjournal.consumers.failures``): a transient one
+   (registry, Redis, broker) waits with capped backoff and folds the same batch again — nothing was
+   written, so nothing moves; a fatal one (fenced static member, unauthorised, topic gone) stops the
+   projector with :class:`~runjournal.consumers.failures.FatalDependencyError`.
+
+Before any stored offset is used, the topic is checked against what the projection stored about it
+(``runjournal.consumers.topic_identity``): a re-created topic or another partition count stops the
+projector with :class:`~runjournal.consumers.topic_identity.TopicMismatchError` naming the repair.
 """
 
 from __future__ import annotations
@@ -23,19 +32,28 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
 from typing import Any
 
 import redis
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from runjournal.consumers._group import LagExport, commit_pending, partition_lags
 from runjournal.consumers.dlq import DeadLetters
+from runjournal.consumers.failures import (
+    TRANSIENT,
+    FailurePolicy,
+    FatalDependencyError,
+    classify,
+    kafka_error_verdict,
+    stops_consumer,
+)
 from runjournal.consumers.projector._cache import StateCache
 from runjournal.consumers.projector.metrics import ProjectorMetrics, count_transitions
+from runjournal.consumers.projector.stats import ProjectorStats
 from runjournal.consumers.projector.store import ProjectionStore
+from runjournal.consumers.topic_identity import TopicMismatchError, check_projection, describe_events_topic
 from runjournal.core import failpoints, kafka
 from runjournal.core.settings import Settings
 from runjournal.model.reducer import RunState, RunStatus, apply, block
@@ -50,28 +68,6 @@ log = logging.getLogger("runjournal.consumers.projector")
 def projector_group(settings: Settings) -> str:
     """The projector's consumer group id: ``{prefix}.projector``."""
     return f"{settings.topic_prefix}.projector"
-
-
-@dataclass
-class ProjectorStats:
-    """Counters of one :meth:`Projector.run` (events are records handled, no-ops included)."""
-
-    events: int = 0
-    batches: int = 0
-    dead_lettered: int = 0
-    erased: int = 0
-    conflicts: int = 0
-    elapsed_s: float = 0.0
-    parked_runs: set[str] = field(default_factory=set)
-    blocked_runs: set[str] = field(default_factory=set)
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-able summary with ``events_per_s``."""
-        rate = self.events / self.elapsed_s if self.elapsed_s > 0 else 0.0
-        return {"events": self.events, "batches": self.batches, "dead_lettered": self.dead_lettered,
-                "erased": self.erased, "conflicts": self.conflicts, "elapsed_s": round(self.elapsed_s, 3),
-                "events_per_s": round(rate, 1), "parked_runs": sorted(self.parked_runs),
-                "blocked_runs": sorted(self.blocked_runs)}
 
 
 class Projector:
@@ -92,25 +88,33 @@ class Projector:
         state_cache_runs: run states kept in memory between batches (default 10,000; 0 disables),
             used only while the partition's applied offset in Redis is the one they were written at
             (``runjournal.consumers.projector._cache``). Saves the per-batch MGET and JSON parse of each run.
+        max_outage_s: longest one dependency outage is waited out before the projector stops (s, 240).
     """
 
     def __init__(self, settings: Settings, *, batch_size: int = 2000, poll_timeout_s: float = 0.2,
                  codec: EventCodec | None = None, metrics: ProjectorMetrics | None = None,
                  group_id: str | None = None, session_timeout_ms: int = 10_000,
-                 group_instance_id: str | None = None, state_cache_runs: int = 10_000) -> None:
+                 group_instance_id: str | None = None, state_cache_runs: int = 10_000,
+                 max_outage_s: float = 240.0) -> None:
         self.settings = settings
         self.topic = settings.events_topic
         self.batch_size = batch_size
         self.poll_timeout_s = poll_timeout_s
         self.codec = codec or codec_from_settings(settings)
         self.metrics = metrics or ProjectorMetrics()
-        # Redis restarts (deploys, failover) are ridden out by redis-py's own retry with capped backoff
-        # (about 30 s in all); the batch that failed was not written, so it is simply written again.
+        # A blip is absorbed by redis-py's own quick retry; a longer outage by the failure policy (step 8),
+        # visibly: the batch that failed was not written, so it is simply folded and written again.
         self.redis = redis.Redis.from_url(
             settings.redis_url,
-            retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries=20),
+            retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=3),
             retry_on_error=[redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError],
         )
+        self._stop = threading.Event()
+        self.policy = FailurePolicy("projector", log, registry=self.metrics.registry, max_wait_s=max_outage_s,
+                                    stop=self._stop)
+        self._fatal: KafkaError | None = None
+        self._quarantined: set[tuple[int, int]] = set()
+        self._mismatch: TopicMismatchError | None = None
         self.store = ProjectionStore(self.redis, settings.topic_prefix)
         self.lag_key = f"rj:{settings.topic_prefix}:projector:lag_ms"
         """Redis list of the last 10,000 per-poll lag samples ``"<unix ms>:<lag ms>"``, newest first."""
@@ -133,12 +137,30 @@ class Projector:
             "heartbeat.interval.ms": max(1000, session_timeout_ms // 4),
             "fetch.min.bytes": 1,
             "queued.max.messages.kbytes": 65536,
+            "error_cb": self._on_error,
         })
+
+    def _on_error(self, err: KafkaError) -> None:
+        """librdkafka's error callback: fatal ones (a fenced static member …) stop the main loop."""
+        verdict = kafka_error_verdict(err)
+        if stops_consumer(err):
+            self._fatal = err
+            log.error("fatal consumer error", extra={"error": verdict.cause})
+        else:
+            log.warning("consumer error", extra={"error": verdict.cause})
 
     # -- assignment -------------------------------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        applied = {tp.partition: self.store.applied_offset(tp.partition) for tp in partitions}
+        for p, offset in applied.items():  # a stored offset must lie in the log it was read from (topic_identity)
+            _low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, p), timeout=10, cached=False)
+            if offset >= high:
+                self._mismatch = TopicMismatchError(
+                    f"the projection says partition {p} of {self.topic} was applied up to offset {offset}, but the "
+                    f"partition ends at {high}: the topic was re-created or truncated")
+                return  # nothing assigned: the main loop stops on the mismatch
         for tp in partitions:
-            stored = self.store.applied_offset(tp.partition)
+            stored = applied[tp.partition]
             self.applied[tp.partition] = stored
             self.cache.drop(tp.partition)
             tp.offset = stored + 1 if stored >= 0 else OFFSET_BEGINNING
@@ -173,20 +195,32 @@ class Projector:
             :class:`ProjectorStats` of this run.
 
         Raises:
-            KafkaException: a fatal consumer error.
-            redis.RedisError: Redis unreachable for longer than the retry budget.
+            TopicNotFoundError: the events topic does not exist (``runjournal topics create``).
+            TopicMismatchError: the projection in Redis was built from another topic (re-created, other
+                partition count, offsets beyond its end); the message names the repair.
+            FatalDependencyError: fenced (e.g. another member with the same ``group_instance_id``),
+                unauthorised, or any error librdkafka marks fatal.
+            DependencyUnavailableError: a dependency stayed away longer than ``max_outage_s``.
         """
         stop = stop or threading.Event()
+        self._stop = self.policy.stop = stop
         started = time.monotonic()
-        self.consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
-                                on_lost=self._on_lost)
         last_data = time.monotonic()
         try:
+            self._check_topic()  # before any stored offset is used
+            self.consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
+                                    on_lost=self._on_lost)
             while not stop.is_set():
                 msgs = self.consumer.consume(self.batch_size, timeout=self.poll_timeout_s)  # step 1
+                self._raise_if_fatal()
                 if msgs:
                     last_data = time.monotonic()
-                    self._handle(msgs)
+                    try:
+                        self._handle(msgs)
+                    except Exception as exc:
+                        if stop.is_set() and classify(exc).kind == TRANSIENT:
+                            break  # stopped while waiting out an outage: this batch is not committed
+                        raise
                     self._record_lag(msgs)
                     self._commit(set(self._pending_commit), asynchronous=True)  # step 7
                 else:
@@ -202,6 +236,19 @@ class Projector:
             self.consumer.close()
         return self.stats
 
+    def _check_topic(self) -> None:
+        """Step 0: the topic exists, is the one the projection was built from, and holds its offsets."""
+        shape = self.policy.call("describe topic", lambda: describe_events_topic(self.settings))
+        applied = self.policy.call("read offsets", lambda: {p: self.store.applied_offset(p)
+                                                            for p in range(shape.partitions)})
+        check_projection(self.redis, self.settings.topic_prefix, shape, applied, adopt=True)
+
+    def _raise_if_fatal(self) -> None:
+        if self._mismatch is not None:
+            raise self._mismatch
+        if self._fatal is not None:
+            raise FatalDependencyError("kafka", kafka_error_verdict(self._fatal).cause)
+
     def _record_lag(self, msgs: list[Message]) -> None:
         """Lag of this poll: now minus the oldest record's CreateTime (ms); kept in Redis for dashboards/demo."""
         stamps = [m.timestamp()[1] for m in msgs if not m.error() and m.timestamp()[1] > 0]
@@ -214,21 +261,25 @@ class Projector:
         pipe = self.redis.pipeline(transaction=False)
         pipe.lpush(self.lag_key, f"{now_ms}:{lag_ms}")
         pipe.ltrim(self.lag_key, 0, 9999)
-        pipe.execute()
+        try:
+            pipe.execute()
+        except redis.RedisError as exc:  # a dashboard sample: never worth a wait
+            log.warning("lag sample not stored", extra={"error": str(exc)})
 
     def _handle(self, msgs: list[Message]) -> None:
         by_partition: dict[int, list[Message]] = defaultdict(list)
         for msg in msgs:
             if msg.error():
-                if msg.error().fatal():
-                    raise KafkaException(msg.error())
+                if stops_consumer(msg.error()):  # fatal, fenced (static member), unauthorised, topic gone
+                    raise FatalDependencyError("kafka", kafka_error_verdict(msg.error()).cause)
                 log.warning("consumer error", extra={"error": str(msg.error())})
                 continue
             by_partition[msg.partition()].append(msg)  # step 2
         for partition, batch in by_partition.items():
             if partition in self.applied:
                 started = time.perf_counter()
-                self._apply_partition(partition, batch)
+                self.policy.call(f"apply partition {partition}",  # step 8
+                                 lambda p=partition, b=batch: self._apply_partition(p, b))  # type: ignore[misc]
                 self.metrics.batch_seconds.observe(time.perf_counter() - started)
 
     def _apply_partition(self, partition: int, batch: list[Message]) -> None:
@@ -236,7 +287,15 @@ class Projector:
         fresh = [m for m in batch if m.offset() > expected]
         if not fresh:
             return
-        decoded = [self._decode(m) for m in fresh]  # step 3
+        decoded = []
+        for m in fresh:  # step 3
+            run_id, item = self._decode(m)
+            if isinstance(item, Exception) and classify(item).kind == TRANSIENT:
+                raise item  # a registry outage is no bad record: wait (step 8) before anything is sent
+            decoded.append((run_id, item))
+        for msg, (run_id, item) in zip(fresh, decoded, strict=True):
+            if isinstance(item, SchemaError):
+                self._quarantine(msg, run_id, item)
         run_ids = {run_id for run_id, _ in decoded if run_id is not None}
         cached, missing = self.cache.split(partition, expected, run_ids)  # step 4
         states: dict[str, RunState | None] = {**cached, **self.store.load(partition, missing)}
@@ -271,6 +330,7 @@ class Projector:
         self.metrics.events.labels(str(partition)).inc(len(fresh))
         self.metrics.batches.inc()
         self._count_outcomes(dirty, before)
+        self._quarantined = {w for w in self._quarantined if w[0] != partition}
 
     def _fold(self, state: RunState | None, item: Any, partition: int, offset: int, run_id: str) -> RunState | None:
         if item is None:  # tombstone: the run is being erased
@@ -279,10 +339,11 @@ class Projector:
                 self.metrics.erased.inc()
             return None
         if isinstance(item, SchemaError):
+            if run_id not in self.stats.blocked_runs:
+                self.metrics.blocked.inc()
             self.stats.blocked_runs.add(run_id)
-            self.metrics.blocked.inc()
             return block(state, run_id, f"{type(item).__name__}: {item}", partition=partition, offset=offset)
-        return apply(state, item, partition=partition, offset=offset)
+        return apply(state, item, partition=partition, offset=offset, critical=self.settings.critical_types)
 
     def _decode(self, msg: Message) -> tuple[str | None, Any]:
         """``(run_id, Event | None(tombstone) | SchemaError)``; run_id None when even the key is unreadable."""
@@ -293,13 +354,20 @@ class Projector:
         try:
             event = self.codec.decode(value, topic=msg.topic(), partition=msg.partition(), offset=msg.offset())
         except SchemaError as exc:
-            self.dlq.send(msg, exc)
-            self.stats.dead_lettered += 1
-            self.metrics.dead_lettered.labels(type(exc).__name__).inc()
-            log.warning("quarantined", extra={"topic": msg.topic(), "partition": msg.partition(),
-                                              "offset": msg.offset(), "error": str(exc), "run_id": run_id})
             return run_id, exc
         return event.run_id, event
+
+    def _quarantine(self, msg: Message, run_id: str | None, exc: SchemaError) -> None:
+        """Copy an undecodable record to the DLQ once (a batch folded again after an outage sends nothing twice)."""
+        where = (msg.partition(), msg.offset())
+        if where in self._quarantined:
+            return
+        self._quarantined.add(where)
+        self.dlq.send(msg, exc)
+        self.stats.dead_lettered += 1
+        self.metrics.dead_lettered.labels(type(exc).__name__).inc()
+        log.warning("quarantined", extra={"topic": msg.topic(), "partition": msg.partition(),
+                                          "offset": msg.offset(), "error": str(exc), "run_id": run_id})
 
     def _count_outcomes(self, dirty: dict[str, RunState | None], before: dict[str, RunState | None]) -> None:
         for run_id, state in dirty.items():

@@ -153,8 +153,12 @@ class ProjectionStore:
         return ApplyResult(status=status, stored_offset=int(stored))
 
     def wipe(self) -> int:
-        """Delete every projection key of this prefix (``projector --rebuild``). Returns keys deleted."""
-        deleted = 0
+        """Delete every projection key of this prefix and its topic identity (``projector --rebuild``).
+
+        Returns:
+            Keys deleted.
+        """
+        deleted = int(self.client.delete(f"rj:{{{self.prefix}}}:topic"))  # the topic identity (topic_identity)
         for key in self.client.scan_iter(match=f"rj:{{{self.prefix}.p*", count=1000):
             deleted += int(self.client.delete(key))
         return deleted

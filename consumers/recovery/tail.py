@@ -6,24 +6,27 @@ are folded onto them with the pure reducer. ``end`` is the high watermark read o
 fencing, by a ``read_uncommitted`` query: nothing of a fenced zombie can land before it
 unseen. It must be the high watermark, not the last stable offset a ``read_committed``
 reader is shown: a live instance's open transaction holds the LSO back, and a record
-committed beyond it (e.g. a RUN_RESUMED of an earlier pass) would be missed. The tail is
-read ``read_committed`` until the position reaches ``end`` — the position advances past
-aborted records and transaction markers, and waits (bounded) while a transaction that
-started before ``end`` is still open. An empty tail is done at once. Cost grows with the
-tail since the projector's position, not with history.
+committed beyond it (e.g. a RUN_RESUMED of an earlier pass) would be missed.
+
+The tail is read ``read_committed`` by :func:`runjournal.consumers._partitions.read_ranges`, which decides
+from positions against ``end`` (control markers, aborted records, an empty, truncated or compacted
+tail all count), and waits (bounded) while a transaction that started before ``end`` is still open.
+A partition that cannot be read to its end — that transaction stays open, or the schema registry
+stays away longer than the failure policy waits — is reported ``complete=False`` with its reason;
+its runs get no decision in this pass, and the other partitions' runs are decided as usual.
+Cost grows with the tail since the projector's position, not with history.
 """
 
 from __future__ import annotations
 
-import time
-import uuid
-from collections.abc import Iterable
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Message
 
+from runjournal.consumers._partitions import range_consumer, read_ranges, watermarks
+from runjournal.consumers.failures import RECORD, DependencyUnavailableError, FailurePolicy, classify
 from runjournal.consumers.projector.store import ProjectionStore
-from runjournal.core import kafka
 from runjournal.core.settings import Settings
 from runjournal.model.reducer import RunState, apply, block
 from runjournal.schemas import EventCodec
@@ -39,103 +42,98 @@ class PartitionRead:
     partition: int
     """Partition number."""
     start: int
-    """First offset read (the projector's applied offset + 1)."""
+    """First offset read (the projector's applied offset + 1, or the log start offset when that is later)."""
     end: int
-    """End offset read at start (exclusive)."""
+    """End offset read at start (exclusive): the high watermark after fencing."""
     records: int
     """Records consumed from the tail (all runs)."""
     folded: int
     """Records of the recovered runs folded onto their snapshots."""
+    complete: bool = True
+    """False: the partition was not read to ``end`` (see ``reason``); its runs were not decided."""
+    reason: str | None = None
+    """Why it is incomplete."""
 
 
-def _consumer(settings: Settings) -> Consumer:
-    return kafka.consumer(settings, **{"group.id": f"recovery-{uuid.uuid4()}",
-                     "enable.auto.commit": False, "isolation.level": "read_committed",
-                     "auto.offset.reset": "earliest"})
-
-
-def end_offsets(settings: Settings, partitions: Iterable[int], *, timeout_s: float = 10.0) -> dict[int, int]:
-    """High watermark of each partition of the events topic (a ``read_uncommitted`` ListOffsets)."""
-    consumer = kafka.consumer(settings, **{"group.id": f"recovery-{uuid.uuid4()}",
-                         "enable.auto.commit": False, "isolation.level": "read_uncommitted"})
-    try:
-        return {p: consumer.get_watermark_offsets(TopicPartition(settings.events_topic, p), timeout=timeout_s,
-                                                  cached=False)[1] for p in partitions}
-    finally:
-        consumer.close()
+def end_offsets(settings: Settings, partitions: list[int] | set[int], *,
+                timeout_s: float = 10.0) -> dict[int, tuple[int, int]]:
+    """``(log start offset, high watermark)`` of each partition (a ``read_uncommitted`` ListOffsets)."""
+    return watermarks(settings, sorted(partitions), timeout_s=timeout_s)
 
 
 def fold_tails(
     settings: Settings, store: ProjectionStore, codec: EventCodec, runs_by_partition: dict[int, set[str]],
-    ends: dict[int, int], *, timeout_s: float = 30.0,
+    bounds: Mapping[int, tuple[int, int]], *, policy: FailurePolicy, timeout_s: float = 30.0,
 ) -> tuple[dict[str, RunState | None], list[PartitionRead]]:
     """Snapshot + tail fold for every run in ``runs_by_partition``.
 
+    Args:
+        bounds: partition -> ``(log start offset, end offset)`` from :func:`end_offsets`, read after fencing.
+        policy: the failure policy (Redis and registry outages wait, bounded).
+        timeout_s: longest the tails are read, seconds; partitions not finished by then are incomplete.
+
     Returns:
         ``(states, reads)``: run_id -> state (None: the run has no fact at all), and one
-        :class:`PartitionRead` per partition.
+        :class:`PartitionRead` per partition (``complete=False``: decide nothing from that partition's runs).
 
     Raises:
         KafkaException: the broker is unreachable.
-        TimeoutError: a partition's position did not reach its end offset within ``timeout_s`` seconds
-            (a transaction opened before the end offset is still undecided); nothing was decided.
+        DependencyUnavailableError: Redis stayed away longer than the policy waits.
     """
-    starts = {p: store.applied_offset(p) + 1 for p in runs_by_partition}  # the offset first, then states
+    applied = policy.call("read applied offsets", lambda: {p: store.applied_offset(p) for p in runs_by_partition})
     states: dict[str, RunState | None] = {}
-    for p, runs in runs_by_partition.items():
+    for p, runs in runs_by_partition.items():  # the offset first, then the states (a snapshot at or after it)
         states.update({r: None for r in runs})
-        states.update(store.load(p, runs))
-    todo = {p for p in runs_by_partition if starts[p] < ends[p]}
+        states.update(policy.call("load states", lambda p=p, runs=runs: store.load(p, runs)))  # type: ignore[misc]
+    starts = {p: max(applied[p] + 1, bounds[p][0]) for p in runs_by_partition}
+    ranges = {p: (starts[p], bounds[p][1]) for p in runs_by_partition}
     counts = {p: [0, 0] for p in runs_by_partition}
-    if todo:
-        consumer = _consumer(settings)
+    reasons: dict[int, str] = {}
+    prefixes = {p: tuple(f"{r}:".encode() for r in runs) for p, runs in runs_by_partition.items()}
+    critical = settings.critical_types
+
+    def on_record(msg: Message) -> bool:
+        p = msg.partition()
+        counts[p][0] += 1
+        key = msg.key() or b""
+        if not key.startswith(prefixes[p]):
+            return True
+        run_id = key.decode().rsplit(":", 2)[0]
+        if run_id not in states:
+            return True
+        counts[p][1] += 1
         try:
-            consumer.assign([TopicPartition(settings.events_topic, p, starts[p]) for p in todo])
-            _consume(consumer, settings.events_topic, codec, todo, ends, runs_by_partition, states, counts,
-                     time.monotonic() + timeout_s)
-        finally:
-            consumer.close()
-    reads = [PartitionRead(p, starts[p], ends[p], counts[p][0], counts[p][1]) for p in sorted(runs_by_partition)]
+            states[run_id] = policy.call("decode", lambda: _fold_one(codec, states[run_id], run_id, msg, critical))
+        except DependencyUnavailableError as exc:
+            reasons[p] = str(exc)
+            return False
+        return True
+
+    consumer = range_consumer(settings, "recovery")
+    try:
+        unfinished = read_ranges(consumer, settings.events_topic, ranges, on_record, timeout_s=timeout_s)
+    finally:
+        consumer.close()
+    for p in unfinished:
+        reasons.setdefault(p, f"not read to end offset {ranges[p][1]} within {timeout_s:.0f} s (a transaction "
+                              "opened before it is still undecided)")
+    reads = [PartitionRead(p, starts[p], ranges[p][1], counts[p][0], counts[p][1], p not in reasons, reasons.get(p))
+             for p in sorted(runs_by_partition)]
     return states, reads
 
 
-def _consume(consumer: Consumer, topic: str, codec: EventCodec, todo: set[int], ends: dict[int, int],
-             runs_by_partition: dict[int, set[str]], states: dict[str, RunState | None],
-             counts: dict[int, list[int]], deadline: float) -> None:
-    prefixes = {p: tuple(f"{r}:".encode() for r in runs) for p, runs in runs_by_partition.items()}
-    while todo and time.monotonic() < deadline:
-        msgs = consumer.consume(2000, timeout=0.25)
-        if not msgs:
-            for tp in consumer.position([TopicPartition(topic, p) for p in todo]):
-                if tp.offset >= ends[tp.partition]:
-                    todo.discard(tp.partition)
-            continue
-        for msg in msgs:
-            p, off = msg.partition(), msg.offset()
-            if msg.error() or p not in todo or off >= ends[p]:
-                continue
-            counts[p][0] += 1
-            if off + 1 >= ends[p]:
-                todo.discard(p)
-            key = msg.key() or b""
-            if not key.startswith(prefixes[p]):
-                continue
-            run_id = key.decode().rsplit(":", 2)[0]
-            if run_id not in states:
-                continue
-            counts[p][1] += 1
-            states[run_id] = _fold_one(codec, states[run_id], run_id, msg)
-    if todo:
-        raise TimeoutError(f"recovery could not read partitions {sorted(todo)} to their end offsets {ends}")
-
-
-def _fold_one(codec: EventCodec, state: RunState | None, run_id: str, msg: object) -> RunState | None:
-    value = msg.value()  # type: ignore[attr-defined]
-    p, off = msg.partition(), msg.offset()  # type: ignore[attr-defined]
+def _fold_one(codec: EventCodec, state: RunState | None, run_id: str, msg: Message,
+              critical: frozenset[str]) -> RunState | None:
+    """Fold one record; an undecodable one BLOCKs the run, a registry outage raises (the policy waits);
+    an unknown event type declared ``critical`` BLOCKs it too (see ``runjournal.model.reducer.apply``)."""
+    value = msg.value()
+    p, off = msg.partition(), msg.offset()
     if value is None:
         return None  # tombstone: the run is being erased
     try:
-        event = codec.decode(value, topic=msg.topic(), partition=p, offset=off)  # type: ignore[attr-defined]
+        event = codec.decode(value, topic=msg.topic(), partition=p, offset=off)
     except SchemaError as exc:
+        if classify(exc).kind != RECORD:
+            raise
         return block(state, run_id, f"{type(exc).__name__}: {exc}", partition=p, offset=off)
-    return apply(state, event, partition=p, offset=off)
+    return apply(state, event, partition=p, offset=off, critical=critical)

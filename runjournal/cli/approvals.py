@@ -26,12 +26,14 @@ console = Console(stderr=True, soft_wrap=True)
 
 def _decide(run_id: str, call_id: str, *, granted: bool, approver: str | None, comment: str | None,
             as_json: bool) -> None:
-    try:
-        out = submit_decision(Settings.load(), run_id, call_id, granted=granted,
-                              approver=approver or _os_user(), comment=comment)
-    except ApprovalRefusedError as exc:
-        console.print(f"[red]refused:[/] {exc}")
-        raise typer.Exit(code=1) from exc
+    from runjournal.cli._errors import cli_errors
+    from runjournal.consumers.topic_identity import preflight
+
+    settings = Settings.load()
+    with cli_errors(as_json):  # ApprovalRefusedError included: exit 1, nothing written
+        preflight(settings)
+        out = submit_decision(settings, run_id, call_id, granted=granted, approver=approver or _os_user(),
+                              comment=comment)
     if as_json:
         print(json.dumps(out))
     else:

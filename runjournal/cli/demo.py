@@ -36,19 +36,26 @@ def demo_command(
     runs: Annotated[int, typer.Option(help="Generated runs when no --input is given.")] = 60,
     partitions: Annotated[int, typer.Option(help="Partitions of the demo's events topic.")] = 6,
     memory: Annotated[bool, typer.Option(help="Run the memory extractor as a service.")] = True,
+    keep: Annotated[bool, typer.Option("--keep", help="Keep the demo's topics, Redis keys, Qdrant collection "
+                                       "and work folder (default: removed at the end).")] = False,
     knowledge: Annotated[list[Path] | None, typer.Option(
         "--knowledge", help="Markdown document to ingest as the agents' knowledge corpus (repeatable).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object.")] = False,
     report: Annotated[Path | None, typer.Option(help="Write a self-contained HTML report here.")] = None,
 ) -> None:
     """The main job: an agent fleet runs real (or generated) runs under SIGKILL chaos; every run is verified."""
+    from runjournal.cli._errors import cli_errors, fail
+    from runjournal.consumers.topic_identity import preflight
+    from runjournal.core.settings import Settings
     from runjournal.demo.run import DemoOptions, run_demo
 
     if provider_idempotency not in {"on", "off"}:
-        raise typer.BadParameter("--provider-idempotency is on or off")
+        raise fail("--provider-idempotency is on or off", as_json=as_json, code=2, kind="UsageError")
+    with cli_errors(as_json):  # no stack: named within 5 s, before any progress bar
+        preflight(Settings.load(), need_topic=False)
     opts = DemoOptions(inputs=list(input or []), agents=agents, kills=kills, kill_every_s=kill_every, seed=seed,
                        provider_idempotency=provider_idempotency == "on", generated_runs=runs, partitions=partitions,
-                       memory=memory, knowledge=list(knowledge or []))
+                       memory=memory, knowledge=list(knowledge or []), keep=keep)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=console,
                   transient=as_json) as bar:

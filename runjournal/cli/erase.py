@@ -28,15 +28,17 @@ def erase_command(
     never held the run. A local Qdrant held by a running memory extractor is reported, not an error:
     the extractor erases the run's items when it reads the tombstones.
     """
-    from runjournal.consumers.erase import EraseError, erase_run
+    from runjournal.cli._errors import cli_errors, fail
+    from runjournal.consumers.erase import erase_run
+    from runjournal.consumers.topic_identity import preflight
 
+    settings = Settings.load()
+    with cli_errors(as_json):
+        preflight(settings)
     if not yes:
         typer.confirm(f"Erase run {run_id} (events, Redis state, memory)? This cannot be undone", abort=True)
-    try:
-        report = erase_run(Settings.load(), run_id, force=force)
-    except EraseError as exc:
-        console.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(code=1) from exc
+    with cli_errors(as_json):  # EraseError included
+        report = erase_run(settings, run_id, force=force)
     out = report.as_dict()
     if as_json:
         print(json.dumps(out))
@@ -48,5 +50,4 @@ def erase_command(
         if report.memory_note:
             console.print(f"memory: {report.memory_note}")
     if report.records_seen == 0:
-        console.print(f"[red]error:[/] the topic never held run {run_id}")
-        raise typer.Exit(code=1)
+        raise fail(f"the topic never held run {run_id}", as_json=as_json, kind="RunNotFound")

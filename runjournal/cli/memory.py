@@ -41,15 +41,20 @@ def memory_extractor_command(
 ) -> None:
     """Run the memory extractor (group ``{prefix}.memory``) until SIGINT/SIGTERM, or until caught up.
 
-    It owns the embedded Qdrant directory and serves memory and knowledge reads to other processes.
+    It owns the embedded Qdrant directory and serves memory and knowledge reads to other processes. Exits 1
+    naming the cause when the stack or topic is missing, or a dependency stays away past the outage budget.
     """
+    from runjournal.cli._errors import cli_errors
     from runjournal.consumers.cognition import CognitionOwner
     from runjournal.consumers.memory.embed import default_embedder
     from runjournal.consumers.memory.service import MemoryExtractor
+    from runjournal.consumers.topic_identity import preflight
     from runjournal.core.logs import setup_logging
 
     setup_logging("INFO")
     settings = Settings.load()
+    with cli_errors(as_json):  # a missing stack or topic: named within 5 s
+        preflight(settings)
     owner = guarded(lambda: CognitionOwner.open(settings, guarded(default_embedder, as_json=as_json)),
                     as_json=as_json)
     try:
@@ -58,7 +63,8 @@ def memory_extractor_command(
         if metrics_port is not None:
             _serve_metrics(extractor.metrics, metrics_port, metrics_addr, settings)
         try:
-            stats = extractor.run(until_caught_up=until_caught_up, stop=_stop_on_signals()).as_dict()
+            with cli_errors(as_json):  # an outage past the budget, fenced, unauthorised: exit 1 naming it
+                stats = extractor.run(until_caught_up=until_caught_up, stop=_stop_on_signals()).as_dict()
         finally:
             if extractor.metrics.server is not None:
                 extractor.metrics.server.close()  # withdraws its announcement for the console

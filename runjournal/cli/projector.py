@@ -11,11 +11,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from runjournal.cli._errors import cli_errors
+from runjournal.cli.replay import timeline_type
 from runjournal.core.settings import Settings
 
 __all__ = ["inspect_command", "projector_command"]
 
 console = Console()
+err_console = Console(stderr=True)
 
 
 def projector_command(
@@ -29,27 +32,36 @@ def projector_command(
                                                     "id takes its partitions back at once).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the final stats as JSON.")] = False,
 ) -> None:
-    """Run the state projector (a consumer-group member) until SIGINT/SIGTERM, or until caught up."""
+    """Run the state projector (a consumer-group member) until SIGINT/SIGTERM, or until caught up.
+
+    Exits 1 naming the cause and its fix when the stack or topic is missing, when the projection in Redis
+    was built from another topic (``--rebuild`` repairs it), when it is fenced (another member with the same
+    ``--instance-id``) or unauthorised, or when a dependency stays away longer than the outage budget.
+    """
     from runjournal.consumers.projector.service import Projector
+    from runjournal.consumers.topic_identity import preflight
     from runjournal.core.logs import setup_logging
 
     setup_logging("INFO")
     settings = Settings.load()
-    projector = Projector(settings, batch_size=batch_size, group_instance_id=instance_id)
-    if rebuild:
-        deleted = projector.store.wipe()
-        console.print(f"rebuild: wiped {deleted} Redis keys of prefix {settings.topic_prefix}", stderr=True)
-    if metrics_port is not None:
-        projector.metrics.serve(metrics_port, addr=metrics_addr, redis_client=projector.redis,
-                                prefix=settings.topic_prefix)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    try:
-        stats = projector.run(until_caught_up=until_caught_up, stop=stop)
-    finally:
-        if projector.metrics.server is not None:
-            projector.metrics.server.close()  # withdraws its announcement for the console
+    with cli_errors(as_json):
+        preflight(settings)
+        projector = Projector(settings, batch_size=batch_size, group_instance_id=instance_id)
+        if rebuild:
+            deleted = projector.store.wipe()
+            err_console.print(f"rebuild: wiped {deleted} Redis keys of prefix {settings.topic_prefix}; "
+                              "replaying from the earliest offset")
+        if metrics_port is not None:
+            projector.metrics.serve(metrics_port, addr=metrics_addr, redis_client=projector.redis,
+                                    prefix=settings.topic_prefix)
+        stop = threading.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        try:
+            stats = projector.run(until_caught_up=until_caught_up, stop=stop)
+        finally:
+            if projector.metrics.server is not None:
+                projector.metrics.server.close()  # withdraws its announcement for the console
     out = stats.as_dict()
     if as_json:
         print(json.dumps(out))
@@ -65,14 +77,18 @@ def inspect_command(
     timeline: Annotated[bool, typer.Option(help="Read the run's events from the topic too.")] = True,
 ) -> None:
     """Show a run's projected state, execution records and (from the topic) its timeline."""
+    from runjournal.cli._errors import fail
     from runjournal.consumers.inspect import inspect_run
+    from runjournal.consumers.topic_identity import preflight
 
-    report = inspect_run(Settings.load(), run_id, with_timeline=timeline)
+    settings = Settings.load()
+    with cli_errors(as_json):
+        preflight(settings)
+        report = inspect_run(settings, run_id, with_timeline=timeline)
     if report is None:
-        console.print(f"[red]no state for run {run_id}[/] in Redis (prefix {Settings.load().topic_prefix}): is the "
-                      "projector running (`runjournal projector`), and is RUNJOURNAL_TOPIC_PREFIX right? "
-                      "`runjournal replay RUN_ID` rebuilds it from the topic alone.")
-        raise typer.Exit(code=1)
+        raise fail(f"no state for run {run_id} in Redis (prefix {settings.topic_prefix}): is the projector running "
+                   "(`runjournal projector`), and is RUNJOURNAL_TOPIC_PREFIX right? `runjournal replay RUN_ID` "
+                   "rebuilds it from the topic alone.", as_json=as_json, kind="RunNotFound")
     if as_json:
         print(json.dumps(report, default=str))
         return
@@ -87,5 +103,7 @@ def inspect_command(
     if report.get("timeline"):
         tl = Table("seq", "epoch", "type", "offset", "node", title="timeline")
         for row in report["timeline"]:
-            tl.add_row(str(row["seq"]), str(row["epoch"]), row["type"], str(row["offset"]), row.get("node_id") or "")
+            tl.add_row(str(row["seq"]), str(row["epoch"]), timeline_type(row), str(row["offset"]),
+                    row.get("node_id") or "")
         console.print(tl)
+

@@ -29,26 +29,35 @@ def recover_command(
     metrics_addr: Annotated[str, typer.Option(help="Bind address of /metrics.")] = "0.0.0.0",
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
 ) -> None:
-    """Fence dead instances, read end offsets, fold tails, classify calls, resume runs under a new epoch."""
-    from runjournal.consumers.recovery.job import RecoveryError, RecoveryJob
+    """Fence dead instances, read end offsets, fold tails, classify calls, resume runs under a new epoch.
+
+    Exits 1 naming the cause and its fix when the stack or topic is missing, the projection was built from
+    another topic, a named instance or run is live (without --force), or recovery is fenced by another job.
+    Under --json the report is the only thing on stdout; an error is JSON on stderr.
+    """
+    from runjournal.cli._errors import cli_errors, fail
+    from runjournal.consumers.recovery.job import RecoveryJob
+    from runjournal.consumers.topic_identity import preflight
     from runjournal.core.logs import setup_logging
 
     if not (stale or instance or run):
-        raise typer.BadParameter("say which runs: --stale, --instance ID or --run RUN_ID")
+        raise fail("say which runs: --stale, --instance ID or --run RUN_ID", as_json=as_json, code=2,
+                   kind="UsageError")
     setup_logging("WARNING")
-    job = RecoveryJob(Settings.load())
+    settings = Settings.load()
+    with cli_errors(as_json):
+        preflight(settings)
+        job = RecoveryJob(settings)
     observed = _Observed(job, metrics_port, metrics_addr)
     try:
         while True:
-            started = time.monotonic()
-            try:
-                report = job.recover(stale=stale, instance=instance, runs=run, force=force, assign_to=assign_to)
-            except Exception as exc:
-                observed.failed(exc, time.monotonic() - started)
-                if not isinstance(exc, RecoveryError):
+            with cli_errors(as_json):  # RecoveryError (a live owner, no --force) included: exit 1
+                started = time.monotonic()
+                try:
+                    report = job.recover(stale=stale, instance=instance, runs=run, force=force, assign_to=assign_to)
+                except Exception as exc:
+                    observed.failed(exc, time.monotonic() - started)
                     raise
-                console.print(f"[red]error:[/] {exc}")
-                raise typer.Exit(code=1) from exc
             observed.passed(report.as_dict(), time.monotonic() - started)
             _print(report.as_dict(), as_json)
             if watch is None:

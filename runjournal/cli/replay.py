@@ -11,7 +11,7 @@ from rich.table import Table
 
 from runjournal.core.settings import Settings
 
-__all__ = ["replay_command"]
+__all__ = ["timeline_type", "replay_command"]
 
 console = Console(soft_wrap=True)
 
@@ -27,12 +27,17 @@ def replay_command(
     Reads only the journal (not the Redis projection) and runs no tool: DESIGN.md § Replay is not resume.
     Exits 1 when the topic holds nothing of the run.
     """
+    from runjournal.cli._errors import cli_errors, fail
     from runjournal.consumers.replay import replay_state
+    from runjournal.consumers.topic_identity import preflight
 
-    replayed = replay_state(Settings.load(), run_id, until_seq=until_seq)
+    settings = Settings.load()
+    with cli_errors(as_json):
+        preflight(settings, need_redis=False)
+        replayed = replay_state(settings, run_id, until_seq=until_seq)
     if replayed.state is None:
-        console.print(f"[red]error:[/] the topic holds no event of run {run_id} (never started, or erased)")
-        raise typer.Exit(code=1)
+        raise fail(f"the topic holds no event of run {run_id} (never started, or erased)", as_json=as_json,
+                   kind="RunNotFound")
     report = replayed.as_dict()
     if as_json:
         print(json.dumps(report, default=str))
@@ -57,5 +62,11 @@ def _print(report: dict[str, Any]) -> None:
     console.print(records)
     timeline = Table("seq", "epoch", "type", "offset", "node", title="timeline")
     for row in report["timeline"]:
-        timeline.add_row(str(row["seq"]), str(row["epoch"]), row["type"], str(row["offset"]), row.get("node_id") or "")
+        timeline.add_row(str(row["seq"]), str(row["epoch"]), timeline_type(row), str(row["offset"]),
+                    row.get("node_id") or "")
     console.print(timeline)
+
+
+def timeline_type(row: dict[str, Any]) -> str:
+    """The timeline's type column: a newer writer's type shows as ``UNKNOWN (SYMBOL)``."""
+    return f"UNKNOWN ({row['writer_type']})" if row.get("writer_type") else str(row["type"])

@@ -1,5 +1,7 @@
-"""``schemas`` commands (mounted as ``runjournal schemas …``): the compatibility gate for CI.
+"""``schemas`` commands (mounted as ``runjournal schemas …``): the compatibility gate and the publish tool.
 
+``check`` is the gate CI runs (``--registry`` also asks the registry for its verdict on candidates);
+``publish`` freezes new ``.avsc`` files in the ledger and registers the versions in the registry.
 Run standalone: ``python -m typer runjournal.cli.schemas run check [--json] [--candidate PATH]``.
 """
 
@@ -13,8 +15,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from runjournal.core.settings import Settings
 from runjournal.schemas.compat import POLICY, Problem, check_all
-from runjournal.schemas.versions import load_versions
+from runjournal.schemas.errors import SchemaError
+from runjournal.schemas.versions import load_version, load_versions
 
 __all__ = ["app"]
 
@@ -36,13 +40,18 @@ def check(
         ),
     ] = None,
     samples: Annotated[int, typer.Option(min=1, help="Generated records per payload branch per pair.")] = 20,
+    registry: Annotated[bool, typer.Option(
+        "--registry", help="Also ask the schema registry (RUNJOURNAL_SCHEMA_REGISTRY_URL) about each candidate."),
+    ] = False,
 ) -> None:
     """Check every published envelope version (and candidates) under the compatibility policy.
 
-    Exits 0 when the gate passes, 1 when any problem is found.
+    Exits 0 when the gate passes, 1 when any problem is found (or the registry refuses a candidate).
     """
     candidates = list(candidate or [])
     problems = check_all(candidates=candidates, samples=samples)
+    if registry:
+        problems += _registry_problems(candidates)
     versions = [v.label for v in load_versions()] + [f"candidate:{p.name}" for p in candidates]
     if as_json:
         report = {
@@ -58,6 +67,74 @@ def check(
         raise typer.Exit(code=1)
 
 
+def _registry_problems(candidates: list[Path]) -> list[Problem]:
+    """A Problem per candidate the registry's own check refuses (subject ``{prefix}.events-value``)."""
+    from runjournal.schemas.registration import registry_accepts
+
+    settings = Settings.load()
+    if not settings.schema_registry_url:
+        return [Problem("-", "registry", "-",
+                        "--registry needs RUNJOURNAL_SCHEMA_REGISTRY_URL (or `runjournal stack up --registry`)")]
+    subject = f"{settings.events_topic}-value"
+    out = []
+    for path in candidates:
+        try:
+            verdict = registry_accepts(settings.schema_registry_url, subject, load_version(path, 0))
+        except SchemaError as exc:
+            out.append(Problem(f"candidate:{path.name}", f"registry:{subject}", "-", str(exc)))
+            continue
+        if verdict is False:
+            out.append(Problem(f"candidate:{path.name}", f"registry:{subject}", "-",
+                               f"the registry's {POLICY} check refuses it as the next version"))
+    return out
+
+
+@app.command()
+def publish(
+    registry_url: Annotated[str | None, typer.Option(
+        "--registry", help="Registry base URL (default RUNJOURNAL_SCHEMA_REGISTRY_URL; none: ledger only).")] = None,
+    subject: Annotated[str | None, typer.Option(help="Registry subject (default {prefix}.events-value).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON report.")] = False,
+) -> None:
+    """Freeze new .avsc files in the ledger; register every version from v2 in the registry at FULL_TRANSITIVE.
+
+    The only writer of registry versions (producers look ids up, never register).
+    Exit 1 when the ledger or the registry refuses.
+    """
+    from runjournal.schemas.published import publish as publish_ledger
+    from runjournal.schemas.registration import register_versions
+
+    settings = Settings.load()
+    url = registry_url or settings.schema_registry_url
+    subject = subject or f"{settings.events_topic}-value"
+    report: dict[str, object] = {"policy": POLICY, "registry": url, "subject": subject if url else None}
+    try:
+        report["published"] = publish_ledger()
+        rows = register_versions(url, subject) if url else []
+    except SchemaError as exc:
+        _fail(exc, as_json)
+    report["registered"] = [r.as_dict() for r in rows]
+    report["ok"] = not any(r.action == "refused" for r in rows)
+    if as_json:
+        typer.echo(json.dumps(report))
+    else:
+        console = Console()
+        for rel in report["published"]:  # type: ignore[attr-defined]
+            console.print(f"published {rel}")
+        for r in rows:
+            console.print(f"{subject}: {r.version} {r.action} (id {r.schema_id}) {r.detail}".rstrip())
+    if not report["ok"]:
+        raise typer.Exit(code=1)
+
+
+def _fail(exc: Exception, as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps({"ok": False, "error": type(exc).__name__, "message": str(exc)}), err=True)
+    else:
+        Console(stderr=True).print(f"[bold red]error:[/] {exc}")
+    raise typer.Exit(code=1)
+
+
 def _as_dict(problem: Problem) -> dict[str, str]:
     return {
         "writer": problem.writer,
@@ -71,7 +148,8 @@ def _print_table(problems: list[Problem], versions: list[str]) -> None:
     console = Console()
     console.print(f"policy [bold]{POLICY}[/] over {', '.join(versions)}")
     if not problems:
-        console.print("[green]ok[/]: every reader resolves every older writer; unions and enums are safe")
+        console.print("[green]ok[/]: every reader resolves every older writer, and every reader from v2 every "
+                      "newer one; unions and enums are safe")
         return
     table = Table(title=f"{len(problems)} problem(s)", show_lines=True)
     for column in ("writer", "reader", "field", "problem"):

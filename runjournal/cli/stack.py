@@ -11,8 +11,9 @@ from rich.console import Console
 from rich.table import Table
 
 from runjournal.core.settings import Settings
-from runjournal.deploy.errors import StackError, TopicConfigError
+from runjournal.deploy.errors import StackError
 from runjournal.deploy.stack import Stack, StackPorts
+from runjournal.schemas.errors import SchemaError
 
 __all__ = ["stack_app", "topics_app"]
 
@@ -28,9 +29,10 @@ def _stack(settings: Settings, ports: StackPorts | None = None) -> Stack:
     return Stack(settings.stack_dir, settings.cache_dir, ports=ports or StackPorts(), qdrant_url=settings.qdrant_url)
 
 
-def _fail(exc: Exception) -> typer.Exit:
-    err_console.print(f"[bold red]error:[/] {exc}")
-    return typer.Exit(code=1)
+def _fail(exc: Exception, as_json: bool = False) -> typer.Exit:
+    from runjournal.cli._errors import fail
+
+    return fail(exc, as_json=as_json)
 
 
 @stack_app.command("up")
@@ -39,22 +41,41 @@ def stack_up(
     controller_port: Annotated[int, typer.Option(help="KRaft controller port on 127.0.0.1.")] = 9093,
     redis_port: Annotated[int, typer.Option(help="Redis port on 127.0.0.1.")] = 6379,
     timeout_s: Annotated[float, typer.Option("--timeout", help="Readiness timeout per component, seconds.")] = 120.0,
+    registry: Annotated[bool, typer.Option(
+        "--registry", help="Also start a schema registry (Apicurio, from Maven Central) and register the "
+                           "event schemas in it; commands then use Confluent framing.")] = False,
+    registry_port: Annotated[int, typer.Option(help="Schema registry HTTP port on 127.0.0.1.")] = 8081,
     as_json: JsonOpt = False,
 ) -> None:
-    """Start Kafka and Redis (and set up Qdrant's local path). Idempotent."""
+    """Start Kafka and Redis (and set up Qdrant's local path); with --registry a schema registry too. Idempotent."""
     settings = Settings.load()
+    ports = StackPorts(kafka_port, controller_port, redis_port, registry_port)
     try:
-        report = _stack(settings, StackPorts(kafka_port, controller_port, redis_port)).up(timeout_s=timeout_s)
-    except StackError as exc:
-        raise _fail(exc) from exc
+        report = _stack(settings, ports).up(timeout_s=timeout_s, registry=registry)
+        if registry:
+            report["registry"]["subjects"] = _register(report["registry"]["url"], settings)
+    except (StackError, SchemaError) as exc:
+        raise _fail(exc, as_json) from exc
     if as_json:
         print(json.dumps(report))
         return
-    for name in ("kafka", "redis", "qdrant"):
+    for name in ("kafka", "redis", "qdrant", *(("registry",) if registry else ())):
         info = report[name]
         where = info.get("bootstrap") or info.get("url") or info.get("path")
         console.print(f"[green]✓[/] {name:<6} {info['action']:<16} {where}")
     console.print(f"stack up in {report['elapsed_s']} s; state in {settings.stack_dir / 'stack.json'}")
+
+
+def _register(url: str, settings: Settings) -> dict[str, Any]:
+    """Register the published event schemas under ``{prefix}.events-value`` (FULL_TRANSITIVE)."""
+    from runjournal.schemas.registration import register_versions
+
+    subject = f"{settings.events_topic}-value"
+    rows = register_versions(url, subject)
+    refused = [r for r in rows if r.action == "refused"]
+    if refused:
+        raise StackError(f"the registry refused {refused[0].version} in {subject}: {refused[0].detail}")
+    return {subject: [r.as_dict() for r in rows]}
 
 
 @stack_app.command("down")
@@ -107,13 +128,13 @@ def topics_create(
     as_json: JsonOpt = False,
 ) -> None:
     """Create runjournal.events (compacted) and the two DLQs. Idempotent; refuses a mismatched events topic."""
-    from confluent_kafka import KafkaException
+    from runjournal.cli._errors import cli_errors
+    from runjournal.consumers.topic_identity import preflight
 
     settings = Settings.load()
-    try:
+    with cli_errors(as_json):  # TopicConfigError, no broker (named within 5 s): exit 1
+        preflight(settings, need_topic=False, need_redis=False)
         reports = _create(settings, partitions)
-    except (TopicConfigError, KafkaException) as exc:
-        raise _fail(exc) from exc
     _print_topics(reports, as_json)
 
 
@@ -126,16 +147,23 @@ def _create(settings: Settings, partitions: int | None) -> list[Any]:
 @topics_app.command("describe")
 def topics_describe(as_json: JsonOpt = False) -> None:
     """Show partition counts and the configs runjournal relies on."""
+    from runjournal.cli._errors import cli_errors
+    from runjournal.consumers.topic_identity import preflight
     from runjournal.deploy.topics import describe_topics
 
-    _print_topics(describe_topics(Settings.load()), as_json)
+    settings = Settings.load()
+    with cli_errors(as_json):
+        preflight(settings, need_topic=False, need_redis=False)
+        reports = describe_topics(settings)
+    _print_topics(reports, as_json)
 
 
 def _print_topics(reports: list[Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps([asdict(r) for r in reports]))
         return
-    table = Table("topic", "action", "partitions", "config")
+    table = Table("topic", "action", "partitions", "topic id", "config")
     for r in reports:
-        table.add_row(r.name, r.action, str(r.partitions), ", ".join(f"{k}={v}" for k, v in sorted(r.config.items())))
+        table.add_row(r.name, r.action, str(r.partitions), r.topic_id or "",
+                      ", ".join(f"{k}={v}" for k, v in sorted(r.config.items())))
     console.print(table)

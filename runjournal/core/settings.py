@@ -73,7 +73,11 @@ class Settings(BaseSettings):
     qdrant_api_key: SecretStr | None = None
     """Qdrant server API key."""
     schema_registry_url: str | None = None
-    """Confluent Schema Registry URL (``mock://…`` in tests); None means single-object encoding."""
+    """Confluent Schema Registry URL: writers use Confluent framing and readers resolve schema ids
+    there; None means writers use Avro single-object encoding (readers read both framings either way)."""
+    critical_event_types: str = ""
+    """Comma-separated event type symbols this reader does not know but must not pass over: an event
+    of such a type parks its run (BLOCKED) instead of being recorded as UNKNOWN; ``*`` = every unknown type."""
     topic_prefix: str = "runjournal"
     """Prefix of every topic name."""
     stack_dir: Path = Field(default_factory=default_stack_dir)
@@ -129,6 +133,11 @@ class Settings(BaseSettings):
             if "RUNJOURNAL_REDIS_URL" not in os.environ and "redis_url" not in overrides:
                 if url := state.get("redis", {}).get("url"):
                     fill["redis_url"] = url
+            if "RUNJOURNAL_SCHEMA_REGISTRY_URL" not in os.environ and "schema_registry_url" not in overrides:
+                registry = state.get("registry", {})
+                pid = (registry.get("process") or {}).get("pid")
+                if pid and registry.get("url") and Path(f"/proc/{pid}").exists():  # while `stack up --registry` runs it
+                    fill["schema_registry_url"] = registry["url"]
         return base.model_copy(update=fill) if fill else base
 
     # -- derived names -----------------------------------------------------------------
@@ -136,6 +145,16 @@ class Settings(BaseSettings):
     def events_topic(self) -> str:
         """``{prefix}.events``: the compacted journal topic."""
         return f"{self.topic_prefix}.events"
+
+    @property
+    def schemas_topic(self) -> str:
+        """``{prefix}.schemas``: compacted, writer schemas keyed by fingerprint (``runjournal.schemas.catalog``)."""
+        return f"{self.topic_prefix}.schemas"
+
+    @property
+    def critical_types(self) -> frozenset[str]:
+        """:attr:`critical_event_types` as a set of symbols (``{"*"}`` means every unknown type)."""
+        return frozenset(t.strip().upper() for t in self.critical_event_types.split(",") if t.strip())
 
     @property
     def events_dlq_topic(self) -> str:

@@ -12,6 +12,11 @@ Numbered as in :func:`run_demo`:
    grants pending approvals.
 6. Quiesce: agents finish, the projector and the memory extractor catch up.
 7. Verify from independent sources (topic, projection, ledger, Qdrant) and report.
+8. Unless ``--keep``: remove what step 1 created — topics, consumer groups, Redis keys, the Qdrant
+   collection and the work folder (``runjournal.demo.cleanup``).
+
+Before step 1 the stack is checked (``preflight``): no broker or no Redis is reported within 5 s with the
+command that fixes it (``runjournal stack up``), not a 30 s hang and a raw KafkaException.
 """
 
 from __future__ import annotations
@@ -35,8 +40,10 @@ import redis
 from runjournal.consumers.projector import Projector
 from runjournal.consumers.projector.store import ProjectionStore
 from runjournal.consumers.recovery.job import RecoveryError, RecoveryJob
+from runjournal.consumers.topic_identity import preflight
 from runjournal.core.settings import Settings
 from runjournal.demo.agent import DemoKeys
+from runjournal.demo.cleanup import remove_demo
 from runjournal.demo.fleet import Fleet, write_workload
 from runjournal.demo.verify import verify
 from runjournal.demo.workload import RunScript, generated_workload, load_tau_bench
@@ -70,6 +77,7 @@ class DemoOptions:
     knowledge: list[Path] = field(default_factory=list)
     timeout_s: float = 900.0
     arm_fraction: float = 0.3
+    keep: bool = False
 
 
 def _load(opts: DemoOptions) -> list[RunScript]:
@@ -148,7 +156,7 @@ class _Background:
     def _settle(self, run_id: str, owner: str | None, action: str) -> None:
         """After recovery decided a run: a run with no fact at all goes back to the queue (it never durably
         started); any decided run leaves its dead owner's claimed list."""
-        if action in {"deferred", "no_live_instance"}:
+        if action in {"deferred", "no_live_instance", "retry_later"}:
             return  # undecided: the next pass takes it again
         if action == "no_facts":
             self.r.rpush(self.keys.queue, run_id)
@@ -170,10 +178,15 @@ def _completed(store: ProjectionStore, scripts: list[RunScript], partitions: int
 
 
 def run_demo(opts: DemoOptions, *, progress: Any = None) -> dict[str, Any]:
-    """Run the demo end to end; returns the summary dict (``ok`` says whether every check held)."""
+    """Run the demo end to end; returns the summary dict (``ok`` says whether every check held).
+
+    Raises:
+        StackUnavailableError: no broker or no Redis answers (within 5 s; the message says ``runjournal stack up``).
+    """
     started = time.monotonic()
     rng = random.Random(opts.seed)
     base = Settings.load()
+    preflight(base, need_topic=False)
     prefix = f"demo-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}-{opts.seed}"
     settings = base.model_copy(update={"topic_prefix": prefix, "partitions": opts.partitions})  # 1
     create_topics(settings, opts.partitions)
@@ -233,6 +246,9 @@ def run_demo(opts: DemoOptions, *, progress: Any = None) -> dict[str, Any]:
         and summary.get("knowledge_passages_without_provenance", 0) == 0)
     summary["timeline"] = fleet.timeline()
     summary["recoveries"] = bg.reports
+    summary["kept"] = opts.keep
+    if not opts.keep:  # 8
+        summary["cleanup"] = remove_demo(settings, workdir)
     return summary
 
 

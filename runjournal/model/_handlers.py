@@ -24,7 +24,7 @@ from runjournal.model._records import (
 from runjournal.model._state import RunState
 from runjournal.schemas.events import Event, EventType
 
-__all__ = ["HANDLERS", "OUTCOMES", "Changes"]
+__all__ = ["HANDLERS", "OUTCOMES", "Changes", "unknown_event"]
 
 _T = EventType
 Changes = dict[str, Any]
@@ -157,6 +157,25 @@ def _run_cancelled(state: RunState, event: Event, offset: int) -> Changes:
         "error": required(event, "reason"),
         "finished_at_ms": ms(event.occurred_at),
     }
+
+
+def unknown_event(state: RunState, event: Event, critical: frozenset[str]) -> Changes:
+    """An UNKNOWN event (a newer writer's type this reader does not know), in sequence.
+
+    Returns:
+        ``unknown_events`` with the writer's symbol counted; nothing else changes (it is never acted on).
+
+    Raises:
+        Violation: the symbol (or ``*``) is in ``critical``: the run is BLOCKED with the reason.
+    """
+    symbol = str(event.payload.get("type") or "UNKNOWN")
+    if symbol in critical or "*" in critical:
+        raise Violation(
+            f"event {event.event_id} at seq {event.seq} has type {symbol}, which this reader does not know and "
+            f"declares critical (RUNJOURNAL_CRITICAL_EVENT_TYPES): upgrade the readers to a version that knows "
+            f"{symbol}, then rebuild (runjournal projector --rebuild)"
+        )
+    return {"unknown_events": {**state.unknown_events, symbol: state.unknown_events.get(symbol, 0) + 1}}
 
 
 HANDLERS: dict[EventType, Callable[[RunState, Event, int], Changes]] = {

@@ -93,6 +93,10 @@ class RunState:
     """Redelivered events (same event_id, new offset) ignored (count)."""
     skipped_while_parked: int = 0
     """Events skipped because the run was parked (GAP/BLOCKED) (count)."""
+    unknown_events: Mapping[str, int] = field(default_factory=dict)
+    """Events of a type this reader does not know (decoded as UNKNOWN), recorded and passed over:
+    the writer's type symbol -> count. A newer writer's event; never acted on (DESIGN.md § Schema
+    evolution). Absent from states written before it existed (read as empty)."""
     gap_expected_seq: int | None = None
     """GAP: the seq the run was waiting for."""
     gap_seen_seq: int | None = None
@@ -188,6 +192,10 @@ _MAPPING_FIELDS: dict[str, type] = {
 _TUPLE_FIELDS = ("plan_nodes", "recent_event_ids")
 
 
+#: Fields added to RunState after format 1 with their default: a state JSON written before has none.
+_ADDED_FIELDS: dict[str, Any] = {"unknown_events": dict}
+
+
 def _check_keys(cls: type, data: Mapping[str, Any]) -> None:
     expected = _FIELD_NAMES[cls]
     if data.keys() != expected:
@@ -222,6 +230,9 @@ def _state_from_dict(data: Any) -> RunState:
     version = data.pop("v", None)
     if version != STATE_FORMAT_VERSION:
         raise StateFormatError(f"run state format version {version!r} is not {STATE_FORMAT_VERSION}")
+    for name, factory in _ADDED_FIELDS.items():
+        if name not in data:
+            data[name] = factory()
     _check_keys(RunState, data)
     for name, cls in _MAPPING_FIELDS.items():
         data[name] = {key: _build(cls, value) for key, value in data[name].items()}

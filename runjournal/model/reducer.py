@@ -40,7 +40,10 @@ of the event's record):
    RUN_RESUMED (epoch must rise) -> epoch, owner (``assigned_to`` or ``producer_id``), RUNNING
    unless approvals pending, and every INTENDED record of a lower epoch becomes OUTCOME_UNKNOWN;
    RUN_SUCCEEDED / FAILED / CANCELLED -> terminal. MESSAGE / USER_CORRECTION only consume the
-   seq: transcripts never change execution state (DESIGN.md, the one rule).
+   seq: transcripts never change execution state (DESIGN.md, the one rule). UNKNOWN (a newer
+   writer's type this reader does not know) consumes the seq and is counted per writer symbol in
+   ``unknown_events`` — recorded, never acted on, the run goes on — unless the caller declared that
+   symbol (or ``*``) critical: then the run is BLOCKED with the reason (upgrade, then rebuild).
 8. **After terminal** (same epoch, in sequence): tool outcomes are still recorded (facts);
    TOOL_CALL_INTENDED is recorded and counted in ``rejected_after_terminal``; every other
    control-flow event (RUN_RESUMED included) is ignored and counted. All consume the seq.
@@ -55,7 +58,7 @@ from collections.abc import Iterable
 
 from runjournal.model import _calls
 from runjournal.model._calls import Violation, required
-from runjournal.model._handlers import HANDLERS, OUTCOMES, Changes
+from runjournal.model._handlers import HANDLERS, OUTCOMES, Changes, unknown_event
 from runjournal.model._records import (
     ApprovalDecision,
     CallStatus,
@@ -110,7 +113,8 @@ _TERMINAL = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLE
 _PARKED = frozenset({RunStatus.GAP, RunStatus.BLOCKED})
 
 
-def apply(state: RunState | None, event: Event, *, partition: int, offset: int) -> RunState:
+def apply(state: RunState | None, event: Event, *, partition: int, offset: int,
+          critical: frozenset[str] = frozenset()) -> RunState:
     """Fold one event of a run into its state. Pure; ``state`` is never modified.
 
     Args:
@@ -118,6 +122,9 @@ def apply(state: RunState | None, event: Event, *, partition: int, offset: int) 
         event: the decoded (upcast) event.
         partition: partition of ``runjournal.events`` the event was read from.
         offset: its offset in that partition.
+        critical: writer type symbols this reader does not know but declares critical (``*``: all);
+            an UNKNOWN event of such a type blocks the run instead of being recorded
+            (``Settings.critical_types``, env ``RUNJOURNAL_CRITICAL_EVENT_TYPES``). Default: none.
 
     Returns:
         The new state; ``state`` itself (identity) when the event is at or below the applied
@@ -160,7 +167,7 @@ def apply(state: RunState | None, event: Event, *, partition: int, offset: int) 
         elif event.seq != state.last_seq + 1:
             return _park(state, event, partition, offset, _seq_reason(state, event))
         else:
-            changes = _in_sequence(state, event, offset)
+            changes = _in_sequence(state, event, offset, critical)
     except Violation as exc:
         return evolve(
             state,
@@ -185,6 +192,7 @@ def fold(
     state: RunState | None = None,
     *,
     until_seq: int | None = None,
+    critical: frozenset[str] = frozenset(),
 ) -> RunState | None:
     """Apply ``(event, partition, offset)`` triples of one run in order.
 
@@ -193,6 +201,7 @@ def fold(
         state: a state to continue from (e.g. a Redis snapshot), or None to fold from scratch.
         until_seq: replay: stop as soon as ``last_seq`` reaches this seq (events after that point,
             zombie facts included, had not happened yet); default None folds everything.
+        critical: unknown writer types that block the run (see :func:`apply`).
 
     Returns:
         The folded state; None only when ``state`` is None and ``events`` is empty.
@@ -203,7 +212,7 @@ def fold(
     for event, partition, offset in events:
         if until_seq is not None and state is not None and state.last_seq >= until_seq:
             break
-        state = apply(state, event, partition=partition, offset=offset)
+        state = apply(state, event, partition=partition, offset=offset, critical=critical)
     return state
 
 
@@ -380,11 +389,13 @@ def _stale(state: RunState, event: Event, offset: int) -> Changes:
     return {}
 
 
-def _in_sequence(state: RunState, event: Event, offset: int) -> Changes:
+def _in_sequence(state: RunState, event: Event, offset: int, critical: frozenset[str]) -> Changes:
     """An event with the run's epoch (or a raising RUN_RESUMED) and the next seq: rules 7-8."""
     kind = event.type
-    if kind in _TRANSCRIPT:
-        changes: Changes = {}
+    if kind is _T.UNKNOWN:
+        changes: Changes = unknown_event(state, event, critical)
+    elif kind in _TRANSCRIPT:
+        changes = {}
     elif state.status in _TERMINAL:
         changes = _after_terminal(state, event, offset)
     else:

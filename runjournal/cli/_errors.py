@@ -1,0 +1,40 @@
+"""How every command reports a failure: one line on stderr (JSON under ``--json``) and a non-zero exit.
+
+Under ``--json`` stdout carries only the result; an error is ``{"error": <class>, "message": <text>}`` on
+stderr. The message of a runjournal error names the fix (``runjournal stack up``, ``runjournal topics
+create``, ``runjournal projector --rebuild`` …).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import typer
+from confluent_kafka import KafkaException
+from redis import RedisError
+
+from runjournal.core.errors import RunjournalError
+
+__all__ = ["cli_errors", "fail"]
+
+
+def fail(error: BaseException | str, *, as_json: bool, code: int = 1, kind: str | None = None) -> typer.Exit:
+    """Print ``error`` to stderr (JSON under ``as_json``) and return the ``typer.Exit`` to raise."""
+    name = kind or (type(error).__name__ if isinstance(error, BaseException) else "Error")
+    if as_json:
+        print(json.dumps({"error": name, "message": str(error)}), file=sys.stderr)
+    else:
+        print(f"error: {error}", file=sys.stderr)
+    return typer.Exit(code=code)
+
+
+@contextmanager
+def cli_errors(as_json: bool) -> Iterator[None]:
+    """Turn runjournal, Kafka and Redis errors raised inside the block into :func:`fail` (exit 1)."""
+    try:
+        yield
+    except (RunjournalError, KafkaException, RedisError) as exc:
+        raise fail(exc, as_json=as_json) from exc
