@@ -205,3 +205,18 @@ def test_the_operator_token_is_a_masked_setting(service_env: dict[str, str]) -> 
     shown = subprocess.run([sys.executable, "-m", "runjournal", "settings"], capture_output=True, text=True,
                            env={**service_env, "RUNJOURNAL_CONSOLE_OPERATOR_TOKEN": TOKEN}, timeout=60, check=True)
     assert '"console_operator_token": "***"' in shown.stdout and TOKEN not in shown.stdout
+
+
+def test_a_console_without_a_stack_or_topic_names_the_fix(settings: Settings, service_env: dict[str, str]) -> None:
+    """``settings`` (not ``topics``): the prefix's topics were never created."""
+    port = str(free_port())
+    started = time.monotonic()
+    no_topic = subprocess.run([sys.executable, "-m", "runjournal", "console", "--port", port], env=service_env,
+                              capture_output=True, text=True, timeout=60, check=False)
+    assert no_topic.returncode == 1 and "runjournal topics create" in no_topic.stderr
+    no_stack = subprocess.run([sys.executable, "-m", "runjournal", "console", "--port", port],
+                              env={**service_env, "RUNJOURNAL_BOOTSTRAP": f"127.0.0.1:{free_port()}",
+                                   "RUNJOURNAL_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"},
+                              capture_output=True, text=True, timeout=60, check=False)
+    assert no_stack.returncode == 1 and "runjournal stack up" in no_stack.stderr
+    assert time.monotonic() - started < 2 * (5 + 6)  # each within its 5 s budget plus interpreter start

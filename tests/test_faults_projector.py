@@ -8,7 +8,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 
 import pytest
 
@@ -21,6 +20,8 @@ from runjournal.deploy.topics import create_topics
 from runjournal.model.reducer import RunStatus
 from runjournal.producers.partitioner import partition_for
 from runjournal.schemas import EventCodec
+from runjournal.schemas.registration import register_versions
+from tests.conftest import LocalRegistry
 from tests.support.faults import live, owned, owns
 from tests.support.provider import project
 from tests.support.workload import publish, run_events
@@ -34,16 +35,20 @@ def _state(projector_or_store, settings: Settings, run: str):  # noqa: ANN001, A
 
 
 # -- case 4 ------------------------------------------------------------------------------------------------------
-def test_case4_registry_outage_projector_waits_never_dead_letters_or_blocks(topics: Settings) -> None:
+@pytest.mark.registry
+def test_case4_registry_outage_projector_waits_never_dead_letters_or_blocks(topics: Settings,
+                                                                           registry: LocalRegistry) -> None:
     """Old: the projector dead-lettered every record it could not decode because the registry was away, and
     BLOCKED their runs. Now it waits (logged, counted), writes nothing, and folds the same records once the
     registry answers.
 
-    Covers: Confluent-framed records written through confluent-kafka's ``mock://`` registry client; the projector's
-    codec points at a registry URL where nothing listens (a real transport failure of the real registry client);
-    then its codec is switched to the registry holding the schemas (the outage ends, same process, no restart)."""
+    Covers: Confluent-framed records written through the session's real registry (``mock://`` is gone since issue
+    16); the projector's codec points at a registry URL where nothing listens (a real transport failure of the real
+    registry client); then its codec is switched to the registry holding the schemas (the outage ends, same
+    process, no restart)."""
     run = "reg-run"
-    writer = EventCodec(schema_registry_url=f"mock://rj14-{uuid.uuid4().hex[:8]}", topic=topics.events_topic)
+    register_versions(registry.url, f"{topics.events_topic}-value")
+    writer = EventCodec(schema_registry_url=registry.url, topic=topics.events_topic)
     publish(topics, [(e.key, writer.encode(e)) for e in run_events(run)])
     away = EventCodec(schema_registry_url=f"http://127.0.0.1:{free_port()}", topic=topics.events_topic)
     projector = Projector(topics, codec=away)

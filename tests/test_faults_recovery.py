@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-import uuid
 
 import pytest
 import redis
@@ -23,6 +22,8 @@ from runjournal.deploy.procs import free_port
 from runjournal.producers.fencing import transactional_id
 from runjournal.producers.partitioner import partition_for
 from runjournal.schemas import EventCodec, codec_from_settings
+from runjournal.schemas.registration import register_versions
+from tests.conftest import LocalRegistry
 from tests.support.faults import assigned, live, owned, owns, run_on_partition, steady_writers
 from tests.support.workload import publish, run_events
 
@@ -139,16 +140,18 @@ def test_case3_recover_run_fences_the_owner_the_tail_names_when_the_projection_l
 
 
 # -- case 4: a schema-registry outage is waited out, never parked or disowned -----------------------------------
-def test_case4_registry_outage_recovery_waits_never_parks_or_disowns(topics: Settings) -> None:
+@pytest.mark.registry
+def test_case4_registry_outage_recovery_waits_never_parks_or_disowns(topics: Settings,
+                                                                     registry: LocalRegistry) -> None:
     """Old: a registry transport failure was folded as an undecodable record: the run was BLOCKED, parked and
     disowned. Now its partition is not decided (``retry_later``); once the registry answers, it is resumed.
 
-    Covers: records in Confluent framing written through confluent-kafka's ``mock://`` registry client; the
-    recovery job's codec points at a registry URL where nothing listens (a real transport failure of the real
-    registry client), then at the registry that holds the schemas (the outage ends)."""
+    Covers: records in Confluent framing written through the session's real registry (``mock://`` is gone since
+    issue 16); the recovery job's codec points at a registry URL where nothing listens (a real transport failure
+    of the real registry client), then at the registry that holds the schemas (the outage ends)."""
     run = "registry-run"
-    mock_url = f"mock://rj14-{uuid.uuid4().hex[:8]}"
-    writer = EventCodec(schema_registry_url=mock_url, topic=topics.events_topic)
+    register_versions(registry.url, f"{topics.events_topic}-value")
+    writer = EventCodec(schema_registry_url=registry.url, topic=topics.events_topic)
     publish(topics, [(e.key, writer.encode(e)) for e in run_events(run, finish=False)])
     owns(topics, "agent-1", run)
     live(topics, "taker")

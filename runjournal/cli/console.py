@@ -23,15 +23,21 @@ def console_command(
     """Serve the web console over the projection, the topic and memory.
 
     Approve and deny are possible only when RUNJOURNAL_CONSOLE_OPERATOR_TOKEN is set (then only for an operator
-    who signs in with it, or sends it as a bearer token); without it the console is read-only.
+    who signs in with it, or sends it as a bearer token); without it the console is read-only. Exits 1 naming
+    the fix when the stack or the prefix's events topic is missing; once serving, a page answers 503 naming the
+    cause while Redis or the broker is away.
     """
     import uvicorn
 
+    from runjournal.cli._errors import cli_errors
     from runjournal.console import ConsoleConfig, build_app
+    from runjournal.consumers.topic_identity import preflight
     from runjournal.core.logs import setup_logging
 
     setup_logging("INFO")
     settings = Settings.load()
+    with cli_errors(as_json=False):  # a missing stack or topic: named within 5 s
+        preflight(settings)
     token = settings.console_operator_token.get_secret_value() if settings.console_operator_token else None
     app = build_app(ConsoleConfig(settings=settings, operator_token=token, scrape_urls=tuple(scrape or ()),
                                   per_page=per_page))
