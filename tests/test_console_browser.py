@@ -36,6 +36,7 @@ import redis
 
 from runjournal.consumers.projector.store import ProjectionStore
 from runjournal.core.settings import Settings
+from runjournal.demo.cleanup import remove_demo
 from runjournal.demo.workload import generated_workload
 from runjournal.deploy.procs import free_port
 from runjournal.producers.partitioner import partition_for
@@ -142,6 +143,7 @@ def stack(endpoints: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
                 proc.terminate()
             for proc in procs:
                 proc.wait(30)
+            remove_demo(settings, None)  # what the demo kept for the console (--keep)
 
 
 @pytest.fixture(scope="module")

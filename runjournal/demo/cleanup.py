@@ -35,7 +35,7 @@ def remove_demo(settings: Settings, workdir: Path | None = None, *, timeout_s: f
     out: dict[str, Any] = {"topics_deleted": [], "groups_deleted": [], "redis_keys_deleted": 0,
                            "qdrant_collections_deleted": [], "workdir_deleted": False, "cleanup_errors": []}
     admin = kafka.admin_client(settings)
-    topics = [settings.events_topic, settings.events_dlq_topic, settings.memory_dlq_topic]
+    topics = [settings.events_topic, settings.events_dlq_topic, settings.memory_dlq_topic, settings.schemas_topic]
     for name, fut in admin.delete_topics(topics, operation_timeout=timeout_s).items():
         try:
             fut.result(timeout_s)
