@@ -7,7 +7,7 @@ INPUT ?=
 DEMO_ARGS ?=
 KNOWLEDGE ?= ../shared/data/knowledge/tau-bench-airline-policy.md
 
-.PHONY: help deps deps-test venv install test test-fast lint schemas-check demo stack-up stack-down stack-status topics bench clean
+.PHONY: help deps deps-test venv install test test-cluster test-fast lint schemas-check demo stack-up stack-down stack-status topics bench clean
 
 help: ## List targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -62,6 +62,11 @@ test: install deps-test ## Install everything, start a private real stack, run t
 	$(BIN)/deptry .
 	$(BIN)/runjournal schemas check
 	$(BIN)/pytest -q
+
+# The production shape (tests/cluster, marker `cluster`): three KRaft brokers, SASL_SSL + SCRAM, the roles' ACLs,
+# leader failover under load. Starts and stops a stack of its own (`runjournal stack up --brokers 3 --secure`).
+test-cluster: install ## The 3-broker secure-cluster tests (left out of `make test`; ~4 min)
+	$(BIN)/pytest -q -m cluster tests/cluster
 
 demo: install ## The main job end to end (INPUT=path/to/trajectories.json for real runs)
 	$(BIN)/runjournal stack up

@@ -141,7 +141,7 @@ def open_env() -> tuple[BenchEnv, str]:
         raise
     state = stack.read_state()
     base = settings.model_copy(update={"bootstrap": state["kafka"]["bootstrap"], "redis_url": state["redis"]["url"],
-                                       "stack_dir": work / "stack"})
+                                       "stack_dir": work / "stack", "replication_factor": 1})
     where = f"private stack {base.bootstrap} + {base.redis_url} (started in {time.monotonic() - started:.1f} s)"
     return BenchEnv(base=base, work_dir=work, private_stack=stack), where
 
@@ -160,11 +160,9 @@ def peak_rss_bytes(pid: int | None = None) -> int:
 def child_env(settings: Settings, **extra: str) -> dict[str, str]:
     """Environment for a child process that must use ``settings`` (other ``RUNJOURNAL_*`` removed)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNJOURNAL_")}
-    env.update(RUNJOURNAL_BOOTSTRAP=settings.bootstrap, RUNJOURNAL_REDIS_URL=settings.redis_url,
-               RUNJOURNAL_TOPIC_PREFIX=settings.topic_prefix, RUNJOURNAL_STACK_DIR=str(settings.stack_dir),
-               RUNJOURNAL_PARTITIONS=str(settings.partitions), **extra)
-    if "RUNJOURNAL_QDRANT_URL" not in extra:
-        env["RUNJOURNAL_QDRANT_PATH"] = str(settings.effective_qdrant_path)
+    env.update(settings.as_env(), **extra)  # Kafka security and pass-through included
+    if "RUNJOURNAL_QDRANT_URL" in extra:
+        env.pop("RUNJOURNAL_QDRANT_PATH", None)
     return env
 
 

@@ -27,7 +27,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicCollection
 
 from runjournal.consumers._partitions import watermarks
 from runjournal.core import kafka
-from runjournal.core.errors import RunjournalError
+from runjournal.core.errors import ConfigError, RunjournalError
 from runjournal.core.settings import Settings
 from runjournal.producers.errors import TopicNotFoundError
 
@@ -141,12 +141,19 @@ def preflight(settings: Settings, *, need_topic: bool = True, need_redis: bool =
     Raises:
         StackUnavailableError: no broker at ``settings.bootstrap`` or no Redis at ``settings.redis_url``
             within ``timeout_s`` seconds (``runjournal stack up``).
+        ConfigError: the broker refused the credentials or the TLS handshake (the settings to check named).
         TopicNotFoundError: ``need_topic`` and the events topic does not exist (``runjournal topics create``).
     """
-    admin = kafka.admin_client(settings, **{"socket.connection.setup.timeout.ms": int(timeout_s * 1000)})
+    refused: list[str] = []
+    admin = kafka.admin_client(settings, **{"socket.connection.setup.timeout.ms": int(timeout_s * 1000),
+                                            "error_cb": lambda err: refused.append(err.name())})
     try:
         meta = admin.list_topics(timeout=timeout_s)
     except KafkaException as exc:
+        admin.poll(0.1)  # serve the error callbacks: a refused login or TLS handshake is not a missing stack
+        if code := next((c for c in ("_AUTHENTICATION", "_SSL") if c in refused), None):
+            raise ConfigError(f"Kafka at {settings.bootstrap} refused the connection ({code}): "
+                              f"{kafka.ACCESS_HINTS[code]}") from exc
         raise StackUnavailableError(
             f"no Kafka broker answers at {settings.bootstrap} within {timeout_s:.0f} s: start the local stack with "
             "`runjournal stack up` (or set RUNJOURNAL_BOOTSTRAP)") from exc

@@ -24,15 +24,19 @@ from importlib import resources
 from pathlib import Path
 
 from runjournal.core import kafka
+from runjournal.core.settings import Settings
 from runjournal.deploy.errors import MissingToolError, StackError
 from runjournal.deploy.procs import Proc, port_in_use, read_tail, spawn
 
-__all__ = ["KafkaNode", "ensure_jars", "kafka_version", "require_tool"]
+__all__ = ["KafkaNode", "ensure_jars", "kafka_version", "new_cluster_id", "require_tool"]
 
-TOOL_PACKAGES = {"java": "openjdk-17-jre-headless", "mvn": "maven", "redis-server": "redis-server"}
+TOOL_PACKAGES = {"java": "openjdk-17-jre-headless", "keytool": "openjdk-17-jre-headless", "mvn": "maven",
+                 "redis-server": "redis-server"}
 
 #: JVM options: small heap, serial GC (2 cores, one node), headless.
 JVM_OPTS = ["-Xms128m", "-Xmx512m", "-XX:+UseSerialGC", "-Djava.awt.headless=true"]
+#: Per node of a multi-node cluster (notes: kafka-cluster-and-security.md): a smaller heap, C1 only.
+CLUSTER_JVM_OPTS = ["-Xms128m", "-Xmx384m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true"]
 
 LOG4J2 = """\
 status = error
@@ -112,14 +116,26 @@ def ensure_jars(cache_dir: Path, *, timeout_s: float = 600.0) -> tuple[Path, flo
 
 @dataclass(frozen=True)
 class KafkaNode:
-    """A single combined-mode KRaft node; ``directory`` holds config, data (``data/``) and ``broker.log``."""
+    """A combined-mode KRaft node (broker + controller); ``directory`` holds config, data (``data/``) and
+    ``broker.log``. Alone by default; one of a static quorum with ``voters`` (``runjournal.deploy.kafka_cluster``)."""
 
     directory: Path
     """Node directory (created on demand)."""
     port: int = 9092
-    """PLAINTEXT listener port on 127.0.0.1."""
+    """Client listener port on 127.0.0.1 (PLAINTEXT, or SASL_SSL with ``security``)."""
     controller_port: int = 9093
     """CONTROLLER listener port on 127.0.0.1."""
+    node_id: int = 1
+    """``node.id``."""
+    voters: str | None = None
+    """``controller.quorum.voters`` (``1@127.0.0.1:c1,2@…``); None: this node alone."""
+    replication: int = 1
+    """Replication factor of the internal topics (offsets, transaction state) and the default for new topics;
+    ``min.insync.replicas`` is 2 when replicated."""
+    security: tuple[tuple[str, str], ...] = ()
+    """Security properties (``runjournal.deploy.security.broker_properties``) overriding the listeners."""
+    format_args: tuple[str, ...] = ()
+    """Extra ``StorageTool format`` arguments (``--add-scram …``)."""
 
     @property
     def bootstrap(self) -> str:
@@ -132,12 +148,13 @@ class KafkaNode:
         return self.directory / "broker.log"
 
     def properties(self) -> str:
-        """``server.properties`` text for this node (values chosen for a 1-node local stack)."""
+        """``server.properties`` text for this node (values chosen for a small loopback cluster on 2 cores)."""
         data = self.directory / "data"
+        rf, isr = str(self.replication), str(min(2, self.replication))
         props = {
             "process.roles": "broker,controller",
-            "node.id": "1",
-            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "node.id": str(self.node_id),
+            "controller.quorum.voters": self.voters or f"{self.node_id}@127.0.0.1:{self.controller_port}",
             "listeners": f"PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
             "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
             "controller.listener.names": "CONTROLLER",
@@ -146,19 +163,25 @@ class KafkaNode:
             "log.dirs": str(data),
             "num.partitions": "6",
             "auto.create.topics.enable": "false",
-            "offsets.topic.replication.factor": "1",
+            "default.replication.factor": rf,
+            "min.insync.replicas": isr,
+            "offsets.topic.replication.factor": rf,
             "offsets.topic.num.partitions": "3",
-            "transaction.state.log.replication.factor": "1",
-            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.replication.factor": rf,
+            "transaction.state.log.min.isr": isr,
             "transaction.state.log.num.partitions": "3",
-            "share.coordinator.state.topic.replication.factor": "1",
-            "share.coordinator.state.topic.min.isr": "1",
+            "share.coordinator.state.topic.replication.factor": rf,
+            "share.coordinator.state.topic.min.isr": isr,
             "group.initial.rebalance.delay.ms": "0",
             # The cleaner's dedupe buffer is allocated on heap at start (default 128 MiB).
             "log.cleaner.dedupe.buffer.size": str(8 * 1024 * 1024),
             "num.network.threads": "2",
             "num.io.threads": "4",
         }
+        if self.voters:  # a dead node is fenced after 3 s, not 9 s: leadership moves in ~3 s (notes)
+            props.update({"broker.session.timeout.ms": "3000", "broker.heartbeat.interval.ms": "500",
+                          "num.io.threads": "2", "log.cleaner.dedupe.buffer.size": str(2 * 1024 * 1024)})
+        props.update(dict(self.security))
         return "".join(f"{k}={v}\n" for k, v in props.items())
 
     def _java(self, lib: Path, *args: str, jvm: list[str] | None = None) -> list[str]:
@@ -166,31 +189,42 @@ class KafkaNode:
         log_cfg = self.directory / "log4j2.properties"
         return [java, *(jvm or []), "-cp", f"{lib}/*", f"-Dlog4j2.configurationFile={log_cfg}", *args]
 
-    def prepare(self, lib: Path) -> None:
+    def prepare(self, lib: Path, cluster_id: str | None = None) -> None:
         """Write config files and format the storage directory once (``-g``: already formatted is fine).
+
+        Args:
+            lib: the broker's jars.
+            cluster_id: the KRaft cluster id (the same on every node of a cluster); None: a new one.
 
         Raises:
             StackError: the storage tool failed (output in the message).
         """
-        self.directory.mkdir(parents=True, exist_ok=True)
-        (self.directory / "server.properties").write_text(self.properties())
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        config = self.directory / "server.properties"
+        config.touch(mode=0o600)  # may hold the store passwords and the inter-broker credentials
+        config.write_text(self.properties())
         (self.directory / "log4j2.properties").write_text(LOG4J2)
         if (self.directory / "data" / "meta.properties").exists():
             return
-        cluster_id = _cluster_id()
-        cmd = self._java(lib, "kafka.tools.StorageTool", "format", "-t", cluster_id,
-                         "-c", str(self.directory / "server.properties"), "-g")
+        cmd = self._java(lib, "kafka.tools.StorageTool", "format", "-t", cluster_id or new_cluster_id(),
+                         "-c", str(config), "-g", *self.format_args)
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)  # noqa: S603
         if proc.returncode != 0:
             raise StackError(f"Kafka storage format failed (rc={proc.returncode}):\n{proc.stdout}{proc.stderr}")
 
     def start(self, lib: Path) -> Proc:
         """Start ``kafka.Kafka`` detached (own session) and return its process handle (not yet ready)."""
-        cmd = self._java(lib, "kafka.Kafka", str(self.directory / "server.properties"), jvm=JVM_OPTS)
+        jvm = CLUSTER_JVM_OPTS if self.voters else JVM_OPTS
+        cmd = self._java(lib, "kafka.Kafka", str(self.directory / "server.properties"), jvm=jvm)
         return spawn(cmd, log_path=self.log_path, cwd=self.directory)
 
-    def wait_ready(self, proc: Proc, *, timeout_s: float = 120.0) -> float:
-        """Block until a metadata request succeeds; return seconds waited.
+    def wait_ready(self, proc: Proc, *, timeout_s: float = 120.0, client: Settings | None = None) -> float:
+        """Block until a metadata request to this node succeeds; return seconds waited.
+
+        Args:
+            proc: the node's process (its exit fails the wait at once).
+            timeout_s: seconds to wait.
+            client: who asks (a secure node needs credentials); None: a plaintext probe.
 
         Raises:
             StackError: the process exited, or ``timeout_s`` passed; the broker log's tail is in the message.
@@ -205,7 +239,7 @@ class KafkaNode:
             # The listener socket opens only once the broker is unfenced and serving (notes G1),
             # so probe TCP first (quietly), then confirm with a real metadata request.
             if port_in_use(self.port):
-                admin = admin or kafka.admin_client(None, bootstrap=self.bootstrap, log_level=3)
+                admin = admin or kafka.admin_client(client, bootstrap=self.bootstrap, log_level=3)
                 try:
                     if admin.list_topics(timeout=5).brokers:
                         return time.monotonic() - started
@@ -218,7 +252,7 @@ class KafkaNode:
             time.sleep(0.5)
 
 
-def _cluster_id() -> str:
+def new_cluster_id() -> str:
     """A KRaft cluster id: 16 random bytes, base64url without padding, not starting with '-'."""
     while True:
         cid = base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")

@@ -1,6 +1,9 @@
 """The local stack: Apache Kafka (KRaft, from Maven Central), Redis (Debian's redis-server), Qdrant (embedded),
 and on request a schema registry (Apicurio, from Maven Central: ``runjournal.deploy.registry``).
 
+Kafka is one node by default, or the production shape — N nodes, SASL_SSL, SCRAM users and the
+roles' ACLs — with ``brokers`` / ``secure`` (``runjournal.deploy.kafka_cluster``).
+
 ``Stack(stack_dir, cache_dir).up()`` is idempotent: components whose recorded process is
 still alive and healthy are left alone. ``down()`` stops only processes ``up()`` started,
 identified by pid *and* start time, SIGTERM first, SIGKILL after a grace period.
@@ -16,8 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runjournal.deploy import kafka_cluster
 from runjournal.deploy.errors import StackError
-from runjournal.deploy.kafka_node import KafkaNode, ensure_jars, kafka_version, require_tool
+from runjournal.deploy.kafka_node import require_tool
 from runjournal.deploy.procs import Proc, port_in_use, read_tail, spawn
 from runjournal.deploy.registry import registry_health, up_registry
 
@@ -31,9 +35,9 @@ class StackPorts:
     """TCP ports on 127.0.0.1 used by the stack."""
 
     kafka: int = 9092
-    """Kafka PLAINTEXT listener."""
+    """Kafka client listener (of node 1; node i adds 2i)."""
     controller: int = 9093
-    """KRaft controller listener."""
+    """KRaft controller listener (of node 1; node i adds 2i)."""
     redis: int = 6379
     """Redis."""
     registry: int = 8081
@@ -52,6 +56,12 @@ class Stack:
     """Ports to use when starting; a running stack keeps the ports in its state file."""
     qdrant_url: str | None = None
     """A Qdrant server URL; when None Qdrant runs embedded under ``<stack_dir>/qdrant``."""
+    brokers: int | None = None
+    """Kafka nodes (``--brokers``); None: the stack's recorded count, or 1 for a new stack."""
+    secure: bool | None = None
+    """SASL_SSL + SCRAM + ACLs (``--secure``); None: as recorded, or plain for a new stack."""
+    topic_prefix: str = "runjournal"
+    """The topic prefix a secure stack grants the roles' ACLs for."""
 
     # -- state file -------------------------------------------------------------------
     @property
@@ -106,30 +116,15 @@ class Stack:
         return report
 
     def _up_kafka(self, state: dict[str, Any], timeout_s: float) -> dict[str, Any]:
-        entry = state.get("kafka", {})
-        proc = Proc.from_json(entry.get("process"))
-        if proc and proc.alive():
-            return {"action": "already running", "bootstrap": entry["bootstrap"], "pid": proc.pid}
-        require_tool("java")
-        ports = StackPorts(**entry["ports"]) if entry.get("ports") else self.ports
-        for port in (ports.kafka, ports.controller):
-            if port_in_use(port):
-                raise StackError(f"port {port} on 127.0.0.1 is in use by another program; stop it or pick other ports")
-        lib, resolve_s = ensure_jars(self.cache_dir)
-        node = KafkaNode(self.stack_dir / "kafka", port=ports.kafka, controller_port=ports.controller)
-        node.prepare(lib)
-        proc = node.start(lib)
-        state["kafka"] = {
-            "bootstrap": node.bootstrap,
-            "version": kafka_version(),
-            "process": proc.to_json(),
-            "ports": {"kafka": ports.kafka, "controller": ports.controller},
-            "log": str(node.log_path),
-            "lib": str(lib),
-        }
-        ready_s = node.wait_ready(proc, timeout_s=timeout_s)
-        return {"action": "started", "bootstrap": node.bootstrap, "pid": proc.pid,
-                "resolve_s": round(resolve_s, 2), "ready_s": round(ready_s, 2)}
+        def save(entry: dict[str, Any]) -> None:
+            state["kafka"] = entry
+            self._write_state(state)
+
+        entry, directory = state.get("kafka", {}), self.stack_dir / "kafka"
+        shape = kafka_cluster.resolve_shape(entry, self.brokers, self.secure, directory)
+        ports = kafka_cluster.node_ports(self.ports.kafka, self.ports.controller, shape.brokers)
+        return kafka_cluster.up_kafka(directory, self.cache_dir, entry, shape=shape, ports=ports,
+                                      prefix=self.topic_prefix, save=save, timeout_s=timeout_s)
 
     def _up_redis(self, state: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         entry = state.get("redis", {})
@@ -174,6 +169,9 @@ class Stack:
             if name == "registry" and name not in state:
                 continue
             entry = state.get(name, {})
+            if name == "kafka":
+                result[name] = kafka_cluster.stop_kafka(entry, grace_s=grace_s)
+                continue
             proc = Proc.from_json(entry.get("process"))
             result[name] = proc.stop(grace_s=grace_s) if proc else "not running"
             if entry:
@@ -187,7 +185,7 @@ class Stack:
         """Health of each component: ``{"kafka": {"healthy": bool, ...}, "redis": {...}, "qdrant": {...}}``."""
         state = self.read_state()
         report = {
-            "kafka": _kafka_health(state.get("kafka", {})),
+            "kafka": kafka_cluster.health(state.get("kafka", {})),
             "redis": _redis_health(state.get("redis", {})),
             "qdrant": _qdrant_health(state.get("qdrant", {}), self.qdrant_url),
         }
@@ -212,24 +210,6 @@ def _wait_redis(url: str, proc: Proc, log: Path, timeout_s: float) -> float:
         if time.monotonic() - started > timeout_s:
             raise StackError(f"Redis not ready after {timeout_s:.0f} s. Log tail ({log}):\n{read_tail(log)}")
         time.sleep(0.1)
-
-
-def _kafka_health(entry: dict[str, Any]) -> dict[str, Any]:
-    if not entry:
-        return {"healthy": False, "detail": "not started by this stack"}
-    proc = Proc.from_json(entry.get("process"))
-    out = {"bootstrap": entry.get("bootstrap"), "version": entry.get("version"),
-           "pid": proc.pid if proc else None, "running": bool(proc and proc.alive())}
-    if not out["running"]:
-        return {**out, "healthy": False, "detail": "process not running"}
-    from runjournal.core import kafka
-
-    try:
-        meta = kafka.admin_client(None, bootstrap=entry["bootstrap"]).list_topics(timeout=5)
-        return {**out, "healthy": bool(meta.brokers), "brokers": len(meta.brokers), "topics": len(meta.topics),
-                "rss_bytes": _rss_bytes(proc.pid)}
-    except Exception as exc:  # noqa: BLE001 - reported, not raised
-        return {**out, "healthy": False, "detail": f"metadata request failed: {exc}"}
 
 
 def _redis_health(entry: dict[str, Any]) -> dict[str, Any]:
@@ -273,13 +253,3 @@ def _writable(path: Path) -> bool:
         return True
     except OSError:
         return False
-
-
-def _rss_bytes(pid: int) -> int | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None

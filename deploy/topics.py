@@ -13,7 +13,19 @@ Choices, each a topic-level config:
   longer outage, rebuild (``runjournal projector --rebuild``).
 * ``segment.ms=86400000`` (1 d) — the active segment is never cleaned; rolling daily lets an
   erasure actually remove bytes within about a day instead of at the 1 GiB segment size.
-* ``min.insync.replicas`` — 1 on a 1-broker stack, 2 where replication is 3 (``acks=all``).
+
+Replication (every topic, DLQs included — a dead letter is a quarantined event):
+
+* the replication factor is ``settings.replication_factor`` (``RUNJOURNAL_REPLICATION_FACTOR``, default 3;
+  the local stack's state supplies its broker count), never guessed from how many brokers answer now (a
+  broker that is down at creation time would silently cost a replica forever);
+* ``min.insync.replicas`` is 2 when replicated (1 only at replication 1, the development stack). With
+  ``acks=all`` an acknowledged event is then on at least two brokers, so losing any one broker never
+  drops it;
+* an existing topic is refused when it could drop acknowledged events on a single broker loss:
+  replicated with ``min.insync.replicas`` < 2, fewer replicas than the settings ask for, a
+  ``min.insync.replicas`` above its replication (no write could ever be acknowledged), or
+  ``unclean.leader.election.enable=true`` (an out-of-sync replica may become leader).
 
 Dead-letter topics keep everything (``retention.ms=-1``): a quarantined event is never lost.
 ``{prefix}.schemas`` (writer schemas by fingerprint, :mod:`runjournal.schemas.catalog`) is compacted,
@@ -33,7 +45,7 @@ from runjournal.core.settings import Settings
 from runjournal.deploy.errors import TopicConfigError
 from runjournal.schemas.catalog import SCHEMAS_TOPIC_CONFIG
 
-__all__ = ["EVENTS_TOPIC_CONFIG", "TopicReport", "create_topics", "describe_topics"]
+__all__ = ["EVENTS_TOPIC_CONFIG", "TopicReport", "check_durability", "create_topics", "describe_topics"]
 
 EVENTS_TOPIC_CONFIG: dict[str, str] = {
     "cleanup.policy": "compact",
@@ -54,6 +66,8 @@ class TopicReport:
     """``"created"`` or ``"exists"``."""
     partitions: int
     """Partition count."""
+    replication_factor: int
+    """Replicas per partition (of partition 0)."""
     config: dict[str, str]
     """The topic's effective value of each config runjournal sets."""
     topic_id: str | None = None
@@ -75,23 +89,30 @@ def create_topics(settings: Settings, partitions: int | None = None, *, timeout_
         timeout_s: admin request timeout, seconds.
 
     Raises:
-        TopicConfigError: the events topic exists with another partition count or a
-            cleanup policy other than ``compact``.
+        ConfigError: the cluster refused these settings' credentials or TLS, or never answered (fix named).
+        TopicConfigError: fewer brokers answer than the replication factor needs; a topic exists that could
+            drop acknowledged events (:func:`check_durability`); the events topic exists with another
+            partition count or a cleanup policy other than ``compact``.
         confluent_kafka.KafkaException: the broker refused or could not be reached.
     """
     from confluent_kafka.admin import NewTopic
 
     count = partitions or settings.partitions
+    kafka.check_access(settings, timeout_s=timeout_s)
     admin = _admin(settings)
     meta = admin.list_topics(timeout=timeout_s)
-    brokers = max(1, len(meta.brokers))
-    rf = min(3, brokers)
-    isr = "2" if rf >= 3 else "1"
+    rf = settings.replication_factor
+    if rf > len(meta.brokers):
+        raise TopicConfigError(
+            f"replication factor {rf} (RUNJOURNAL_REPLICATION_FACTOR) needs {rf} brokers, but {len(meta.brokers)} "
+            "answer. Start the missing brokers; a single-broker development cluster takes "
+            "RUNJOURNAL_REPLICATION_FACTOR=1.")
+    isr = {"min.insync.replicas": str(min(2, rf))}
     wanted = {
-        settings.events_topic: (count, {**EVENTS_TOPIC_CONFIG, "min.insync.replicas": isr}),
-        settings.events_dlq_topic: (1, DLQ_TOPIC_CONFIG),
-        settings.memory_dlq_topic: (1, DLQ_TOPIC_CONFIG),
-        settings.schemas_topic: (1, SCHEMAS_TOPIC_CONFIG),
+        settings.events_topic: (count, {**EVENTS_TOPIC_CONFIG, **isr}),
+        settings.events_dlq_topic: (1, {**DLQ_TOPIC_CONFIG, **isr}),
+        settings.memory_dlq_topic: (1, {**DLQ_TOPIC_CONFIG, **isr}),
+        settings.schemas_topic: (1, {**SCHEMAS_TOPIC_CONFIG, **isr}),
     }
     missing = [NewTopic(name, num_partitions=n, replication_factor=rf, config=cfg)
                for name, (n, cfg) in wanted.items() if name not in meta.topics]
@@ -105,11 +126,54 @@ def create_topics(settings: Settings, partitions: int | None = None, *, timeout_
                 raise
     if created:
         _await_metadata(admin, created, timeout_s)
-    reports = describe_topics(settings, list(wanted), timeout_s=timeout_s)
+    reports = _settled(settings, {n: (p, rf) for n, (p, _c) in wanted.items() if n in created}, list(wanted), timeout_s)
     for rep in reports:
         object.__setattr__(rep, "action", "created" if rep.name in created else "exists")
+        check_durability(rep, rf)
     _check_events_topic(next(r for r in reports if r.name == settings.events_topic), count)
     return reports
+
+
+def _settled(settings: Settings, created: dict[str, tuple[int, int]], names: list[str],
+             timeout_s: float) -> list[TopicReport]:
+    """:func:`describe_topics`, again until the topics just created show their partitions and replicas: on a
+    multi-broker cluster the answering broker may not have the new topic's full metadata yet."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        reports = describe_topics(settings, names, timeout_s=timeout_s)
+        pending = [r.name for r in reports if r.name in created and
+                   ((r.partitions, r.replication_factor) != created[r.name] or "min.insync.replicas" not in r.config)]
+        if not pending or time.monotonic() > deadline:
+            return reports
+        time.sleep(0.2)
+
+
+def check_durability(report: TopicReport, replication_factor: int) -> None:
+    """Refuse a topic that could drop acknowledged (``acks=all``) events when one broker is lost.
+
+    Args:
+        report: the topic as :func:`describe_topics` found it.
+        replication_factor: what the settings ask for.
+
+    Raises:
+        TopicConfigError: see the module docstring (replication rules); the message names the fix.
+    """
+    rf, isr = report.replication_factor, int(report.config.get("min.insync.replicas", "1"))
+    fix = ("fix it with kafka-configs (min.insync.replicas=2, unclean.leader.election.enable=false) or "
+           "kafka-reassign-partitions, or use another RUNJOURNAL_TOPIC_PREFIX")
+    if rf < replication_factor:
+        raise TopicConfigError(f"topic {report.name} has {rf} replica(s), the settings ask for "
+                               f"{replication_factor} (RUNJOURNAL_REPLICATION_FACTOR): losing a broker could drop "
+                               f"acknowledged events; {fix}")
+    if rf >= 2 and isr < 2:
+        raise TopicConfigError(f"topic {report.name} is replicated {rf}x but min.insync.replicas={isr}: an acks=all "
+                               f"write may be acknowledged by the leader alone, and losing it drops the event; {fix}")
+    if isr > rf:
+        raise TopicConfigError(f"topic {report.name} has min.insync.replicas={isr} above its {rf} replica(s): no "
+                               f"write can be acknowledged; {fix}")
+    if report.config.get("unclean.leader.election.enable") == "true":
+        raise TopicConfigError(f"topic {report.name} allows unclean leader election: an out-of-sync replica may "
+                               f"become leader and drop acknowledged events; {fix}")
 
 
 def _await_metadata(admin: Any, names: set[str], timeout_s: float) -> None:
@@ -157,26 +221,31 @@ def describe_topics(
     Raises:
         confluent_kafka.KafkaException: a topic does not exist or the broker is unreachable.
     """
-    from confluent_kafka import TopicCollection
+    from confluent_kafka import KafkaError, KafkaException, TopicCollection
     from confluent_kafka.admin import ConfigResource, ResourceType
 
-    names = names or [settings.events_topic, settings.events_dlq_topic, settings.memory_dlq_topic,
-                      settings.schemas_topic]
+    names = names or list(settings.all_topics)
     admin = _admin(settings)
     meta = admin.list_topics(timeout=timeout_s)
-    keys = set(EVENTS_TOPIC_CONFIG) | set(DLQ_TOPIC_CONFIG) | {"min.insync.replicas"}
+    keys = set(EVENTS_TOPIC_CONFIG) | set(DLQ_TOPIC_CONFIG) | {"min.insync.replicas", "unclean.leader.election.enable"}
     resources = [ConfigResource(ResourceType.TOPIC, n) for n in names if n in meta.topics]
     configs: dict[str, dict[str, str]] = {}
     for res, fut in (admin.describe_configs(resources, request_timeout=timeout_s) if resources else {}).items():
-        configs[res.name] = {k: v.value for k, v in fut.result().items() if k in keys}
+        try:
+            configs[res.name] = {k: v.value for k, v in fut.result().items() if k in keys}
+        except KafkaException as exc:  # a broker that has not heard of a just-created topic yet
+            if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise
     present = [n for n in names if n in meta.topics]
     ids = {n: str(f.result().topic_id) for n, f in
            (admin.describe_topics(TopicCollection(present), request_timeout=timeout_s) if present else {}).items()}
     out = []
     for name in names:
         if name not in meta.topics:
-            out.append(TopicReport(name=name, action="missing", partitions=0, config={}))
+            out.append(TopicReport(name=name, action="missing", partitions=0, replication_factor=0, config={}))
         else:
-            out.append(TopicReport(name=name, action="exists", partitions=len(meta.topics[name].partitions),
+            parts = meta.topics[name].partitions
+            out.append(TopicReport(name=name, action="exists", partitions=len(parts),
+                                   replication_factor=len(parts[min(parts)].replicas) if parts else 0,
                                    config=configs.get(name, {}), topic_id=ids.get(name)))
     return out

@@ -5,6 +5,10 @@
 * otherwise → start a private stack with ``runjournal.deploy.stack.Stack`` (the launcher behind
   ``runjournal stack up``) in a temp directory on free ports, and stop it at session end.
 
+Topics are created at replication 1 (``RUNJOURNAL_REPLICATION_FACTOR`` for given services). The
+3-broker and secure tests (marker ``cluster``, ``make test-cluster``) start their own stack:
+``tests/cluster/conftest.py``.
+
 Each test gets uuid-named topics (a fresh ``topic_prefix``), so tests never see each
 other's data; consumer groups and Redis keys derive from the same prefix.
 """
@@ -32,6 +36,7 @@ class Endpoints:
     bootstrap: str
     redis_url: str
     stack_dir: Path
+    replication_factor: int = 1
 
 
 def _docker_endpoints() -> tuple[Endpoints, list[object]] | None:
@@ -53,7 +58,8 @@ def endpoints(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints]:
     """The real broker and Redis for this test session (see module docstring)."""
     given_bs, given_redis = os.environ.get("RUNJOURNAL_BOOTSTRAP"), os.environ.get("RUNJOURNAL_REDIS_URL")
     if given_bs and given_redis:
-        yield Endpoints(given_bs, given_redis, tmp_path_factory.mktemp("stack"))
+        rf = int(os.environ.get("RUNJOURNAL_REPLICATION_FACTOR", "1"))
+        yield Endpoints(given_bs, given_redis, tmp_path_factory.mktemp("stack"), rf)
         return
     docker = _docker_endpoints()
     if docker:
@@ -83,6 +89,7 @@ def settings(endpoints: Endpoints, tmp_path: Path) -> Settings:
         stack_dir=tmp_path / "stack",
         qdrant_path=tmp_path / "qdrant",
         partitions=3,
+        replication_factor=endpoints.replication_factor,
     )
 
 
@@ -99,14 +106,7 @@ def topics(settings: Settings) -> Settings:
 def service_env(settings: Settings) -> dict[str, str]:
     """Environment for a subprocess that must reach the same services and topics as the test."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNJOURNAL_")}
-    env.update(
-        RUNJOURNAL_BOOTSTRAP=settings.bootstrap,
-        RUNJOURNAL_REDIS_URL=settings.redis_url,
-        RUNJOURNAL_TOPIC_PREFIX=settings.topic_prefix,
-        RUNJOURNAL_STACK_DIR=str(settings.stack_dir),
-        RUNJOURNAL_QDRANT_PATH=str(settings.effective_qdrant_path),
-        RUNJOURNAL_PARTITIONS=str(settings.partitions),
-    )
+    env.update(settings.as_env())
     return env
 
 

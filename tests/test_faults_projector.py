@@ -15,7 +15,6 @@ from runjournal.consumers.projector import Projector
 from runjournal.consumers.recovery.job import RecoveryJob
 from runjournal.core import kafka
 from runjournal.core.settings import Settings
-from runjournal.deploy.procs import free_port
 from runjournal.deploy.topics import create_topics
 from runjournal.model.reducer import RunStatus
 from runjournal.producers.partitioner import partition_for
@@ -37,20 +36,20 @@ def _state(projector_or_store, settings: Settings, run: str):  # noqa: ANN001, A
 # -- case 4 ------------------------------------------------------------------------------------------------------
 @pytest.mark.registry
 def test_case4_registry_outage_projector_waits_never_dead_letters_or_blocks(topics: Settings,
-                                                                           registry: LocalRegistry) -> None:
+                                                                              own_registry: LocalRegistry) -> None:
     """Old: the projector dead-lettered every record it could not decode because the registry was away, and
     BLOCKED their runs. Now it waits (logged, counted), writes nothing, and folds the same records once the
     registry answers.
 
-    Covers: Confluent-framed records written through the session's real registry (``mock://`` is gone since issue
-    16); the projector's codec points at a registry URL where nothing listens (a real transport failure of the real
-    registry client); then its codec is switched to the registry holding the schemas (the outage ends, same
-    process, no restart)."""
+    Covers: Confluent-framed records written through a real registry process, which is then stopped (the
+    projector's cold codec meets ids it never cached: a real outage), then started again on the same port
+    (the outage ends; same projector process, no restart)."""
     run = "reg-run"
-    register_versions(registry.url, f"{topics.events_topic}-value")
-    writer = EventCodec(schema_registry_url=registry.url, topic=topics.events_topic)
+    register_versions(own_registry.url, f"{topics.events_topic}-value")
+    writer = EventCodec(schema_registry_url=own_registry.url, topic=topics.events_topic)
     publish(topics, [(e.key, writer.encode(e)) for e in run_events(run)])
-    away = EventCodec(schema_registry_url=f"http://127.0.0.1:{free_port()}", topic=topics.events_topic)
+    own_registry.stop()
+    away = EventCodec(schema_registry_url=own_registry.url, topic=topics.events_topic)
     projector = Projector(topics, codec=away)
     stop = threading.Event()
     thread = threading.Thread(target=projector.run, kwargs={"stop": stop}, daemon=True)
@@ -65,7 +64,7 @@ def test_case4_registry_outage_projector_waits_never_dead_letters_or_blocks(topi
     assert projector.stats.dead_lettered == 0 and not projector.stats.blocked_runs, "a registry outage is no bad record"
     assert waits() >= 3, "the projector must be waiting out the outage"
     assert projector.store.applied_offset(partition_for(run, topics.partitions)) == -1  # nothing moved
-    projector.codec = writer  # the registry answers again
+    own_registry.start()  # the registry answers again
     while _state(projector, topics, run) is None and time.monotonic() < deadline + 30:
         time.sleep(0.1)
     stop.set()

@@ -11,14 +11,13 @@ import time
 
 import pytest
 import redis
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 
 from runjournal.consumers.projector import Projector
 from runjournal.consumers.recovery.job import RecoveryJob
 from runjournal.core import kafka
 from runjournal.core.settings import Settings
-from runjournal.deploy.procs import free_port
 from runjournal.producers.fencing import transactional_id
 from runjournal.producers.partitioner import partition_for
 from runjournal.schemas import EventCodec, codec_from_settings
@@ -37,6 +36,22 @@ def _alter_topic(settings: Settings, **config: str) -> None:
     res = ConfigResource(ConfigResource.Type.TOPIC, settings.events_topic, incremental_configs=entries)
     for fut in admin.incremental_alter_configs([res]).values():
         fut.result(30)
+
+
+def _delete_records_to(settings: Settings, partition: int, offset: int) -> None:
+    """DeleteRecords up to ``offset``; the policy change before it reaches the partition leader asynchronously
+    (the broker answers POLICY_VIOLATION until it has), so retry that answer for a bounded time."""
+    admin = kafka.admin_client(settings)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            for fut in admin.delete_records([TopicPartition(settings.events_topic, partition, offset)]).values():
+                fut.result(30)
+            return
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.POLICY_VIOLATION or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 # -- case 1: the tail read under steady transactions, and a partition whose log start is its end ---------------
@@ -71,9 +86,7 @@ def test_case1_truncated_partition_does_not_abort_other_runs(topics: Settings) -
     producer.produce(topics.events_topic, key=b"other:1:1", value=b"x", partition=0)
     assert producer.flush(30) == 0
     _alter_topic(topics, cleanup_policy="compact,delete")  # DeleteRecords needs the delete policy
-    admin = kafka.admin_client(topics)
-    for fut in admin.delete_records([TopicPartition(topics.events_topic, 0, 42)]).values():
-        fut.result(30)
+    _delete_records_to(topics, 0, 42)
     _alter_topic(topics, cleanup_policy="compact")
     publish(topics, run_events(healthy, finish=False))
     owns(topics, "agent-1", gone, healthy)
@@ -142,28 +155,29 @@ def test_case3_recover_run_fences_the_owner_the_tail_names_when_the_projection_l
 # -- case 4: a schema-registry outage is waited out, never parked or disowned -----------------------------------
 @pytest.mark.registry
 def test_case4_registry_outage_recovery_waits_never_parks_or_disowns(topics: Settings,
-                                                                     registry: LocalRegistry) -> None:
+                                                                       own_registry: LocalRegistry) -> None:
     """Old: a registry transport failure was folded as an undecodable record: the run was BLOCKED, parked and
     disowned. Now its partition is not decided (``retry_later``); once the registry answers, it is resumed.
 
-    Covers: records in Confluent framing written through the session's real registry (``mock://`` is gone since
-    issue 16); the recovery job's codec points at a registry URL where nothing listens (a real transport failure
-    of the real registry client), then at the registry that holds the schemas (the outage ends)."""
+    Covers: records in Confluent framing written through a real registry process (Apicurio, the launcher of
+    ``stack up --registry``), which is then stopped: the recovery job's cold codec meets ids it never cached
+    (a real outage); the registry is started again on the same port and the next pass resumes the run."""
     run = "registry-run"
-    register_versions(registry.url, f"{topics.events_topic}-value")
-    writer = EventCodec(schema_registry_url=registry.url, topic=topics.events_topic)
+    register_versions(own_registry.url, f"{topics.events_topic}-value")
+    with_registry = topics.model_copy(update={"schema_registry_url": own_registry.url})
+    writer = EventCodec(schema_registry_url=own_registry.url, topic=topics.events_topic)
     publish(topics, [(e.key, writer.encode(e)) for e in run_events(run, finish=False)])
     owns(topics, "agent-1", run)
     live(topics, "taker")
-    away = topics.model_copy(update={"schema_registry_url": f"http://127.0.0.1:{free_port()}"})
-    job = RecoveryJob(away)
+    own_registry.stop()
+    job = RecoveryJob(with_registry)
     report = job.recover(stale=True)
     assert [r.action for r in report.runs] == ["retry_later"], report.as_dict()
     assert "registry" in (report.runs[0].detail or "")
     assert run in owned(topics, "agent-1"), "a registry outage must not disown the run"
     assert not redis.Redis.from_url(topics.redis_url).sismember(f"{topics.topic_prefix}:parked", run)
     assert job.policy.retries > 0  # the wait is visible (logged and counted)
-    job.codec = writer  # the registry is back
+    own_registry.start()  # the registry is back (same port, same stored ids)
     report = job.recover(stale=True)
     job.close()
     assert [(r.action, r.epoch) for r in report.runs] == [("resumed", 2)], report.as_dict()

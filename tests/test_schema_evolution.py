@@ -136,17 +136,7 @@ def test_readers_without_a_catalog_still_decode_shipped_versions() -> None:
     assert codec.wire_format == "single-object"
 
 
-def _failures_policy_landed() -> bool:
-    try:
-        __import__("runjournal.consumers.failures")
-    except ImportError:
-        return False
-    return True
-
-
 @pytest.mark.registry
-@pytest.mark.xfail(not _failures_policy_landed(), strict=True,
-                   reason="needs issue 14's failure policy (RegistryError waits instead of dead-lettering)")
 def test_registry_outage_neither_dead_letters_nor_parks_and_readers_catch_up(
         topics: Settings, own_registry: LocalRegistry, service_env: dict[str, str]) -> None:
     """Acceptance 4: with the registry down, a cold reader meets ids it has never cached; it waits, then catches up."""

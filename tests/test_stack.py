@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections import defaultdict
 from pathlib import Path
@@ -111,8 +112,11 @@ def test_settings_reject_unknown_variables_and_mask_secrets(monkeypatch: pytest.
 
 
 def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "runjournal", *args], env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
+    """The installed ``runjournal`` console script, run outside the checkout (as ``make demo`` runs it): the
+    checkout's top-level folders are not importable there (a ``resources.files("deploy")`` once broke it)."""
+    script = Path(sys.executable).with_name("runjournal")
+    return subprocess.run([str(script), *args], env=env, capture_output=True, text=True, timeout=300, check=False,
+                          cwd=tempfile.gettempdir())
 
 
 @pytest.mark.skipif(bool(os.environ.get("RUNJOURNAL_BOOTSTRAP")), reason="services are given; launcher not used")

@@ -98,7 +98,7 @@ def run_stores(endpoints: object, tmp_path_factory: pytest.TempPathFactory) -> I
 
     settings = Settings.load(bootstrap=endpoints.bootstrap, redis_url=endpoints.redis_url,  # type: ignore[attr-defined]
                              topic_prefix=f"t{uuid.uuid4().hex[:12]}", stack_dir=tmp_path_factory.mktemp("s"),
-                             partitions=3)
+                             partitions=3, replication_factor=endpoints.replication_factor)  # type: ignore[attr-defined]
     create_topics(settings)
     events = KafkaEventStore(settings)
     for run in RUNS.values():

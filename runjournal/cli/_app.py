@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from runjournal import __version__
+from runjournal.cli.acls import acls_app
 from runjournal.cli.approvals import approve_command, deny_command
 from runjournal.cli.console import console_command
 from runjournal.cli.demo import demo_command
@@ -62,6 +63,7 @@ app.add_typer(topics_app, name="topics")
 app.add_typer(schemas_app, name="schemas")
 app.add_typer(memory_app, name="memory")
 app.add_typer(knowledge_app, name="knowledge")
+app.add_typer(acls_app, name="acls")
 app.command("projector")(projector_command)
 app.command("inspect")(inspect_command)
 app.command("memory-extractor")(memory_extractor_command)

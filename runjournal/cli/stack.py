@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from dataclasses import asdict
 from typing import Annotated, Any
 
@@ -25,8 +26,10 @@ err_console = Console(stderr=True)
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of a table.")]
 
 
-def _stack(settings: Settings, ports: StackPorts | None = None) -> Stack:
-    return Stack(settings.stack_dir, settings.cache_dir, ports=ports or StackPorts(), qdrant_url=settings.qdrant_url)
+def _stack(settings: Settings, ports: StackPorts | None = None, brokers: int | None = None,
+           secure: bool | None = None) -> Stack:
+    return Stack(settings.stack_dir, settings.cache_dir, ports=ports or StackPorts(), qdrant_url=settings.qdrant_url,
+                 brokers=brokers, secure=secure, topic_prefix=settings.topic_prefix)
 
 
 def _fail(exc: Exception, as_json: bool = False) -> typer.Exit:
@@ -37,9 +40,14 @@ def _fail(exc: Exception, as_json: bool = False) -> typer.Exit:
 
 @stack_app.command("up")
 def stack_up(
-    kafka_port: Annotated[int, typer.Option(help="Kafka PLAINTEXT port on 127.0.0.1.")] = 9092,
-    controller_port: Annotated[int, typer.Option(help="KRaft controller port on 127.0.0.1.")] = 9093,
+    kafka_port: Annotated[int, typer.Option(help="Kafka client port on 127.0.0.1 (node i: + 2i).")] = 9092,
+    controller_port: Annotated[int, typer.Option(help="KRaft controller port on 127.0.0.1 (node i: + 2i).")] = 9093,
     redis_port: Annotated[int, typer.Option(help="Redis port on 127.0.0.1.")] = 6379,
+    brokers: Annotated[int | None, typer.Option(help="Kafka nodes (broker+controller each, static quorum); 3 is the "
+                                                     "production shape: replication 3, min.insync.replicas 2. "
+                                                     "Default: the stack's own, or 1.")] = None,
+    secure: Annotated[bool, typer.Option("--secure", help="SASL_SSL (SCRAM) listener, a CA and broker certificate "
+                                         "made at start, a SCRAM user and ACLs per role.")] = False,
     timeout_s: Annotated[float, typer.Option("--timeout", help="Readiness timeout per component, seconds.")] = 120.0,
     registry: Annotated[bool, typer.Option(
         "--registry", help="Also start a schema registry (Apicurio, from Maven Central) and register the "
@@ -47,11 +55,13 @@ def stack_up(
     registry_port: Annotated[int, typer.Option(help="Schema registry HTTP port on 127.0.0.1.")] = 8081,
     as_json: JsonOpt = False,
 ) -> None:
-    """Start Kafka and Redis (and set up Qdrant's local path); with --registry a schema registry too. Idempotent."""
+    """Start Kafka and Redis (and set up Qdrant's local path); with --registry a schema registry too.
+    Idempotent: restarts only what is not running."""
     settings = Settings.load()
     ports = StackPorts(kafka_port, controller_port, redis_port, registry_port)
+    stack = _stack(settings, ports, brokers, secure or None)
     try:
-        report = _stack(settings, ports).up(timeout_s=timeout_s, registry=registry)
+        report = stack.up(timeout_s=timeout_s, registry=registry)
         if registry:
             report["registry"]["subjects"] = _register(report["registry"]["url"], settings)
     except (StackError, SchemaError) as exc:
@@ -64,6 +74,29 @@ def stack_up(
         where = info.get("bootstrap") or info.get("url") or info.get("path")
         console.print(f"[green]✓[/] {name:<6} {info['action']:<16} {where}")
     console.print(f"stack up in {report['elapsed_s']} s; state in {settings.stack_dir / 'stack.json'}")
+    if report["kafka"].get("secure"):
+        console.print("secure: commands use the 'operator' user; `runjournal stack env --role ROLE` prints another "
+                      "role's settings")
+
+
+@stack_app.command("env")
+def stack_env(
+    role: Annotated[str, typer.Option(help="agent, projector, recovery, memory, operator, or admin (the stack's "
+                                           "administrator).")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Print the RUNJOURNAL_* settings that run a service as ROLE's user on the secure local stack."""
+    from runjournal.deploy.kafka_cluster import role_env
+
+    try:
+        env = role_env(_stack(Settings.load()).read_state().get("kafka", {}), role)
+    except StackError as exc:
+        raise _fail(exc) from exc
+    if as_json:
+        print(json.dumps(env))
+        return
+    for key, value in env.items():
+        print(f"export {key}={shlex.quote(value)}")
 
 
 def _register(url: str, settings: Settings) -> dict[str, Any]:

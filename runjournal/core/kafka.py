@@ -7,19 +7,28 @@ What the builder adds to the caller's role-specific properties:
 
 * ``bootstrap.servers`` from :class:`~runjournal.core.settings.Settings` (or an explicit bootstrap
   for the stack launcher, which runs before settings exist);
+* security — ``security.protocol``, ``sasl.mechanism`` / ``sasl.username`` / ``sasl.password``,
+  ``ssl.ca.location`` / ``ssl.certificate.location`` / ``ssl.key.location`` / ``ssl.key.password`` — from
+  the ``RUNJOURNAL_KAFKA_*`` settings, and every pass-through librdkafka property
+  (``RUNJOURNAL_KAFKA_PROPERTIES_FILE``, ``RUNJOURNAL_LIBRDKAFKA_*``; ``runjournal.core._kafka_props``);
 * ``logger``: librdkafka's log lines go through Python logging (logger ``runjournal.kafka``), so no
   raw ``%N|timestamp|FAC|…`` line reaches a terminal; they are served by the client's
   ``poll``/``flush``/``consume`` calls and filtered by ``--log-level`` / ``RUNJOURNAL_LOG_LEVEL``;
 * ``client.id`` when the caller names one.
 
-Caller properties win over the builder's (they are role-specific: ``transactional.id``,
-``isolation.level`` …).
+Precedence: the builder's defaults < the caller's role-specific properties (``transactional.id``,
+``isolation.level``, ``linger.ms`` …) < the settings' security and pass-through properties (the user's
+explicit choice for their cluster). Pass-through cannot touch what correctness rests on (acks,
+idempotence, transactions, isolation, groups, offsets): those keys are refused when settings load.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Any, Literal
+
+from runjournal.core.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
     from confluent_kafka import Consumer, Producer
@@ -27,12 +36,23 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from runjournal.core.settings import Settings
 
-__all__ = ["KAFKA_LOGGER", "Role", "admin_client", "client_config", "consumer", "producer"]
+__all__ = ["ACCESS_HINTS", "KAFKA_LOGGER", "Role", "admin_client", "check_access", "client_config", "consumer",
+           "producer"]
 
 #: The Python logger librdkafka's log lines are forwarded to.
 KAFKA_LOGGER = "runjournal.kafka"
 
 Role = Literal["producer", "consumer", "admin"]
+
+#: librdkafka error → the settings that fix it (a refused login or TLS handshake never heals by waiting).
+ACCESS_HINTS = {
+    "_AUTHENTICATION": "the broker refused the credentials: check RUNJOURNAL_KAFKA_SASL_MECHANISM, "
+                       "RUNJOURNAL_KAFKA_SASL_USERNAME and RUNJOURNAL_KAFKA_SASL_PASSWORD",
+    "_SSL": "the TLS handshake failed: check RUNJOURNAL_KAFKA_SECURITY_PROTOCOL and RUNJOURNAL_KAFKA_SSL_CA_LOCATION "
+            "(the CA that signed the brokers' certificates)",
+    "_TRANSPORT": "no broker answered: check RUNJOURNAL_BOOTSTRAP, and RUNJOURNAL_KAFKA_SECURITY_PROTOCOL (a client "
+                  "without TLS is cut off by a TLS listener)",
+}
 
 
 def client_config(settings: Settings | None, role: Role, *, bootstrap: str | None = None,
@@ -40,7 +60,8 @@ def client_config(settings: Settings | None, role: Role, *, bootstrap: str | Non
     """A librdkafka configuration dict for a client of ``role``.
 
     Args:
-        settings: where the cluster is (``settings.bootstrap``); None only with ``bootstrap``.
+        settings: where the cluster is (``settings.bootstrap``) and how to authenticate to it (security and
+            pass-through properties); None only with ``bootstrap`` (a plaintext probe).
         role: ``producer``, ``consumer`` or ``admin`` (selects which settings apply).
         bootstrap: overrides ``settings.bootstrap`` (the stack launcher's probe, before settings exist).
         client_id: ``client.id`` shown in broker logs and metrics (default: librdkafka's ``rdkafka``).
@@ -62,6 +83,8 @@ def client_config(settings: Settings | None, role: Role, *, bootstrap: str | Non
     if client_id:
         config["client.id"] = client_id
     config.update(props)
+    if settings is not None:
+        config.update(settings.kafka_security_config())
     return config
 
 
@@ -90,3 +113,35 @@ def admin_client(settings: Settings | None, *, client_id: str | None = None, boo
     from confluent_kafka.admin import AdminClient
 
     return AdminClient(client_config(settings, "admin", bootstrap=bootstrap, client_id=client_id, **props))
+
+
+def check_access(settings: Settings, *, timeout_s: float = 30.0) -> int:
+    """Fail fast, naming the fix, when the cluster refuses these settings; return how many brokers answer.
+
+    A wrong password or CA otherwise shows as a generic transport failure after the full timeout;
+    here a refused login or handshake (seen through librdkafka's error callback) ends the wait at once.
+
+    Args:
+        settings: the client settings to try.
+        timeout_s: how long to wait for any broker, seconds.
+
+    Raises:
+        ConfigError: authentication or TLS refused, or no broker answered within ``timeout_s`` (each with
+            the settings to check, :data:`ACCESS_HINTS`).
+    """
+    from confluent_kafka import KafkaError, KafkaException
+
+    seen: list[KafkaError] = []
+    admin = admin_client(settings, error_cb=seen.append)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return len(admin.list_topics(timeout=min(2.0, max(0.1, deadline - time.monotonic()))).brokers)
+        except KafkaException as exc:
+            admin.poll(0.1)
+            codes = [e.name() for e in seen] + [exc.args[0].name()]
+            refused = next((c for c in ("_AUTHENTICATION", "_SSL") if c in codes), None)
+            if refused or time.monotonic() >= deadline:
+                code = refused or "_TRANSPORT"
+                detail = next((e.str() for e in seen if e.name() == code), str(exc.args[0]))
+                raise ConfigError(f"Kafka at {settings.bootstrap}: {detail} — {ACCESS_HINTS[code]}") from exc

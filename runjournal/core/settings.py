@@ -7,7 +7,15 @@ other command finds the broker and Redis without any variable set.
 Variables (each field of :class:`Settings`, upper-cased, with the ``RUNJOURNAL_`` prefix; the
 README's Settings table lists meanings and defaults): ``BOOTSTRAP``, ``REDIS_URL``,
 ``QDRANT_PATH``, ``QDRANT_URL``, ``QDRANT_API_KEY``, ``SCHEMA_REGISTRY_URL``, ``TOPIC_PREFIX``,
-``STACK_DIR``, ``CACHE_DIR``, ``PARTITIONS``, ``LOG_LEVEL``, ``CONSOLE_OPERATOR_TOKEN``.
+``STACK_DIR``, ``CACHE_DIR``, ``PARTITIONS``, ``REPLICATION_FACTOR``, ``LOG_LEVEL``,
+``CONSOLE_OPERATOR_TOKEN``, the Kafka security settings ``KAFKA_SECURITY_PROTOCOL``, ``KAFKA_SASL_MECHANISM``, ``KAFKA_SASL_USERNAME``,
+``KAFKA_SASL_PASSWORD``, ``KAFKA_SSL_CA_LOCATION``, ``KAFKA_SSL_CERTIFICATE_LOCATION``,
+``KAFKA_SSL_KEY_LOCATION``, ``KAFKA_SSL_KEY_PASSWORD``, ``KAFKA_PROPERTIES_FILE``, and any
+``RUNJOURNAL_LIBRDKAFKA_<NAME>`` pass-through property (``runjournal.core._kafka_props``).
+
+The local stack's state file supplies, besides the endpoints, the replication factor (its broker
+count) and, for a ``--secure`` stack, its security protocol, CA and the operator's credentials —
+only when the bootstrap itself came from the state file (never mixed into another cluster's settings).
 """
 
 from __future__ import annotations
@@ -16,11 +24,12 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from runjournal.core import _kafka_props
 from runjournal.core.errors import ConfigError
 
 __all__ = ["Settings", "default_cache_dir", "default_stack_dir", "mask_url"]
@@ -86,6 +95,30 @@ class Settings(BaseSettings):
     """Cache of Maven-resolved broker jars."""
     partitions: int = Field(default=6, ge=1, le=10_000)
     """Partition count for ``topics create`` (fixed at creation: the run-to-partition map depends on it)."""
+    replication_factor: int = Field(default=3, ge=1, le=32)
+    """Replication factor for ``topics create`` (3 for production; the local stack's state supplies its broker
+    count). ``min.insync.replicas`` follows from it: 2 when replicated (deploy/topics.py)."""
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] | None = None
+    """librdkafka ``security.protocol``; None: librdkafka's default (PLAINTEXT)."""
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] | None = None
+    """``sasl.mechanism`` (needs a SASL_* protocol). OAUTHBEARER takes ``sasl.oauthbearer.*`` pass-through."""
+    kafka_sasl_username: str | None = None
+    """``sasl.username`` (PLAIN, SCRAM)."""
+    kafka_sasl_password: SecretStr | None = None
+    """``sasl.password`` (PLAIN, SCRAM); masked when printed."""
+    kafka_ssl_ca_location: Path | None = None
+    """``ssl.ca.location``: PEM file of the CA(s) that signed the brokers' certificates; None: the system's."""
+    kafka_ssl_certificate_location: Path | None = None
+    """``ssl.certificate.location``: the client's PEM certificate (mutual TLS)."""
+    kafka_ssl_key_location: Path | None = None
+    """``ssl.key.location``: the client's PEM private key (mutual TLS)."""
+    kafka_ssl_key_password: SecretStr | None = None
+    """``ssl.key.password`` of an encrypted client key; masked when printed."""
+    kafka_properties_file: Path | None = None
+    """A ``key=value`` file of librdkafka properties (e.g. a managed Kafka's client file)."""
+    kafka_properties: dict[str, SecretStr] = Field(default_factory=dict)
+    """Pass-through librdkafka properties, merged from ``kafka_properties_file`` and ``RUNJOURNAL_LIBRDKAFKA_*``
+    at :meth:`load` (not a variable of its own). Values are SecretStr; :meth:`masked` shows non-secret ones."""
     log_level: str | None = None
     """Log level of every command (DEBUG … CRITICAL); None: INFO for services, WARNING otherwise."""
     console_operator_token: SecretStr | None = None
@@ -107,38 +140,33 @@ class Settings(BaseSettings):
 
     @classmethod
     def load(cls, **overrides: Any) -> Settings:
-        """Read the environment, fill unset endpoints from the local stack's state file, apply overrides.
+        """Read the environment and the pass-through properties, fill unset endpoints (and, with them, the
+        replication factor and a secure stack's security) from the local stack's state file, apply overrides.
 
         Raises:
-            ConfigError: an invalid or unknown ``RUNJOURNAL_*`` variable (named in the message).
+            ConfigError: an invalid or unknown ``RUNJOURNAL_*`` variable, a refused pass-through property
+                or an inconsistent security combination (each named in the message).
         """
-        known = {f"RUNJOURNAL_{name.upper()}" for name in cls.model_fields}
-        unknown = sorted(k for k in os.environ if k.startswith("RUNJOURNAL_") and k not in known)
+        internal = {"RUNJOURNAL_KAFKA_PROPERTIES"}
+        known = {f"RUNJOURNAL_{name.upper()}" for name in cls.model_fields} - internal
+        unknown = sorted(k for k in os.environ if k.startswith("RUNJOURNAL_") and k not in known
+                         and not k.startswith(_kafka_props.ENV_PREFIX))
         if unknown:
-            raise ConfigError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+            raise ConfigError(f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}, "
+                              f"and {_kafka_props.ENV_PREFIX}<librdkafka property>")
         try:
             base = cls(**overrides)
         except ValidationError as exc:
             raise ConfigError(_explain(exc)) from exc
-        state_path = base.stack_dir / STATE_FILE
+        explicit = {f for f in cls.model_fields if f"RUNJOURNAL_{f.upper()}" in os.environ or f in overrides}
         fill: dict[str, Any] = {}
-        if state_path.exists():
-            try:
-                state = json.loads(state_path.read_text())
-            except (OSError, ValueError):
-                state = {}
-            if "RUNJOURNAL_BOOTSTRAP" not in os.environ and "bootstrap" not in overrides:
-                if bs := state.get("kafka", {}).get("bootstrap"):
-                    fill["bootstrap"] = bs
-            if "RUNJOURNAL_REDIS_URL" not in os.environ and "redis_url" not in overrides:
-                if url := state.get("redis", {}).get("url"):
-                    fill["redis_url"] = url
-            if "RUNJOURNAL_SCHEMA_REGISTRY_URL" not in os.environ and "schema_registry_url" not in overrides:
-                registry = state.get("registry", {})
-                pid = (registry.get("process") or {}).get("pid")
-                if pid and registry.get("url") and Path(f"/proc/{pid}").exists():  # while `stack up --registry` runs it
-                    fill["schema_registry_url"] = registry["url"]
-        return base.model_copy(update=fill) if fill else base
+        if "kafka_properties" not in overrides:
+            fill.update(_passthrough(base, explicit))
+        kafka_given = "bootstrap" in explicit or "bootstrap" in fill
+        fill.update(_from_stack_state(base.stack_dir / STATE_FILE, explicit, with_kafka=not kafka_given))
+        settings = base.model_copy(update=fill) if fill else base
+        _check_kafka_security(settings)
+        return settings
 
     # -- derived names -----------------------------------------------------------------
     @property
@@ -167,6 +195,12 @@ class Settings(BaseSettings):
         return f"{self.topic_prefix}.memory.dlq"
 
     @property
+    def all_topics(self) -> tuple[str, ...]:
+        """Every topic runjournal keeps under this prefix: events, its DLQ, the memory DLQ and the schemas
+        topic. The one list that creation, ``topics describe`` and cleanup (demo, bench, tests) share."""
+        return (self.events_topic, self.events_dlq_topic, self.memory_dlq_topic, self.schemas_topic)
+
+    @property
     def effective_qdrant_path(self) -> Path:
         """The embedded Qdrant directory actually used (``qdrant_path`` or ``<stack_dir>/qdrant``)."""
         return self.qdrant_path or (self.stack_dir / "qdrant")
@@ -177,14 +211,131 @@ class Settings(BaseSettings):
         out["redis_url"] = mask_url(self.redis_url)
         out["qdrant_url"] = mask_url(self.qdrant_url)
         out["schema_registry_url"] = mask_url(self.schema_registry_url)
-        out["qdrant_api_key"] = "***" if self.qdrant_api_key else None
-        out["console_operator_token"] = "***" if self.console_operator_token else None
+        for name in ("qdrant_api_key", "kafka_sasl_password", "kafka_ssl_key_password", "console_operator_token"):
+            out[name] = "***" if getattr(self, name) else None
+        out["kafka_properties"] = {k: "***" if _kafka_props.is_secret(k) else v.get_secret_value()
+                                   for k, v in sorted(self.kafka_properties.items())}
+        return out
+
+    def as_env(self) -> dict[str, str]:
+        """``RUNJOURNAL_*`` variables that make ``Settings.load()`` in a child process give these settings back —
+        Kafka security and pass-through properties included (secrets revealed: for a child's environment only).
+
+        Every environment handed to a child process (demo fleet, bench, tests) is built from this, so a
+        child never connects with less than its parent (e.g. plaintext to a SASL_SSL listener).
+        """
+        env: dict[str, str] = {}
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            # the console's operator token stays with the console: no child process needs it
+            if name in ("kafka_properties", "kafka_properties_file", "console_operator_token") or value is None:
+                continue
+            env[f"RUNJOURNAL_{name.upper()}"] = value.get_secret_value() if isinstance(value, SecretStr) else str(value)
+        env["RUNJOURNAL_QDRANT_PATH"] = str(self.effective_qdrant_path)
+        for key, secret in self.kafka_properties.items():
+            env[_kafka_props.env_name(key)] = secret.get_secret_value()
+        return env
+
+    def kafka_security_config(self) -> dict[str, str]:
+        """The librdkafka properties these settings add to every client: the typed security settings, then
+        the pass-through properties (secrets revealed — for :mod:`runjournal.core.kafka` only)."""
+        out: dict[str, str] = {}
+        for field_name, key in _kafka_props.TYPED_KEYS.items():
+            value = getattr(self, field_name)
+            if value is not None:
+                out[key] = value.get_secret_value() if isinstance(value, SecretStr) else str(value)
+        out.update({k: v.get_secret_value() for k, v in self.kafka_properties.items()})
         return out
 
     def __repr__(self) -> str:
         return f"Settings({self.masked()!r})"
 
     __str__ = __repr__
+
+
+def _passthrough(base: Settings, explicit: set[str]) -> dict[str, Any]:
+    """``kafka_properties`` (file, then ``RUNJOURNAL_LIBRDKAFKA_*``) and a bootstrap the file may carry."""
+    file_props = _kafka_props.read_properties_file(base.kafka_properties_file) if base.kafka_properties_file else {}
+    env_props = _kafka_props.env_properties(os.environ)
+    if not file_props and not env_props:
+        return {}
+    fill: dict[str, Any] = {}
+    file_bootstrap = _kafka_props.take_bootstrap(file_props, env_props)  # a managed Kafka's file names its cluster
+    if file_bootstrap and "bootstrap" not in explicit:
+        fill["bootstrap"] = file_bootstrap
+    typed = {key: f"RUNJOURNAL_{name.upper()}" for name, key in _kafka_props.TYPED_KEYS.items()
+             if getattr(base, name) is not None}
+    merged = _kafka_props.merge(file_props, env_props, typed)
+    sources = {k: src for k, (_v, src) in {**file_props, **env_props}.items()}
+    _kafka_props.check_with_librdkafka(merged, sources)
+    fill["kafka_properties"] = {k: SecretStr(v) for k, v in merged.items()}
+    return fill
+
+
+def _from_stack_state(path: Path, explicit: set[str], *, with_kafka: bool) -> dict[str, Any]:
+    """Endpoints from the local stack's state file, and — with its bootstrap — its replication factor and,
+    for a secure stack, its security settings and the operator's credentials (unless given)."""
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    fill: dict[str, Any] = {}
+    if "redis_url" not in explicit and (url := state.get("redis", {}).get("url")):
+        fill["redis_url"] = url
+    registry = state.get("registry", {})
+    pid = (registry.get("process") or {}).get("pid")
+    if "schema_registry_url" not in explicit and pid and registry.get("url") and Path(f"/proc/{pid}").exists():
+        fill["schema_registry_url"] = registry["url"]  # while `stack up --registry` runs it
+    kafka_state = state.get("kafka", {})
+    if not with_kafka or not (bs := kafka_state.get("bootstrap")):
+        return fill
+    fill["bootstrap"] = bs
+    if "replication_factor" not in explicit:
+        fill["replication_factor"] = min(3, int(kafka_state.get("brokers", 1)))
+    security = kafka_state.get("security") or {}
+    for name in ("kafka_security_protocol", "kafka_sasl_mechanism", "kafka_ssl_ca_location"):
+        if name not in explicit and security.get(name):
+            fill[name] = Path(security[name]) if name.endswith("_location") else security[name]
+    if not explicit & {"kafka_sasl_username", "kafka_sasl_password"} and security.get("users_file"):
+        user = security.get("default_user", "operator")
+        try:
+            password = json.loads(Path(security["users_file"]).read_text())[user]
+        except (OSError, ValueError, KeyError):
+            password = None
+        if password:
+            fill.update(kafka_sasl_username=user, kafka_sasl_password=SecretStr(password))
+    return fill
+
+
+def _check_kafka_security(s: Settings) -> None:
+    """Refuse combinations librdkafka would reject late or obscurely (each error names the variable to fix)."""
+    props = s.kafka_security_config()
+    protocol = props.get("security.protocol", "PLAINTEXT").upper()
+    mechanism = props.get("sasl.mechanism", props.get("sasl.mechanisms"))
+    if protocol.startswith("SASL_") and not mechanism:
+        raise ConfigError(f"security protocol {protocol} needs RUNJOURNAL_KAFKA_SASL_MECHANISM "
+                          "(PLAIN, SCRAM-SHA-256, SCRAM-SHA-512 or OAUTHBEARER)")
+    if mechanism and not protocol.startswith("SASL_"):
+        raise ConfigError(f"RUNJOURNAL_KAFKA_SASL_MECHANISM={mechanism} needs RUNJOURNAL_KAFKA_SECURITY_PROTOCOL="
+                          "SASL_SSL (or SASL_PLAINTEXT)")
+    has_user, has_password = "sasl.username" in props, "sasl.password" in props
+    if mechanism in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512") and not (has_user and has_password):
+        raise ConfigError(f"SASL mechanism {mechanism} needs RUNJOURNAL_KAFKA_SASL_USERNAME and "
+                          "RUNJOURNAL_KAFKA_SASL_PASSWORD")
+    if mechanism == "OAUTHBEARER" and (has_user or has_password):
+        raise ConfigError("SASL mechanism OAUTHBEARER takes no username/password: pass sasl.oauthbearer.* "
+                          "properties (e.g. RUNJOURNAL_LIBRDKAFKA_SASL_OAUTHBEARER_METHOD=oidc)")
+    tls = [k for k in ("ssl.ca.location", "ssl.certificate.location", "ssl.key.location") if k in props]
+    if tls and protocol not in ("SSL", "SASL_SSL"):
+        raise ConfigError(f"TLS files are set ({', '.join(tls)}) but the security protocol is {protocol}: "
+                          "set RUNJOURNAL_KAFKA_SECURITY_PROTOCOL=SSL or SASL_SSL")
+    if ("ssl.certificate.location" in props) != ("ssl.key.location" in props):
+        raise ConfigError("mutual TLS needs both RUNJOURNAL_KAFKA_SSL_CERTIFICATE_LOCATION and "
+                          "RUNJOURNAL_KAFKA_SSL_KEY_LOCATION")
+    for name in ("kafka_ssl_ca_location", "kafka_ssl_certificate_location", "kafka_ssl_key_location"):
+        path = getattr(s, name)
+        if path is not None and not path.is_file():
+            raise ConfigError(f"RUNJOURNAL_{name.upper()}: {path} is not a readable file")
 
 
 def _explain(exc: ValidationError) -> str:

@@ -35,13 +35,14 @@ def remove_demo(settings: Settings, workdir: Path | None = None, *, timeout_s: f
     out: dict[str, Any] = {"topics_deleted": [], "groups_deleted": [], "redis_keys_deleted": 0,
                            "qdrant_collections_deleted": [], "workdir_deleted": False, "cleanup_errors": []}
     admin = kafka.admin_client(settings)
-    topics = [settings.events_topic, settings.events_dlq_topic, settings.memory_dlq_topic, settings.schemas_topic]
+    topics = list(settings.all_topics)
     for name, fut in admin.delete_topics(topics, operation_timeout=timeout_s).items():
         try:
             fut.result(timeout_s)
             out["topics_deleted"].append(name)
         except Exception as exc:  # noqa: BLE001 - reported, never hidden
-            out["cleanup_errors"].append(f"topic {name}: {exc}")
+            if "UNKNOWN_TOPIC_OR_PART" not in str(exc):  # never created (e.g. no schema ever published): fine
+                out["cleanup_errors"].append(f"topic {name}: {exc}")
     groups = [f"{settings.topic_prefix}.projector", f"{settings.topic_prefix}.memory"]
     for name, fut in admin.delete_consumer_groups(groups, request_timeout=timeout_s).items():
         try:

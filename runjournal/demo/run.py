@@ -88,10 +88,7 @@ def _load(opts: DemoOptions) -> list[RunScript]:
 
 def _env(settings: Settings) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RUNJOURNAL_")}
-    env.update(RUNJOURNAL_BOOTSTRAP=settings.bootstrap, RUNJOURNAL_REDIS_URL=settings.redis_url,
-               RUNJOURNAL_TOPIC_PREFIX=settings.topic_prefix, RUNJOURNAL_STACK_DIR=str(settings.stack_dir),
-               RUNJOURNAL_QDRANT_PATH=str(settings.effective_qdrant_path),
-               RUNJOURNAL_PARTITIONS=str(settings.partitions))
+    env.update(settings.as_env())  # Kafka security and pass-through included: children connect like the parent
     return env
 
 
