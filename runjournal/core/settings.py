@@ -8,7 +8,8 @@ Variables (each field of :class:`Settings`, upper-cased, with the ``RUNJOURNAL_`
 README's Settings table lists meanings and defaults): ``BOOTSTRAP``, ``REDIS_URL``,
 ``QDRANT_PATH``, ``QDRANT_URL``, ``QDRANT_API_KEY``, ``SCHEMA_REGISTRY_URL``, ``TOPIC_PREFIX``,
 ``STACK_DIR``, ``CACHE_DIR``, ``PARTITIONS``, ``REPLICATION_FACTOR``, ``LOG_LEVEL``,
-``CONSOLE_OPERATOR_TOKEN``, the Kafka security settings ``KAFKA_SECURITY_PROTOCOL``, ``KAFKA_SASL_MECHANISM``, ``KAFKA_SASL_USERNAME``,
+``CONSOLE_OPERATOR_TOKEN``, the Kafka security settings ``KAFKA_SECURITY_PROTOCOL``,
+``KAFKA_SASL_MECHANISM``, ``KAFKA_SASL_USERNAME``,
 ``KAFKA_SASL_PASSWORD``, ``KAFKA_SSL_CA_LOCATION``, ``KAFKA_SSL_CERTIFICATE_LOCATION``,
 ``KAFKA_SSL_KEY_LOCATION``, ``KAFKA_SSL_KEY_PASSWORD``, ``KAFKA_PROPERTIES_FILE``, and any
 ``RUNJOURNAL_LIBRDKAFKA_<NAME>`` pass-through property (``runjournal.core._kafka_props``).
