@@ -113,14 +113,13 @@ def _recovered_run(settings: Settings, env: dict[str, str], provider: Provider) 
 @pytest.fixture(scope="module")
 def stack(endpoints: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("console")
-    base_env = {k: v for k, v in os.environ.items() if not k.startswith("RUNJOURNAL_")}
-    base_env.update(RUNJOURNAL_BOOTSTRAP=endpoints.bootstrap, RUNJOURNAL_REDIS_URL=endpoints.redis_url,
-                    RUNJOURNAL_STACK_DIR=str(tmp / "stack"), RUNJOURNAL_QDRANT_PATH=str(tmp / "qdrant"))
-    summary = _demo(base_env)
-    env = {**base_env, "RUNJOURNAL_TOPIC_PREFIX": summary["topic_prefix"], "RUNJOURNAL_PARTITIONS": "6"}
-    settings = Settings.load(bootstrap=endpoints.bootstrap, redis_url=endpoints.redis_url,
-                             topic_prefix=summary["topic_prefix"], partitions=6, stack_dir=tmp / "stack",
-                             qdrant_path=tmp / "qdrant")
+    base = Settings.load(bootstrap=endpoints.bootstrap, redis_url=endpoints.redis_url, partitions=6,
+                         stack_dir=tmp / "stack", qdrant_path=tmp / "qdrant",
+                         replication_factor=endpoints.replication_factor)
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RUNJOURNAL_")}
+    summary = _demo({**clean, **base.as_env()})
+    settings = base.model_copy(update={"topic_prefix": summary["topic_prefix"]})
+    env = {**clean, **settings.as_env()}
     procs: list[subprocess.Popen] = []
     with running_provider(tmp, env) as provider:
         try:
