@@ -170,6 +170,8 @@ class ReplayHandle:
         self._node_stack: list[str] = []
         self._entries: dict[str, dict[str, int]] = {}
         self._call_counts: dict[str, int] = {}
+        self._failed_last: dict[str, tuple[int, str, str]] = {}
+        """node path -> (index, tool, args digest) of its last call when that call raised its recorded failure."""
         self._finished: EventType | None = None
 
     # -- RunHandle's read-only surface ----------------------------------------------------------
@@ -236,7 +238,12 @@ class ReplayHandle:
             ResultUnavailableError: the result is stored by reference and cannot be read back.
         """
         node_path = self.node_path or ""
-        index = self._call_counts.get(node_path, 0) + 1
+        args_digest = digest(canonical_json(args))
+        # The same tool and args again right after a failure is the next attempt of that call (same key), as
+        # in RunHandle.call: a retry never gets a new key.
+        last = self._failed_last.pop(node_path, None)
+        retry = last is not None and last[1:] == (tool.name, args_digest)
+        index = last[0] if last is not None and retry else self._call_counts.get(node_path, 0) + 1
         key = idempotency_key(self.run_id, node_path, index)
         where = {"node_path": node_path, "index": index, "idempotency_key": key, "tool": tool.name}
         step = f"call {index} at {node_path or '<top>'} ({tool.name}, key {key})"
@@ -247,15 +254,16 @@ class ReplayHandle:
             raise ReplayDivergedError(f"{step}: the finished recording has no such call", **where)
         if record.tool != tool.name:
             raise ReplayDivergedError(f"{step}: the recording has tool {record.tool!r} at this step", **where)
-        if self._strict_args and record.args_digest != digest(canonical_json(args)):
+        if self._strict_args and record.args_digest != args_digest:
             raise ReplayDivergedError(f"{step}: arguments differ from the recorded ones", **where)
-        self._call_counts[node_path] = index
+        self._call_counts[node_path] = max(index, self._call_counts.get(node_path, 0))
         if record.effect_committed:
             result = self._result(record)
             self.calls.append(ReplayedCall(node_path, index, key, tool.name, record.status.value, result))
             return result
         failed = record.status is CallStatus.FAILED or record.reconciled_outcome is ReconciledOutcome.FAILED
         if failed:
+            self._failed_last[node_path] = (index, tool.name, args_digest)
             self.calls.append(ReplayedCall(node_path, index, key, tool.name, record.status.value, None))
             raise ReplayedToolError(record.error or "reconciled as FAILED", retryable=bool(record.retryable),
                                     call_id=record.call_id)

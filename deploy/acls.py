@@ -15,6 +15,10 @@ bindings with Kafka's AdminClient, for any cluster with the standard authorizer)
 * ``operator`` — ``topics create/describe``, ``inspect``, ``replay``, ``erase`` (tombstones), reading the
   DLQs. Not ACL administration: that stays with the cluster's administrator.
 
+Every role that encodes events (agent, recovery, operator tools) writes its writer schema to
+``{prefix}.schemas`` before its first event; every reader (projector, recovery, memory, operator) reads
+writer schemas there by fingerprint (``runjournal.schemas.catalog``). Only the operator creates topics.
+
 Throw-away readers (recovery's tails, inspect, replay, erase) need no group ACL: they ``assign()``
 partitions at explicit offsets and commit nothing, so the only group request librdkafka makes is a
 FindCoordinator, whose GROUP_AUTHORIZATION_FAILED it ignores for such a consumer (seen with 2.16; the
@@ -52,11 +56,18 @@ class Grant:
     """``ALLOW`` or ``DENY`` (a DENY wins over every ALLOW)."""
 
 
-_EVENTS, _DLQ, _MDLQ = "{prefix}.events", "{prefix}.events.dlq", "{prefix}.memory.dlq"
+_EVENTS, _DLQ, _MDLQ, _SCHEMAS = "{prefix}.events", "{prefix}.events.dlq", "{prefix}.memory.dlq", "{prefix}.schemas"
+# Every writer publishes its writer schema to {prefix}.schemas before its first event; every reader looks
+# writer schemas up there (runjournal.schemas.catalog). The operator creates the topic (topics create).
+_SCHEMAS_WRITE = Grant("topic", _SCHEMAS, "literal", ("WRITE", "DESCRIBE", "READ"),
+                       "publish its writer schema before its first event (and read the catalog back)")
+_SCHEMAS_READ = Grant("topic", _SCHEMAS, "literal", ("READ", "DESCRIBE"),
+                      "find writer schemas by fingerprint (newer writers' records)")
 
 ROLES: dict[str, tuple[Grant, ...]] = {
     "agent": (
         Grant("topic", _EVENTS, "literal", ("WRITE", "DESCRIBE"), "publish every event (transactional produce)"),
+        _SCHEMAS_WRITE,
         Grant("transactional_id", "{prefix}.", "prefixed", ("WRITE", "DESCRIBE"),
               "its transactional.id {prefix}.{producer_id}: init_transactions, commit"),
         Grant("transactional_id", "{prefix}.recovery", "literal", ("WRITE", "DESCRIBE"),
@@ -64,17 +75,20 @@ ROLES: dict[str, tuple[Grant, ...]] = {
     ),
     "projector": (
         Grant("topic", _EVENTS, "literal", ("READ", "DESCRIBE"), "fold the journal"),
+        _SCHEMAS_READ,
         Grant("group", "{prefix}.projector", "literal", ("READ", "DESCRIBE"), "its consumer group and commits"),
         Grant("topic", _DLQ, "literal", ("WRITE", "DESCRIBE"), "quarantine undecodable records with their offset"),
     ),
     "recovery": (
         Grant("topic", _EVENTS, "literal", ("READ", "WRITE", "DESCRIBE"),
               "read partition tails to the high watermark; publish RUN_RESUMED"),
+        _SCHEMAS_WRITE,
         Grant("transactional_id", "{prefix}.", "prefixed", ("WRITE", "DESCRIBE"),
               "fence a dead instance (init_transactions with its id); its own {prefix}.recovery"),
     ),
     "memory": (
         Grant("topic", _EVENTS, "literal", ("READ", "DESCRIBE"), "extract memory from events"),
+        _SCHEMAS_READ,
         Grant("group", "{prefix}.memory", "literal", ("READ", "DESCRIBE"), "its consumer group and commits"),
         Grant("topic", _MDLQ, "literal", ("WRITE", "DESCRIBE"), "dead-letter items Qdrant refused"),
     ),
@@ -82,6 +96,7 @@ ROLES: dict[str, tuple[Grant, ...]] = {
         Grant("topic", "{prefix}.", "prefixed", ("CREATE", "DESCRIBE", "DESCRIBE_CONFIGS", "READ"),
               "topics create/describe; inspect, replay and the DLQs"),
         Grant("topic", _EVENTS, "literal", ("WRITE",), "erase: tombstones"),
+        Grant("topic", _SCHEMAS, "literal", ("WRITE",), "tools that encode events (e.g. the demo's seeding)"),
     ),
 }
 """Role → its grants (see the module docstring)."""

@@ -8,6 +8,7 @@ boot). ``stop`` signals a pid only while that pair still matches.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -121,10 +122,29 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
 
 
 def free_port() -> int:
-    """An unused TCP port on 127.0.0.1 (the kernel's choice; racy but fine for local tests)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """An unused TCP port on 127.0.0.1 for a server we are about to start (tests, private stacks).
+
+    Picked at random *below* the kernel's ephemeral range (``/proc/sys/net/ipv4/ip_local_port_range``):
+    the kernel's own choice (bind to port 0) lies inside that range, where any outgoing connection may
+    take it between this check and the server's bind ("Address already in use", seen with several test
+    stacks on one machine). Still a check-then-use race with other programs picking servers' ports.
+
+    Raises:
+        OSError: no free port found after 500 tries.
+    """
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(500):
+        port = random.randint(10000, max(10001, low - 1))
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise OSError("no free TCP port below the ephemeral range on 127.0.0.1")
 
 
 def read_tail(path: Path, lines: int = 40) -> str:

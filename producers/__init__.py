@@ -12,7 +12,9 @@ from runjournal.producers.errors import (
     DeliveryError,
     FatalProducerError,
     JournalError,
+    LeaseLapsedError,
     NoRecoveryPlanError,
+    OutcomeNotDurableError,
     OutcomeUnknownError,
     PartitionCountChangedError,
     PlanMismatchError,
@@ -21,8 +23,10 @@ from runjournal.producers.errors import (
     RecordedFailureError,
     ResultUnavailableError,
     RunClosedError,
+    RunExistsError,
     TopicNotFoundError,
     TransactionAbortedError,
+    UnrecordableResultError,
 )
 from runjournal.producers.fencing import fence_producer, transactional_id
 from runjournal.producers.handle import RunHandle
@@ -30,7 +34,7 @@ from runjournal.producers.journal import Journal
 from runjournal.producers.partitioner import partition_for
 from runjournal.producers.plan import ApprovalStatus, CallStatus, PlannedCall, PlanStore, RecoveryPlan
 from runjournal.producers.results import ResultStore
-from runjournal.producers.tools import Outcome, Reconcilable, Tool
+from runjournal.producers.tools import Outcome, Reconcilable, Tool, ToolOutcomeUnknownError
 from runjournal.producers.tracing import current_traceparent, use_traceparent, valid_traceparent
 
 __all__ = [
@@ -41,8 +45,10 @@ __all__ = [
     "FatalProducerError",
     "Journal",
     "JournalError",
+    "LeaseLapsedError",
     "NoRecoveryPlanError",
     "Outcome",
+    "OutcomeNotDurableError",
     "OutcomeUnknownError",
     "PartitionCountChangedError",
     "PlanMismatchError",
@@ -56,10 +62,13 @@ __all__ = [
     "ResultStore",
     "ResultUnavailableError",
     "RunClosedError",
+    "RunExistsError",
     "RunHandle",
     "Tool",
+    "ToolOutcomeUnknownError",
     "TopicNotFoundError",
     "TransactionAbortedError",
+    "UnrecordableResultError",
     "canonical_json",
     "current_traceparent",
     "digest",

@@ -5,11 +5,21 @@
 2. TOOL_CALL_INTENDED is published and its transaction committed (the broker's ack) *before*
    the tool runs.
 3. The tool runs with the key.
-4. TOOL_CALL_COMMITTED (result) or TOOL_CALL_FAILED (the tool raised) is published and
-   committed before ``call`` returns or re-raises.
+4. TOOL_CALL_COMMITTED (the result, recorded as canonical JSON that round-trips) or TOOL_CALL_FAILED
+   (a definite failure) is published and committed before ``call`` returns or re-raises. A failure
+   that leaves the outcome unknown (``runjournal.producers._unknown``) publishes nothing: the call
+   stays intended and ``call`` raises ``OutcomeUnknownError``. What happens when step 4 itself fails:
+   ``runjournal.producers._outcomes``.
 
 A call index is taken once the intent is accepted (or a recorded result is returned): a call
 whose intent failed to publish did not happen, and the next call at that step gets the same key.
+
+**A new attempt never gets a new key.** A call that did not give its caller a value (it raised after
+its intent: the tool failed or its outcome is unknown or not yet durable) is *open*; calling the same
+tool with the same arguments at the same node path again is the next attempt of that same call: same
+index, same key. Its recorded state decides, exactly as for a resumed run: a recorded outcome is
+returned (nothing runs), an unknown one is reconciled or held for approval, a failed one runs again
+(attempt + 1). The live caller and a resumed run therefore see the same keys and the same values.
 
 Read-only tools (``side_effect=False``) follow the same steps but non-durably: their events ride
 in the open transaction. A crash can lose them; the recovery job then sees NOT_STARTED (or an
@@ -20,25 +30,22 @@ On a resumed run, the plan entry for the key decides (see :meth:`CallMixin.call`
 
 from __future__ import annotations
 
-import json
 import logging
-from typing import TYPE_CHECKING, Any
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from runjournal.core import failpoints
 from runjournal.producers._digest import canonical_json, digest, idempotency_key
-from runjournal.producers.errors import (
-    ApprovalDeniedError,
-    OutcomeUnknownError,
-    PlanMismatchError,
-    RecordedFailureError,
-    ResultUnavailableError,
-)
-from runjournal.producers.plan import ApprovalStatus, CallStatus, PlannedCall
-from runjournal.producers.tools import Outcome, Tool
-from runjournal.schemas import Event, EventType
+from runjournal.producers._outcomes import OutcomeMixin
+from runjournal.producers._recorded import record_value
+from runjournal.producers._unknown import outcome_unknown
+from runjournal.producers.errors import OutcomeUnknownError, PlanMismatchError, RecordedFailureError
+from runjournal.producers.plan import CallStatus, PlannedCall
+from runjournal.producers.tools import Tool
+from runjournal.schemas import EventType
 
 if TYPE_CHECKING:
-    from runjournal.producers._port import JournalPort
     from runjournal.producers.plan import RecoveryPlan
 
 __all__ = ["CallMixin", "error_text"]
@@ -50,34 +57,34 @@ _DONE = frozenset({CallStatus.COMMITTED, CallStatus.RECONCILED_COMMITTED})
 
 
 def error_text(exc: BaseException) -> str:
-    """``"Type: message"``, capped at 4000 characters."""
+    """``"Type: message"``, capped at 4000 characters, as valid Unicode (a lone surrogate is escaped)."""
     text = f"{type(exc).__name__}: {exc}"
+    if not text.isascii():
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text if len(text) <= _MAX_ERROR_CHARS else text[: _MAX_ERROR_CHARS - 3] + "..."
 
 
-class CallMixin:
+@dataclass(slots=True)
+class LastCall:
+    """The latest call at one node path (for recognising the next attempt of an open call)."""
+
+    index: int
+    key: str
+    tool: str
+    args_digest: str
+    delivered: bool = False
+    """True once ``call`` gave its caller a value; until then the call is open."""
+
+
+class CallMixin(OutcomeMixin):
     """The ``call`` half of :class:`~runjournal.producers.handle.RunHandle` (kept apart to keep modules small)."""
 
-    journal: JournalPort
-    run_id: str
     plan: RecoveryPlan | None
     _call_counts: dict[str, int]
-
-    # provided by RunHandle
-    @property
-    def node_path(self) -> str | None:  # pragma: no cover - overridden
-        raise NotImplementedError
-
-    def _check_writable(self) -> None:  # pragma: no cover - overridden
-        raise NotImplementedError
-
-    def _publish(
-        self, etype: EventType, payload: dict[str, Any], *, node_id: str | None, durable: bool
-    ) -> Event:
-        raise NotImplementedError  # pragma: no cover - overridden
+    _last_call: dict[str, LastCall]
 
     def call(self, tool: Tool, args: dict[str, Any], *, side_effect: bool | None = None) -> Any:
-        """Run ``tool(args, idempotency_key)`` under the side-effect protocol and return its result.
+        """Run ``tool(args, idempotency_key)`` under the side-effect protocol and return its recorded result.
 
         Args:
             tool: a :class:`~runjournal.producers.tools.Tool` (``name``, ``side_effect``, ``timeout_ms``,
@@ -86,159 +93,164 @@ class CallMixin:
                 when at most ``inline_result_bytes``, as ``args_json``.
             side_effect: overrides ``tool.side_effect``.
 
-        On a resumed run, by the plan's status for this step's key:
+        By the call's recorded state (a resumed run's plan, or this handle's own earlier attempt of an open
+        call — same tool, same args, same node path):
 
         * COMMITTED / RECONCILED_COMMITTED → the recorded result is returned; the tool does not run,
           nothing is published;
         * OUTCOME_UNKNOWN → approval GRANTED: run again (same key); DENIED: ``ApprovalDeniedError``;
-          otherwise ``tool.reconcile(key)``: executed → TOOL_CALL_RECONCILED(COMMITTED), result returned;
-          executed with error → RECONCILED(FAILED), then run again; not executed →
-          RECONCILED(NOT_EXECUTED), then run (same key); None or no ``reconcile`` → ``OutcomeUnknownError``;
+          otherwise, once the tool's timeout has passed, ``tool.reconcile(key)``: executed →
+          TOOL_CALL_RECONCILED(COMMITTED), result returned; executed with error → RECONCILED(FAILED), then
+          run again; not executed → RECONCILED(NOT_EXECUTED), then run (same key); None or no
+          ``reconcile`` → ``OutcomeUnknownError``;
+        * FAILED and not retryable, met for the first time on a resumed run → ``RecordedFailureError``;
         * NOT_STARTED / RECONCILED_NOT_EXECUTED / FAILED / absent → run (attempt = recorded attempts + 1).
 
         Returns:
-            The tool's result (or the recorded one, as parsed JSON).
+            The result as recorded: ``json.loads`` of its canonical JSON (a tuple comes back as a list) —
+            the same value a resumed run receives.
 
         Raises:
-            The tool's own exception, after TOOL_CALL_FAILED is acknowledged.
-            OutcomeUnknownError / ApprovalDeniedError / PlanMismatchError / ResultUnavailableError:
-                resumed runs only.
-            DeliveryError, ProducerFencedError, RunClosedError, QueueFullError, EventTooLargeError: publishing
-            failed; if that was the intent, the tool did not run.
+            The tool's own exception, after TOOL_CALL_FAILED is acknowledged (a definite failure).
+            OutcomeUnknownError: the tool failed after its request may have left (nothing more is
+                published; call again to reconcile), or an unknown outcome cannot be settled.
+            UnrecordableResultError: the tool ran but its result cannot be recorded faithfully; the call is
+                durable as committed without a result.
+            OutcomeNotDurableError: the tool ran but its outcome was not acknowledged; call again.
+            ApprovalDeniedError / PlanMismatchError / RecordedFailureError / ResultUnavailableError.
+            DeliveryError, ProducerFencedError, LeaseLapsedError, RunClosedError, QueueFullError,
+            EventTooLargeError: publishing failed; if that was the intent, the tool did not run.
         """
         self._check_writable()
+        self._flush_pending()
         node_path = self.node_path or ""
-        index = self._call_counts.get(node_path, 0) + 1
-        key = idempotency_key(self.run_id, node_path, index)
         effect = tool.side_effect if side_effect is None else side_effect
         args_json = canonical_json(args)
-        common = {"call_id": key, "tool": tool.name, "idempotency_key": key, "args_digest": digest(args_json)}
-        planned = self.plan.calls.get(key) if self.plan is not None else None
+        args_digest = digest(args_json)
+        index, retry = self._call_index(node_path, tool.name, args_digest)
+        key = idempotency_key(self.run_id, node_path, index)
+        common = {"call_id": key, "tool": tool.name, "idempotency_key": key, "args_digest": args_digest}
+        planned = self._calls.get(key)
         if planned is not None:
-            if planned.tool != tool.name:
-                raise PlanMismatchError(
-                    f"run {self.run_id} step {node_path or '<top>'} call {index}: plan records tool "
-                    f"{planned.tool!r} for key {key}, the code calls {tool.name!r}"
-                )
-            if planned.args_digest is not None and planned.args_digest != common["args_digest"]:
-                raise PlanMismatchError(
-                    f"run {self.run_id} step {node_path or '<top>'} call {index}: {tool.name} was called with "
-                    f"other arguments before the crash (args digest {planned.args_digest[:12]}…, now "
-                    f"{common['args_digest'][:12]}…); its recorded outcome cannot answer this call"
-                )
-            if planned.status is CallStatus.FAILED and planned.retryable is False:
-                self._call_counts[node_path] = index
+            self._check_plan(planned, tool, args_digest, node_path, index)
+            self._enter(node_path, index, key, tool.name, args_digest)
+            if planned.status is CallStatus.FAILED and planned.retryable is False and not retry:
                 raise RecordedFailureError(
                     f"{tool.name} call {planned.call_id} failed before the crash and is not retryable: "
                     f"{planned.error}", error=planned.error, call_id=planned.call_id, tool=tool.name)
             if planned.status in _DONE:
-                result = self._recorded_result(planned)
-                self._call_counts[node_path] = index
-                return result
+                return self._deliver(node_path, self._recorded_result(planned))
             if planned.status is CallStatus.OUTCOME_UNKNOWN and effect and planned.side_effect:
-                settled, result = self._settle_unknown(tool, planned, key, common, effect)
+                settled, result = self._settle_unknown(tool, planned, key, common)
                 if settled:
-                    self._call_counts[node_path] = index
-                    return result
+                    return self._deliver(node_path, result)
         attempt = (planned.attempts if planned is not None else 0) + 1
         return self._execute(tool, args, args_json, common, node_path, index, effect, attempt)
 
-    def _execute(
-        self,
-        tool: Tool,
-        args: dict[str, Any],
-        args_json: str,
-        common: dict[str, Any],
-        node_path: str,
-        index: int,
-        effect: bool,
-        attempt: int,
-    ) -> Any:
-        node_id = node_path or None
+    # -- steps ---------------------------------------------------------------------------------------
+    def _call_index(self, node_path: str, tool: str, args_digest: str) -> tuple[int, bool]:
+        """(index, is_retry): the open call's index when this is its next attempt, else the next index."""
+        last = self._last_call.get(node_path)
+        if last is not None and not last.delivered and last.tool == tool and last.args_digest == args_digest:
+            return last.index, True
+        return self._call_counts.get(node_path, 0) + 1, False
+
+    def _enter(self, node_path: str, index: int, key: str, tool: str, args_digest: str) -> None:
+        """The call at ``index`` happened (intent accepted, or a recorded state met): count it, mark it open."""
+        self._call_counts[node_path] = max(index, self._call_counts.get(node_path, 0))
+        self._last_call[node_path] = LastCall(index, key, tool, args_digest)
+
+    def _deliver(self, node_path: str, value: Any) -> Any:
+        last = self._last_call.get(node_path)
+        if last is not None:
+            last.delivered = True
+        return value
+
+    def _check_plan(self, planned: PlannedCall, tool: Tool, args_digest: str, node_path: str, index: int) -> None:
+        if planned.tool != tool.name:
+            raise PlanMismatchError(
+                f"run {self.run_id} step {node_path or '<top>'} call {index}: plan records tool "
+                f"{planned.tool!r} for key {planned.call_id}, the code calls {tool.name!r}"
+            )
+        if planned.args_digest is not None and planned.args_digest != args_digest:
+            raise PlanMismatchError(
+                f"run {self.run_id} step {node_path or '<top>'} call {index}: {tool.name} was called with "
+                f"other arguments before the crash (args digest {planned.args_digest[:12]}…, now "
+                f"{args_digest[:12]}…); its recorded outcome cannot answer this call"
+            )
+
+    def _execute(self, tool: Tool, args: dict[str, Any], args_json: str, common: dict[str, Any], node_path: str,
+                 index: int, effect: bool, attempt: int) -> Any:
+        key = common["idempotency_key"]
         inline = len(args_json.encode("utf-8")) <= self.journal.inline_result_bytes
-        intended = {
-            **common,
-            "side_effect": effect,
-            "attempt": attempt,
-            "timeout_ms": int(tool.timeout_ms),
-            "args_json": args_json if inline else None,
-        }
-        self._publish(EventType.TOOL_CALL_INTENDED, intended, node_id=node_id, durable=effect)
-        self._call_counts[node_path] = index
+        intended = {**common, "side_effect": effect, "attempt": attempt, "timeout_ms": int(tool.timeout_ms),
+                    "args_json": args_json if inline else None}
+        self._publish(EventType.TOOL_CALL_INTENDED, intended, node_id=node_path or None, durable=effect)
+        self._enter(node_path, index, key, tool.name, common["args_digest"])
         failpoints.hit("producers.call.after_intent")
         if effect:
             self.journal.check_still_owner()  # a paused zombie whose lease expired must not send now
+        self._reconcile_after[key] = time.monotonic() + int(tool.timeout_ms) / 1000
         try:
-            result = tool(args, common["idempotency_key"])
-            failpoints.hit("producers.call.after_tool")
-        except Exception as exc:
-            failed = {**common, "error": error_text(exc), "retryable": bool(getattr(exc, "retryable", False))}
-            self._publish(EventType.TOOL_CALL_FAILED, failed, node_id=node_id, durable=effect)
-            raise
-        committed = {**common, **self._result_fields(result)}
-        self._publish(EventType.TOOL_CALL_COMMITTED, committed, node_id=node_id, durable=effect)
+            result = tool(args, key)
+        except BaseException as exc:
+            self._after_raise(tool, exc, common, node_path, effect, attempt)
+        failpoints.hit("producers.call.after_tool")
+        value = self._commit_outcome(tool, result, common, node_path, effect, attempt)
         failpoints.hit("producers.call.after_outcome")
-        return result
+        return self._deliver(node_path, value)
 
-    def _settle_unknown(
-        self, tool: Tool, planned: PlannedCall, key: str, common: dict[str, Any], effect: bool
-    ) -> tuple[bool, Any]:
-        """Resolve an OUTCOME_UNKNOWN step. Returns (True, result) when settled as committed,
-        (False, None) when the tool should run (again) with the same key."""
-        assert self.plan is not None
-        approval = self.plan.approvals.get(planned.call_id)
-        if approval == ApprovalStatus.GRANTED:
-            return False, None
-        who = {"call_id": planned.call_id, "idempotency_key": key, "tool": tool.name}
-        if approval == ApprovalStatus.DENIED:
-            raise ApprovalDeniedError(f"re-running {tool.name} call {planned.call_id} was denied", **who)
-        reconcile = getattr(tool, "reconcile", None)
-        outcome: Outcome | None = reconcile(key) if callable(reconcile) else None
-        if outcome is None:
-            how = "its provider cannot tell" if callable(reconcile) else "the tool has no reconcile()"
+    def _after_raise(self, tool: Tool, exc: BaseException, common: dict[str, Any], node_path: str, effect: bool,
+                     attempt: int) -> NoReturn:
+        """The tool raised: an unknown outcome publishes nothing (the call stays intended); a definite failure
+        is recorded as TOOL_CALL_FAILED. Always raises."""
+        key = common["idempotency_key"]
+        base = {"call_id": key, "tool": tool.name, "attempts": attempt, "side_effect": effect,
+                "args_digest": common["args_digest"]}
+        if effect and (not isinstance(exc, Exception) or outcome_unknown(exc)):
+            self._calls[key] = PlannedCall(status=CallStatus.OUTCOME_UNKNOWN, **base)
+            if not isinstance(exc, Exception):
+                raise exc  # interrupted inside the tool (KeyboardInterrupt …): the call stays intended
             raise OutcomeUnknownError(
-                f"{tool.name} call {planned.call_id} was intended but has no outcome and {how}; "
-                "request an approval (DESIGN.md § The side-effect protocol)",
-                **who,
-            )
-        node_id = self.node_path
-        if not outcome.executed:
-            payload = {**common, "outcome": "NOT_EXECUTED"}
-            self._publish(EventType.TOOL_CALL_RECONCILED, payload, node_id=node_id, durable=True)
-            return False, None
-        if outcome.error is not None:
-            payload = {**common, "outcome": "FAILED"}
-            self._publish(EventType.TOOL_CALL_RECONCILED, payload, node_id=node_id, durable=True)
-            return False, None
-        payload = {**common, "outcome": "COMMITTED", **self._result_fields(outcome.result)}
-        self._publish(EventType.TOOL_CALL_RECONCILED, payload, node_id=node_id, durable=True)
-        return True, outcome.result
+                f"{tool.name} call {key} raised {error_text(exc)} after its request may have left: the outcome is "
+                "unknown; call it again to reconcile it by key (it is not run blindly), or request an approval",
+                call_id=key, idempotency_key=key, tool=tool.name) from exc
+        if not isinstance(exc, Exception):
+            raise exc  # a read-only call interrupted: nothing to state, it may simply run again
+        retryable = bool(getattr(exc, "retryable", False))
+        failed = {**common, "error": error_text(exc), "retryable": retryable}
+        entry = PlannedCall(status=CallStatus.FAILED, retryable=retryable, error=failed["error"], **base)
+        self._record_outcome(EventType.TOOL_CALL_FAILED, failed, node_path, effect, entry, tool_error=exc)
+        raise exc
 
-    def _result_fields(self, result: Any) -> dict[str, Any]:
-        """``result_json`` inline if small, else ``result_ref`` (runjournal.producers.results); always the digest."""
-        text = canonical_json(result)
-        fields: dict[str, Any] = {"result_json": None, "result_ref": None, "result_digest": digest(text)}
-        if len(text.encode("utf-8")) <= self.journal.inline_result_bytes:
-            fields["result_json"] = text
-            return fields
-        try:
-            fields["result_ref"] = self.journal.results.put(text)
-        except Exception as exc:  # noqa: BLE001 - the effect happened: record it even without its result
-            log.error(
-                "could not store a %d-byte result in Redis (%s); recording its digest only", len(text), exc
-            )
-        return fields
+    def _commit_outcome(self, tool: Tool, result: Any, common: dict[str, Any], node_path: str, effect: bool,
+                        attempt: int) -> Any:
+        """Record TOOL_CALL_COMMITTED; return the value as recorded (raises UnrecordableResultError after the
+        outcome is durable when the result cannot be recorded faithfully)."""
+        key = common["idempotency_key"]
+        base = {"call_id": key, "tool": tool.name, "attempts": attempt, "side_effect": effect,
+                "args_digest": common["args_digest"]}
+        recorded = record_value(result)
+        problem = recorded.problem
+        fields: dict[str, Any] = {"result_json": None, "result_ref": None,
+                                  "result_digest": digest(f"unrecordable: {problem}")}
+        smaller = None
+        if recorded.text is not None:
+            text = recorded.text
+            fields, problem = self._result_fields(text)
 
-    def _recorded_result(self, planned: PlannedCall) -> Any:
-        if planned.result_json is not None:
-            return json.loads(planned.result_json)
-        if planned.result_ref is not None:
-            text = self.journal.results.get(planned.result_ref)
-            if text is None:
-                raise ResultUnavailableError(
-                    f"result {planned.result_ref} of call {planned.call_id} is not in Redis"
-                )
-            return json.loads(text)
-        if planned.status is CallStatus.RECONCILED_COMMITTED:
-            return None
-        raise ResultUnavailableError(f"call {planned.call_id} committed but its result was not recorded")
+            def by_reference() -> tuple[dict[str, Any], PlannedCall] | None:
+                ref_fields, ref_problem = self._result_fields(text, inline=False)
+                if ref_problem is not None:
+                    return None
+                entry = PlannedCall(status=CallStatus.COMMITTED, result_ref=ref_fields["result_ref"], **base)
+                return {**common, **ref_fields}, entry
+
+            smaller = by_reference if fields["result_json"] is not None else None
+        entry = PlannedCall(status=CallStatus.COMMITTED, result_json=fields["result_json"],
+                            result_ref=fields["result_ref"], **base)
+        self._record_outcome(EventType.TOOL_CALL_COMMITTED, {**common, **fields}, node_path, effect, entry,
+                             smaller=smaller)
+        if problem is not None:  # the call stays open: calling it again raises this again, never re-runs it
+            raise self._unrecordable(tool.name, key, problem)
+        return recorded.value

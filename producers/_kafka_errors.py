@@ -71,10 +71,16 @@ class Failure:
     """The Kafka exception, chained as ``__cause__``."""
     retryable: bool
     """False when the outcome is ambiguous or the instance is fenced: the seq cannot be reused."""
+    ambiguous: bool = False
+    """True when the commit may have happened (see ``DeliveryError.ambiguous``)."""
+    refused_keys: frozenset[str] = frozenset()
+    """Keys of the records the broker refused for themselves (see ``DeliveryError.refused_keys``)."""
 
     def error(self) -> DeliveryError:
         """A fresh exception for one waiter."""
         err = self.kind(self.message)
         err.retryable = self.retryable
+        err.ambiguous = self.ambiguous
+        err.refused_keys = self.refused_keys
         err.__cause__ = self.cause
         return err

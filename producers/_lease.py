@@ -1,11 +1,23 @@
-"""The instance lease and owned-run set in Redis (DESIGN.md § Recovery job: liveness from leases).
+"""Instance leases, incarnations, owned-run sets and run-id claims in Redis (DESIGN.md § Recovery job).
 
-* ``{prefix}:lease:{producer_id}`` — string, JSON ``{producer_id, transactional_id, pid, host,
-  started_at_ms, ttl_ms}``, TTL ``ttl_ms``; re-set every ``ttl_ms / 3`` by the Journal's lease
-  thread; deleted on clean close. A missing key means the instance is presumed dead.
-* ``{prefix}:owned:{producer_id}`` — set of run ids the instance writes: added on
-  start/resume (before the first event), removed on succeed/fail (after the terminal event).
-  A hint for the recovery job; the projector's state also names each run's owner.
+Keys (every key name of the lease side lives here; the plan side's are in ``runjournal.producers.plan``):
+
+* ``{prefix}:incarnation:{name}`` — counter, INCRed by every Journal started under ``name`` (the
+  ``producer_id`` it was given). Incarnation *n* of ``name`` is the **instance** ``name`` (n = 1) or
+  ``name#n`` (n >= 2) — the node-path rule (``book``, ``book#2``). The instance id is what the
+  Journal writes as ``producer_id``, its ``transactional.id`` base and the suffix of its keys, so a
+  process restarted under the same name is a new instance: it fences nothing of the earlier one
+  and never takes over its owned set; recovery sees the earlier instance as dead and resumes its runs.
+* ``{prefix}:lease:{instance}`` — string, JSON ``{producer_id, name, incarnation, transactional_id, pid,
+  host, started_at_ms, ttl_ms}``, TTL ``ttl_ms``, taken with SET NX. **Compare-and-set everywhere**:
+  the heartbeat extends it only while it still holds this instance's value (:data:`_RENEW`); a lapsed
+  lease is never revived — the lapse fences the instance (it must restart as a new incarnation).
+  Deleted (compare-and-delete) on clean close. No key: the instance is dead (or a paused zombie).
+* ``{prefix}:owned:{instance}`` — set of run ids the instance writes; added (only while the lease is
+  ours, :data:`_OWN`) on start/resume before the first event, removed after the terminal event.
+* ``{prefix}:runid:{run_id}`` — string, the instance that started the run (SET NX): ``start_run`` refuses
+  a run id that exists (``RunExistsError``). No TTL; the recovery job deletes it (compare-and-delete)
+  only for a run with no fact in the journal after fencing its starter (``no_facts``).
 """
 
 from __future__ import annotations
@@ -14,17 +26,57 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
-from runjournal.producers.errors import JournalError
+from runjournal.producers.errors import JournalError, LeaseLapsedError, RunExistsError
 
-__all__ = ["InstanceLease"]
+__all__ = [
+    "InstanceLease",
+    "incarnation_key",
+    "instance_id",
+    "lease_key",
+    "owned_key",
+    "run_id_key",
+]
 
 log = logging.getLogger("runjournal.producers.lease")
 
-# Delete the lease only if it is still ours (compare-and-delete).
+#: Compare-and-delete: delete KEYS[1] only while it holds ARGV[1].
 _RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end"
+#: Compare-and-extend: re-arm the lease TTL (ARGV[2] ms) only while it holds our value (ARGV[1]).
+_RENEW = ("if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) "
+          "else return 0 end")
+#: Own a run only while the lease is ours: KEYS = lease, owned set; ARGV = lease value, run id.
+_OWN = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('SADD', KEYS[2], ARGV[2]) + 1 else return 0 end"
+_MAX_INCARNATION_TRIES = 16
+
+
+def lease_key(prefix: str, instance: str) -> str:
+    """``{prefix}:lease:{instance}``."""
+    return f"{prefix}:lease:{instance}"
+
+
+def owned_key(prefix: str, instance: str) -> str:
+    """``{prefix}:owned:{instance}``."""
+    return f"{prefix}:owned:{instance}"
+
+
+def incarnation_key(prefix: str, name: str) -> str:
+    """``{prefix}:incarnation:{name}``."""
+    return f"{prefix}:incarnation:{name}"
+
+
+def run_id_key(prefix: str, run_id: str) -> str:
+    """``{prefix}:runid:{run_id}``."""
+    return f"{prefix}:runid:{run_id}"
+
+
+def instance_id(name: str, incarnation: int) -> str:
+    """Incarnation ``incarnation`` (1-based) of ``name``: ``name`` for the first, ``name#n`` after."""
+    return name if incarnation == 1 else f"{name}#{incarnation}"
 
 
 def _text(raw: Any) -> str | None:
@@ -34,65 +86,170 @@ def _text(raw: Any) -> str | None:
 
 
 class InstanceLease:
-    """One instance's lease and owned set. Methods raise ``redis.RedisError`` unless stated otherwise."""
+    """One instance's lease, owned set and run-id claims. Methods raise ``redis.RedisError`` unless stated.
 
-    def __init__(
-        self, redis_client: Any, prefix: str, producer_id: str, transactional_id: str, ttl_ms: int
-    ) -> None:
+    Args:
+        redis_client: a ``redis.Redis``.
+        prefix: key prefix.
+        name: the producer_id the Journal was given (no ``#``: it separates the incarnation).
+        ttl_ms: lease TTL, ms (>= 300).
+
+    Attributes (set by :meth:`acquire`): ``instance`` (the instance id), ``incarnation``, ``key``,
+    ``owned_key``, ``value``.
+    """
+
+    def __init__(self, redis_client: Any, prefix: str, name: str, ttl_ms: int) -> None:
         if ttl_ms < 300:
             raise ValueError(f"lease ttl_ms must be >= 300, got {ttl_ms}")
+        if not name or "#" in name:
+            raise ValueError(f"producer_id must be non-empty without '#' (it marks the incarnation): {name!r}")
         self._r = redis_client
-        self.key = f"{prefix}:lease:{producer_id}"
-        self.owned_key = f"{prefix}:owned:{producer_id}"
+        self._prefix = prefix
+        self.name = name
         self.ttl_ms = ttl_ms
-        self.value = json.dumps(
-            {
-                "producer_id": producer_id,
-                "transactional_id": transactional_id,
-                "pid": os.getpid(),
-                "host": socket.gethostname(),
-                "started_at_ms": int(time.time() * 1000),
-                "ttl_ms": ttl_ms,
-            },
-            sort_keys=True,
-        )
+        self.instance = name
+        self.incarnation = 0
+        self.key = lease_key(prefix, name)
+        self.owned_key = owned_key(prefix, name)
+        self.value = ""
         self.lapses = 0
-        """Renewals that found the key gone (expired/deleted): the instance may have been declared dead."""
+        """1 once the lease was found lapsed (or its validity ran out while Redis was unreachable)."""
+        self._lapsed = threading.Event()
+        self._released = False
+        self._valid_until = 0.0
+        self._renew = redis_client.register_script(_RENEW)
+        self._own = redis_client.register_script(_OWN)
+        self._release = redis_client.register_script(_RELEASE)
 
-    def acquire(self) -> None:
-        """Take the lease. Raises JournalError when a live lease of another process holds this producer_id."""
-        if not self._r.set(self.key, self.value, px=self.ttl_ms, nx=True):
-            holder = _text(self._r.get(self.key))
-            raise JournalError(
-                f"producer_id is in use: lease {self.key} is held by {holder}; "
-                f"wait {self.ttl_ms} ms or pick another id"
-            )
-        left = self._r.scard(self.owned_key)
-        if left:
-            log.warning("%s holds %d runs of an earlier instance with this producer_id", self.owned_key, left)
+    # -- life ---------------------------------------------------------------------------------------
+    def acquire(self, transactional_id_of: Callable[[str], str]) -> str:
+        """Take a new incarnation's lease (INCR the name's counter, SET NX the instance's lease).
 
-    def renew(self) -> None:
-        """Re-set the lease with a fresh TTL; logs (and counts in ``lapses``) when it had lapsed."""
-        old = _text(self._r.set(self.key, self.value, px=self.ttl_ms, get=True))
-        if old != self.value:
+        Args:
+            transactional_id_of: instance id -> its transactional.id (recorded in the lease value).
+
+        Returns:
+            The instance id.
+
+        Raises:
+            JournalError: no free incarnation after 16 tries (leases of live instances hold them).
+        """
+        for _ in range(_MAX_INCARNATION_TRIES):
+            incarnation = int(self._r.incr(incarnation_key(self._prefix, self.name)))
+            instance = instance_id(self.name, incarnation)
+            value = json.dumps({"producer_id": instance, "name": self.name, "incarnation": incarnation,
+                                "transactional_id": transactional_id_of(instance), "pid": os.getpid(),
+                                "host": socket.gethostname(), "started_at_ms": int(time.time() * 1000),
+                                "ttl_ms": self.ttl_ms}, sort_keys=True)
+            started = time.monotonic()
+            if self._r.set(lease_key(self._prefix, instance), value, px=self.ttl_ms, nx=True):
+                self.instance, self.incarnation, self.value = instance, incarnation, value
+                self.key, self.owned_key = lease_key(self._prefix, instance), owned_key(self._prefix, instance)
+                self._valid_until = started + self.ttl_ms / 1000
+                return instance
+            # A live lease holds this id: the counter was reset (Redis wiped) under a live instance.
+        raise JournalError(f"no free incarnation of {self.name}: leases {self._prefix}:lease:{self.name}#… are held")
+
+    @property
+    def lapsed(self) -> bool:
+        """True once the lease was found lapsed: the instance is fenced for good."""
+        return self._lapsed.is_set()
+
+    def renew(self) -> bool:
+        """Extend the lease by ``ttl_ms`` if it still holds our value (compare-and-set).
+
+        Returns:
+            True when extended; False when it had lapsed (absent or another value): the instance is
+            fenced from now on (``lapsed``), and nothing is written.
+
+        Raises:
+            redis.RedisError: Redis is unreachable (nothing is known; see :meth:`expired_locally`).
+        """
+        if self.lapsed or self._released:
+            return False
+        started = time.monotonic()
+        if self._renew(keys=[self.key], args=[self.value, self.ttl_ms]):
+            self._valid_until = started + self.ttl_ms / 1000
+            return True
+        self.mark_lapsed("the lease key is gone or holds another value")
+        return False
+
+    def expired_locally(self) -> bool:
+        """True when ``ttl_ms`` passed since the last successful (re)arm began: Redis has dropped the key
+        (whatever Redis answers now), so an unreachable Redis cannot keep a zombie alive."""
+        return time.monotonic() >= self._valid_until
+
+    def mark_lapsed(self, why: str) -> None:
+        """Record the lapse (once); logs why."""
+        if not self._lapsed.is_set():
+            self._lapsed.set()
             self.lapses += 1
-            log.warning("lease %s had lapsed or changed hands (found %r); renewed", self.key, old)
+            log.error("lease %s lapsed (%s): this instance is fenced and must restart as a new incarnation",
+                      self.key, why)
 
     def still_ours(self) -> bool:
-        """True when the lease key holds our value; Redis unreachable counts as True (Kafka fences)."""
+        """True while the lease key holds our value. Lapsed → False. Redis unreachable → True only within
+        the local validity (``ttl_ms`` since the last successful arm), else the lease is marked lapsed."""
+        if self.lapsed or self._released:
+            return False
         try:
-            return _text(self._r.get(self.key)) == self.value
-        except Exception as exc:  # noqa: BLE001 - any client failure: cannot tell, do not self-fence
-            log.warning("cannot read lease %s (%s); assuming it is still ours", self.key, exc)
+            ours = _text(self._r.get(self.key)) == self.value
+        except Exception as exc:  # noqa: BLE001 - any client failure: fall back to the local clock
+            if self.expired_locally():
+                self.mark_lapsed(f"Redis unreachable ({exc}) past the lease's validity")
+                return False
+            log.warning("cannot read lease %s (%s); still within its validity", self.key, exc)
             return True
+        if not ours:
+            self.mark_lapsed("the lease key is gone or holds another value")
+        return ours
 
     def release(self) -> None:
-        """Delete the lease if it is still ours."""
-        self._r.eval(_RELEASE, 1, self.key, self.value)
+        """Delete the lease if it is still ours (close, or a fence at the broker); it is never renewed again."""
+        self._released = True
+        self._release(keys=[self.key], args=[self.value])
+
+    # -- runs ---------------------------------------------------------------------------------------
+    def claim_run_id(self, run_id: str) -> None:
+        """Register a new run id as started by this instance, and own it — refused for an existing id.
+
+        One round trip (a pipeline): SET NX ``{prefix}:runid:{run_id}`` and the compare-and-set own.
+
+        Raises:
+            RunExistsError: the run id exists (it names the instance that started it).
+            LeaseLapsedError: the lease is no longer ours (nothing is left claimed).
+        """
+        claim = run_id_key(self._prefix, run_id)
+        pipe = self._r.pipeline(transaction=False)
+        pipe.set(claim, self.instance, nx=True)
+        pipe.get(claim)
+        self._own(keys=[self.key, self.owned_key], args=[self.value, run_id], client=pipe)
+        claimed, holder, owned = pipe.execute()
+        if not claimed:
+            if int(owned) == 2:  # SADD added it: undo
+                self._r.srem(self.owned_key, run_id)
+            raise RunExistsError(run_id, _text(holder))
+        if not int(owned):
+            self.unclaim_run_id(run_id)
+            self.mark_lapsed("found lost when starting a run")
+            raise LeaseLapsedError(f"instance {self.instance} lost its lease {self.key}; run {run_id} not started")
+
+    def unclaim_run_id(self, run_id: str) -> None:
+        """Free a run id this instance claimed but never published (compare-and-delete); errors only logged."""
+        try:
+            self._r.eval(_RELEASE, 1, run_id_key(self._prefix, run_id), self.instance)
+        except Exception as exc:  # noqa: BLE001 - the id stays taken: harmless, the caller picks another
+            log.warning("could not free run id %s: %s", run_id, exc)
 
     def own(self, run_id: str) -> None:
-        """Add ``run_id`` to the owned set."""
-        self._r.sadd(self.owned_key, run_id)
+        """Add ``run_id`` to the owned set while the lease is ours (compare-and-set).
+
+        Raises:
+            LeaseLapsedError: the lease is no longer ours.
+        """
+        if not int(self._own(keys=[self.key, self.owned_key], args=[self.value, run_id])):
+            self.mark_lapsed("found lost when taking a run")
+            raise LeaseLapsedError(f"instance {self.instance} lost its lease {self.key}; not taking run {run_id}")
 
     def disown(self, run_id: str) -> None:
         """Remove ``run_id`` from the owned set."""

@@ -27,10 +27,17 @@ class JournalPort(Protocol):
     """Results up to this many bytes (UTF-8 JSON) ride inline in TOOL_CALL_COMMITTED; larger go by reference."""
     results: ResultStore
     """Where results larger than ``inline_result_bytes`` are stored (Redis), by digest reference."""
+    outcome_retries: int
+    """Bounded retries of the event stating a tool's outcome before ``OutcomeNotDurableError``."""
 
     @property
     def fence_count(self) -> int:
         """How many times this instance was found fenced; a handle made before a fence stops writing."""
+        ...
+
+    @property
+    def lapsed(self) -> bool:
+        """True once the instance's lease lapsed (it is fenced for good)."""
         ...
 
     def publish(self, event: Event, *, durable: bool,
@@ -43,5 +50,5 @@ class JournalPort(Protocol):
         ...
 
     def check_still_owner(self) -> None:
-        """Raise ``ProducerFencedError`` unless this instance still holds its lease."""
+        """Raise ``LeaseLapsedError`` unless this instance still holds its lease."""
         ...

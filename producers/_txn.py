@@ -28,6 +28,7 @@ from runjournal.producers.errors import (
     DeliveryError,
     FatalProducerError,
     JournalError,
+    LeaseLapsedError,
     ProducerFencedError,
     QueueFullError,
 )
@@ -82,7 +83,8 @@ class TxnPublisher(FailureHandling):
         self._items: list[Item] = []
         self._closed = False
         self._fenced_for_good = False
-        """Set once the broker fenced this transactional.id: every later publish raises ProducerFencedError."""
+        """Set once the broker fenced this transactional.id (or the lease lapsed): every later publish raises."""
+        self._lapse_reason: str | None = None
         self._settle_s = settle_ms / 1000
         self._committed_at = 0.0
         self.commits = 0
@@ -120,6 +122,20 @@ class TxnPublisher(FailureHandling):
                     producer.flush(timeout_s)
                     producer.close()
 
+    def fence_locally(self, reason: str) -> None:
+        """The instance's lease lapsed: stop for good, as if fenced at the broker (every later publish raises
+        ``LeaseLapsedError``). The open transaction is dropped uncommitted (purged; the broker aborts it
+        when the recovery job fences this transactional.id, or on ``transaction.timeout.ms``): nothing of
+        this instance may land after the recovery job's read. Safe from any thread."""
+        self._lapse_reason = reason
+        self._fenced_for_good = True  # set before taking the lock: publishes waiting for it see it at once
+        with self._lock:
+            self._drop_producer()
+            if self._txn_open or self._items:
+                failure = Failure(LeaseLapsedError, reason, RuntimeError(reason), retryable=False)
+                self._notify_lost([i for i in self._items if not i.durable], failure.error())
+                self._resolve(failure)
+
     # -- publishing ---------------------------------------------------------------------------
     def publish(self, item: Item) -> int:
         """Produce ``item`` into the open transaction; returns its generation (for :meth:`commit_through`).
@@ -141,7 +157,9 @@ class TxnPublisher(FailureHandling):
                     Severity.LOCAL,
                     Severity.RETRIABLE,
                 ):  # this record only (partition, size)
-                    raise DeliveryError(f"produce of {item.key} refused: {exc}") from exc
+                    refused = DeliveryError(f"produce of {item.key} refused: {exc}")
+                    refused.refused_keys = frozenset({item.key})
+                    raise refused from exc
                 raise self._fail_open_txn(exc) from exc
             self._items.append(item)
             self._producer.poll(0)
@@ -192,9 +210,11 @@ class TxnPublisher(FailureHandling):
         if self._closed:
             raise JournalError("the journal is closed")
         if self._fenced_for_good:  # checked under the lock: no publish slips past a fence
+            if self._lapse_reason is not None:
+                raise LeaseLapsedError(self._lapse_reason)
             raise ProducerFencedError(
                 f"{self._config['transactional.id']} was fenced (a recovery job took this instance's runs); "
-                "this instance must stop — restart it with a new producer_id")
+                "this instance must stop — restart it (it comes back as a new incarnation)")
         if self._producer is None:
             self.rebuilds += 1
             self._producer = self._build()

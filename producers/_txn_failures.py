@@ -136,14 +136,16 @@ class FailureHandling:
         if ambiguous:
             text += " (ambiguous: the commit may have happened)"
         kind = _KIND.get(severity, TransactionAbortedError)
-        failure = Failure(kind, text, exc, retryable=not (ambiguous or severity is Severity.FENCED))
+        guilty = _guilty(lost, refused)
+        failure = Failure(kind, text, exc, retryable=not (ambiguous or severity is Severity.FENCED),
+                          ambiguous=ambiguous, refused_keys=frozenset(guilty))
         log.error("%s", failure.message)
         self.aborts += 1
         self._resolve(failure)
         if severity is Severity.FENCED:
             # Never init_transactions() again with this transactional.id: that would bump the epoch back
             # and un-fence this zombie behind the recovery job's read (DESIGN.md § Zombies). The instance is
-            # done; a restart takes a new producer_id.
+            # done; a restart is a new incarnation (a new transactional.id).
             self._fenced_for_good = True
             self._drop_producer()
             self._on_fenced()
@@ -153,7 +155,6 @@ class FailureHandling:
         if not failure.retryable:
             self._notify_lost(non_durable, failure.error())
             return failure.error()
-        guilty = _guilty(lost, refused)
         dead = {i.run_id for i in non_durable if i.key in guilty or i.resends >= MAX_RESENDS}
         self._notify_lost([i for i in non_durable if i.run_id in dead], failure.error())
         again = [i for i in non_durable if i.run_id not in dead]

@@ -122,14 +122,17 @@ def await_approval(
 ) -> bool:
     """Ask for (or, after a resume, keep waiting for) a human decision on ``call_id``; True when granted.
 
-    Publishes APPROVAL_REQUESTED unless the run's recovery plan shows it was already requested,
-    and APPROVAL_GRANTED / DENIED once decided, unless the plan already has the decision.
+    Publishes APPROVAL_REQUESTED unless the run's journal already shows it requested, and APPROVAL_GRANTED /
+    DENIED once decided, unless the journal already has the decision — as known to the handle: its recovery
+    plan plus what it published itself. So asking again for a decided ``call_id`` returns the recorded
+    decision (live and after a resume alike) rather than publishing a new request that a decision left in the
+    inbox would answer at once; ask with a new ``call_id`` to ask again.
 
     Raises:
         ApprovalTimeoutError: no decision within ``timeout_s`` seconds (the request stays durable).
         DeliveryError and the other publishing errors of :meth:`RunHandle.emit`.
     """
-    known = handle.plan.approvals.get(call_id) if handle.plan is not None else None
+    known = _known(handle, call_id)
     if known in (ApprovalStatus.GRANTED, ApprovalStatus.DENIED):
         return known == ApprovalStatus.GRANTED
     if known is None:
@@ -151,3 +154,13 @@ def await_approval(
     }
     handle.emit(etype, payload)
     return granted
+
+
+def _known(handle: RunHandle, call_id: str) -> ApprovalStatus | None:
+    """The journal's state of approval ``call_id`` as ``handle`` knows it (``RunHandle.approval``; a look-alike
+    handle without it: its plan's)."""
+    lookup = getattr(handle, "approval", None)
+    if callable(lookup):
+        known: ApprovalStatus | None = lookup(call_id)
+        return known
+    return handle.plan.approvals.get(call_id) if handle.plan is not None else None

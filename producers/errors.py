@@ -12,15 +12,19 @@ Hierarchy::
         │   ├── TransactionAbortedError   abortable error: the transaction was aborted
         │   └── FatalProducerError        the producer hit a fatal error and was rebuilt
         │       └── ProducerFencedError   another producer took this transactional.id (zombie fencing)
+        │           └── LeaseLapsedError  the instance's lease lapsed: it is fenced, restart it
         ├── QueueFullError                the local produce queue stayed full (backpressure)
         ├── PartitionCountChangedError    the events topic's partition count changed
         ├── TopicNotFoundError            the events topic does not exist
         ├── RunClosedError                the run already succeeded / failed on this handle
+        ├── RunExistsError                start_run was given the id of an existing run
         ├── NoRecoveryPlanError           resume() found no plan
         ├── PlanMismatchError             the resumed code reached a step recorded for another tool
         ├── OutcomeUnknownError           an intended side effect has no recorded outcome
-        ├── ApprovalDeniedError           a human denied re-running an unknown-outcome call
+        │   └── ApprovalDeniedError       a human denied re-running an unknown-outcome call
+        ├── OutcomeNotDurableError        a tool ran; its outcome is not durable yet (call again: no re-run)
         └── ResultUnavailableError        a recorded result reference cannot be read back
+            └── UnrecordableResultError   a tool's result cannot be recorded faithfully (outcome is durable)
 """
 
 from __future__ import annotations
@@ -32,7 +36,9 @@ __all__ = [
     "DeliveryError",
     "FatalProducerError",
     "JournalError",
+    "LeaseLapsedError",
     "NoRecoveryPlanError",
+    "OutcomeNotDurableError",
     "OutcomeUnknownError",
     "PartitionCountChangedError",
     "PlanMismatchError",
@@ -41,8 +47,10 @@ __all__ = [
     "RecordedFailureError",
     "ResultUnavailableError",
     "RunClosedError",
+    "RunExistsError",
     "TopicNotFoundError",
     "TransactionAbortedError",
+    "UnrecordableResultError",
 ]
 
 
@@ -56,9 +64,15 @@ class DeliveryError(JournalError):
 
     Attributes:
         retryable: True when publishing again may succeed (the handle is still usable).
+        ambiguous: True when the commit may have happened (a timed-out commit): the seq cannot be given to
+            another event; publishing the *same* event again is safe (readers drop the copy by event_id).
+        refused_keys: record keys the broker refused for themselves (e.g. MSG_SIZE_TOO_LARGE); sending
+            the same bytes again will fail the same way.
     """
 
     retryable: bool = True
+    ambiguous: bool = False
+    refused_keys: frozenset[str] = frozenset()
 
 
 class TransactionAbortedError(DeliveryError):
@@ -80,11 +94,19 @@ class ProducerFencedError(FatalProducerError):
 
     The whole instance is done: every publish after the fence raises this error (its runs now belong
     to the recovery job). It never re-initialises the same ``transactional.id`` — that would bump the
-    producer epoch back and un-fence the zombie behind the recovery job's read. Restart the process
-    with a new ``producer_id``.
+    producer epoch back and un-fence the zombie behind the recovery job's read. Restart the process: a
+    Journal started under the same ``producer_id`` is a new incarnation with its own ``transactional.id``.
     """
 
     retryable = False
+
+
+class LeaseLapsedError(ProducerFencedError):
+    """The instance's lease lapsed (its heartbeat found the key gone: it was paused or cut off from Redis past
+    its TTL, and the recovery job may already have taken its runs). The instance is fenced for good: its
+    heartbeat stops and every publish raises this error. Restart the process — it comes back as a new
+    incarnation (``name#n``) and recovery resumes the earlier incarnation's runs. A lapsed lease is never
+    revived (compare-and-set; DESIGN.md "Decisions after the first build": leases)."""
 
 
 class QueueFullError(JournalError):
@@ -126,6 +148,27 @@ class RunClosedError(JournalError):
     """The run already succeeded or failed through this handle; it takes no more events."""
 
 
+class RunExistsError(JournalError):
+    """``start_run`` was given the id of a run that already exists; nothing was published.
+
+    Starting it again would write its keys ``{run_id}:1:1…`` a second time (compaction would replace the
+    first run's events) and answer its requests with the first run's decisions. To continue a run that
+    failed, use ``runjournal.consumers.recovery.continue_run`` (a new epoch, recorded results returned,
+    recorded approvals honoured); otherwise pick a new run id.
+
+    Attributes:
+        run_id: the refused id.
+        started_by: the instance that started it, when known.
+    """
+
+    def __init__(self, run_id: str, started_by: str | None) -> None:
+        self.run_id = run_id
+        self.started_by = started_by
+        super().__init__(
+            f"run {run_id} already exists (started by {started_by or 'an unknown instance'}); "
+            "continue a failed run with runjournal.consumers.recovery.continue_run, or start a new run_id")
+
+
 class NoRecoveryPlanError(JournalError):
     """``Journal.resume(run_id)`` found no :class:`~runjournal.producers.plan.RecoveryPlan` for the run."""
 
@@ -160,6 +203,50 @@ class ApprovalDeniedError(OutcomeUnknownError):
 
 class ResultUnavailableError(JournalError):
     """A recorded result is stored by reference (``result_ref``) and cannot be read back from Redis."""
+
+
+class UnrecordableResultError(ResultUnavailableError):
+    """A tool ran but its result cannot be recorded faithfully (a dict with non-string keys, a lone surrogate,
+    NaN, a datetime or another value JSON cannot carry exactly, or Redis refused a large result).
+
+    Raised only after the call's outcome is durable as TOOL_CALL_COMMITTED without a result (the effect
+    happened; the call is never re-run). A resumed run reaching the call raises it too: the live caller
+    and a resumed run receive the same thing. Return JSON values (str keys, finite floats, valid text).
+
+    Attributes:
+        call_id, tool: the call.
+        reason: why the value cannot be recorded (names the offending place, e.g. ``result[1]``).
+    """
+
+    def __init__(self, message: str, *, call_id: str, tool: str, reason: str) -> None:
+        self.call_id = call_id
+        self.tool = tool
+        self.reason = reason
+        super().__init__(message)
+
+
+class OutcomeNotDurableError(JournalError):
+    """A tool was invoked but the event stating its outcome could not be made durable (after bounded retries).
+
+    The handle keeps that outcome event and publishes it again before anything else of the run: call the
+    same tool with the same arguments again at the same step (the natural retry) and you get its result —
+    the tool does not run again. If the run ends or the instance dies first, the call is left INTENDED
+    and recovery reconciles it as OUTCOME_UNKNOWN; never a new attempt under a new key.
+
+    Attributes:
+        call_id, idempotency_key, tool: the call.
+        tool_error: the tool's own exception when the outcome is a failure, else None.
+    """
+
+    retryable = True
+
+    def __init__(self, message: str, *, call_id: str, idempotency_key: str, tool: str,
+                 tool_error: BaseException | None = None) -> None:
+        self.call_id = call_id
+        self.idempotency_key = idempotency_key
+        self.tool = tool
+        self.tool_error = tool_error
+        super().__init__(message)
 
 
 class RecordedFailureError(JournalError):

@@ -21,9 +21,17 @@ from contextlib import contextmanager
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from runjournal.producers._calls import CallMixin, error_text
+from runjournal.producers._calls import CallMixin, LastCall, error_text
 from runjournal.producers._digest import canonical_json, enter_node
-from runjournal.producers.errors import DeliveryError, ProducerFencedError, RunClosedError
+from runjournal.producers._outcomes import PendingOutcome
+from runjournal.producers.errors import (
+    DeliveryError,
+    JournalError,
+    LeaseLapsedError,
+    ProducerFencedError,
+    RunClosedError,
+)
+from runjournal.producers.plan import ApprovalStatus, PlannedCall
 from runjournal.producers.tracing import current_traceparent
 from runjournal.schemas import DURABLE_TYPES, Event, EventType, new_event_id, utcnow
 
@@ -39,6 +47,8 @@ _NOT_EMITTABLE = frozenset(
     {EventType.RUN_STARTED, EventType.RUN_RESUMED, EventType.RUN_SUCCEEDED, EventType.RUN_FAILED}
 )
 _TERMINAL = frozenset({EventType.RUN_SUCCEEDED, EventType.RUN_FAILED, EventType.RUN_CANCELLED})
+_APPROVAL = {EventType.APPROVAL_REQUESTED: ApprovalStatus.PENDING, EventType.APPROVAL_GRANTED: ApprovalStatus.GRANTED,
+             EventType.APPROVAL_DENIED: ApprovalStatus.DENIED}
 
 
 class RunHandle(CallMixin):
@@ -81,6 +91,12 @@ class RunHandle(CallMixin):
         self._node_stack: list[str] = []
         self._entries: dict[str, dict[str, int]] = {}
         self._call_counts: dict[str, int] = {}
+        self._last_call: dict[str, LastCall] = {}
+        self._calls: dict[str, PlannedCall] = dict(plan.calls) if plan is not None else {}
+        """idempotency key -> what is known of the call: the plan's entries, then this handle's own outcomes."""
+        self._approvals: dict[str, ApprovalStatus] = dict(plan.approvals) if plan is not None else {}
+        self._pending: PendingOutcome | None = None
+        self._reconcile_after: dict[str, float] = {}
 
     @classmethod
     def start_new(
@@ -122,6 +138,11 @@ class RunHandle(CallMixin):
         """The innermost open node's path, or None at the run's top level."""
         return self._node_stack[-1] if self._node_stack else None
 
+    def approval(self, call_id: str) -> ApprovalStatus | None:
+        """The journal's state of approval ``call_id`` for this run as this handle knows it: the recovery plan's,
+        updated by the APPROVAL_* events the handle published (PENDING / GRANTED / DENIED), or None."""
+        return self._approvals.get(call_id)
+
     @property
     def finished(self) -> bool:
         """True once RUN_SUCCEEDED / RUN_FAILED / RUN_CANCELLED was published through this handle."""
@@ -140,7 +161,8 @@ class RunHandle(CallMixin):
         if self._finished is not None:
             raise RunClosedError(f"run {self.run_id} already ended ({self._finished})")
         if self.journal.fence_count != self._fence_mark:
-            raise ProducerFencedError(
+            kind = LeaseLapsedError if self.journal.lapsed else ProducerFencedError
+            raise kind(
                 f"instance {self.producer_id} was fenced; run {self.run_id} now belongs to the recovery job"
             )
         if self._broken is not None:
@@ -153,11 +175,9 @@ class RunHandle(CallMixin):
         self._broken = error
 
     # -- publishing -------------------------------------------------------------------------------
-    def _publish(
-        self, etype: EventType, payload: dict[str, Any], *, node_id: str | None, durable: bool
-    ) -> Event:
-        self._check_writable()
-        event = Event(
+    def _event(self, etype: EventType, payload: dict[str, Any], node_id: str | None) -> Event:
+        """A new event of this run with the next seq (not yet published)."""
+        return Event(
             event_id=new_event_id(),
             run_id=self.run_id,
             tenant_id=self.tenant_id,
@@ -170,6 +190,13 @@ class RunHandle(CallMixin):
             node_id=node_id,
             traceparent=self._traceparent or current_traceparent.get(),
         )
+
+    def _publish(
+        self, etype: EventType, payload: dict[str, Any], *, node_id: str | None, durable: bool
+    ) -> Event:
+        self._check_writable()
+        self._flush_pending()  # a tool's outcome not yet durable goes first (runjournal.producers._outcomes)
+        event = self._event(etype, payload, node_id)
         try:
             self.journal.publish(event, durable=durable, on_lost=self._on_lost)
         except DeliveryError as exc:
@@ -177,6 +204,8 @@ class RunHandle(CallMixin):
                 self._broken = exc  # the event may or may not be visible: its seq cannot be reused
             raise
         self._next_seq += 1
+        if etype in _APPROVAL:
+            self._approvals[payload["call_id"]] = _APPROVAL[etype]
         if etype in _TERMINAL:
             self._finished = etype
             self.journal.release_run(self.run_id)
@@ -249,7 +278,10 @@ class RunHandle(CallMixin):
             if self.writable:
                 retryable = bool(getattr(exc, "retryable", False))
                 payload = {"node_path": path, "error": error_text(exc), "retryable": retryable}
-                self._publish(EventType.NODE_FAILED, payload, node_id=path, durable=False)
+                try:
+                    self._publish(EventType.NODE_FAILED, payload, node_id=path, durable=False)
+                except JournalError as publish_exc:  # keep the block's own exception; say why no NODE_FAILED
+                    exc.add_note(f"NODE_FAILED of {path} was not published: {error_text(publish_exc)}")
             raise
         except BaseException:
             self._node_stack.pop()  # interrupted (KeyboardInterrupt, GeneratorExit): no outcome to state
@@ -282,8 +314,13 @@ class RunHandle(CallMixin):
         return self._publish(EventType.RUN_SUCCEEDED, payload, node_id=None, durable=True)
 
     def fail(self, error: str | BaseException) -> Event:
-        """RUN_FAILED (durable) with ``error`` (an exception becomes ``"Type: message"``); ends the run."""
+        """RUN_FAILED (durable) with ``error`` (an exception becomes ``"Type: message"``); ends the run.
+
+        A failed run can be continued later under a new epoch (``runjournal.consumers.recovery.continue_run``).
+        """
         text = error if isinstance(error, str) else error_text(error)
+        if not text.isascii():
+            text = text.encode("utf-8", "backslashreplace").decode("utf-8")
         return self._publish(EventType.RUN_FAILED, {"error": text}, node_id=None, durable=True)
 
     def __enter__(self) -> RunHandle:
@@ -293,7 +330,11 @@ class RunHandle(CallMixin):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         if exc is not None and isinstance(exc, Exception) and self.writable:
-            self.fail(exc)
+            try:
+                self.fail(exc)
+            except JournalError as publish_exc:  # the block's exception propagates; the run stays unfinished
+                exc.add_note(f"RUN_FAILED of run {self.run_id} was not published: {error_text(publish_exc)}")
+                log.error("RUN_FAILED of run %s was not published: %s", self.run_id, publish_exc)
 
     def __repr__(self) -> str:
         return f"RunHandle(run_id={self.run_id!r}, epoch={self.epoch}, last_seq={self.last_seq})"

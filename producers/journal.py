@@ -24,23 +24,23 @@ Durability design (DESIGN.md § The side-effect protocol, § Zombies: fence firs
   (``fence_producer``). The next transactional call here fails as fenced, and from then on every
   publish of this instance raises ``ProducerFencedError`` (checked under the publisher lock, so no
   thread slips a write past the fence). The same transactional.id is never initialised again:
-  that would un-fence the zombie. Restart with a new producer_id.
+  that would un-fence the zombie. A lapsed lease fences the instance the same way
+  (``LeaseLapsedError``; ``runjournal.producers._instance``). Restart the process: a Journal started
+  under the same producer_id is a new incarnation (``name#n``) with its own transactional id and lease.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import KafkaException
-
 from runjournal.core import failpoints, kafka
 from runjournal.core.settings import Settings
 from runjournal.producers._digest import canonical_json
+from runjournal.producers._instance import InstanceLife
 from runjournal.producers._lease import InstanceLease
 from runjournal.producers._txn import Item, TxnPublisher
 from runjournal.producers.errors import (
@@ -48,8 +48,6 @@ from runjournal.producers.errors import (
     JournalError,
     NoRecoveryPlanError,
     PartitionCountChangedError,
-    ProducerFencedError,
-    TopicNotFoundError,
 )
 from runjournal.producers.fencing import default_producer_id, transactional_id
 from runjournal.producers.handle import RunHandle
@@ -65,7 +63,7 @@ __all__ = ["Journal"]
 log = logging.getLogger("runjournal.producers.journal")
 
 
-class Journal:
+class Journal(InstanceLife):
     """The agent-side journal: start or resume runs, publish their events durably. Thread-safe.
 
     Starts on construction: takes the instance lease (and starts its heartbeat thread), calls
@@ -74,8 +72,12 @@ class Journal:
 
     Args:
         settings: ``runjournal.core.settings.Settings`` (bootstrap, redis_url, topic_prefix → events topic).
-        producer_id: this instance's id (default ``{host}-{pid}-{8 hex}``); base of the transactional id,
-            the lease key and the owned set. Two live instances must not share one.
+        producer_id: this instance's name (default ``{host}-{pid}-{8 hex}``; no ``#``). Each Journal started
+            under a name is a new **incarnation**: the n-th is the instance ``name`` (n = 1) or ``name#n``,
+            and that instance id (``journal.producer_id``) is what events carry and what the transactional
+            id, the lease, the owned set and the assignment list derive from (``runjournal.producers._lease``).
+            A restart under the same name therefore never takes over the earlier incarnation's lease or
+            runs: recovery fences that one and resumes its runs.
         codec: an ``runjournal.schemas.EventCodec`` (default ``runjournal.schemas.codec_from_settings(settings)``).
         redis_client: a ``redis.Redis`` (default: from ``settings.redis_url``).
         redis_prefix: Redis key prefix (default ``settings.topic_prefix``).
@@ -89,6 +91,8 @@ class Journal:
         inline_result_bytes: results (and args) up to this many bytes of canonical JSON go inline in
             events; larger results go to Redis by reference (default 8192; see ``runjournal.producers.results``).
         queue_full_retries: bounded retries of a full local queue before ``QueueFullError`` (default 20).
+        outcome_retries: bounded retries (50 ms doubling backoff) of the event stating a tool's outcome
+            before ``OutcomeNotDurableError`` (default 5; the handle keeps the event and sends it first later).
         txn_settle_ms: a durable publish opening a transaction less than this many ms after the last
             commit waits out the rest (default 0: off). Right after a commit a slow (cold or loaded)
             broker is still writing markers and librdkafka answers the next AddPartitionsToTxn's
@@ -102,7 +106,8 @@ class Journal:
     Raises:
         TopicNotFoundError: the events topic does not exist.
         FatalProducerError: ``init_transactions`` failed.
-        JournalError: ``producer_id`` is held by another live instance's lease.
+        JournalError: no free incarnation of ``producer_id`` (16 live leases hold the next ids).
+        ValueError: ``producer_id`` holds ``#``.
         redis.RedisError: Redis is unreachable.
     """
 
@@ -122,6 +127,7 @@ class Journal:
         commit_timeout_s: float = 30.0,
         inline_result_bytes: int = 8192,
         queue_full_retries: int = 20,
+        outcome_retries: int = 5,
         txn_settle_ms: float = 0.0,
         producer_config: dict[str, Any] | None = None,
         metrics: JournalMetrics | None = None,
@@ -135,20 +141,28 @@ class Journal:
 
             redis_client = redis.Redis.from_url(settings.redis_url)
         self.settings = settings
-        self.producer_id = producer_id or default_producer_id()
+        prefix = redis_prefix or settings.topic_prefix
+        # Lease first: a new incarnation's own instance id (init_transactions() with the transactional id of
+        # a live instance would fence it), heartbeating at once (a cold broker's first init can outlast a TTL).
+        self._lease = InstanceLease(redis_client, prefix, producer_id or default_producer_id(), lease_ttl_ms)
+        self.producer_id = self._lease.acquire(lambda instance: transactional_id(settings, instance))
+        """This incarnation's instance id (``name`` or ``name#n``): events, transactional id, lease, owned set."""
+        self.name = self._lease.name
+        """The producer_id this Journal was given."""
+        self.incarnation = self._lease.incarnation
+        """1 for the first Journal under ``name``, n for the n-th."""
         self.transactional_id = transactional_id(settings, self.producer_id)
         self.topic = settings.events_topic
         self.inline_result_bytes = inline_result_bytes
+        self.outcome_retries = outcome_retries
         self._codec = codec
-        prefix = redis_prefix or settings.topic_prefix
         self.plans = PlanStore(redis_client, prefix)
         self.results = ResultStore(redis_client, prefix)
-        self._lease = InstanceLease(
-            redis_client, prefix, self.producer_id, self.transactional_id, lease_ttl_ms
-        )
         self._max_txn_age_s = max_txn_age_ms / 1000
         self._metadata_interval_s = metadata_check_interval_s
         self._fence_count = 0
+        self._lapse_lock = threading.Lock()
+        self._lapse_done = False
         self._partition_error: PartitionCountChangedError | None = None
         self._closed = False
         self._metrics = metrics or NO_METRICS
@@ -181,9 +195,6 @@ class Journal:
             threading.Thread(target=self._heartbeat, name=f"journal-lease-{self.producer_id}", daemon=True),
             threading.Thread(target=self._keep, name=f"journal-keeper-{self.producer_id}", daemon=True),
         ]
-        # Lease first (init_transactions() with the transactional id of a live instance would fence it),
-        # heartbeating at once: the first init_transactions() on a cold broker can outlast a short TTL.
-        self._lease.acquire()
         self._threads[0].start()
         try:
             self._txn.start()
@@ -201,6 +212,11 @@ class Journal:
     def fence_count(self) -> int:
         """How many times this instance was found fenced; a handle created before a fence stops writing."""
         return self._fence_count
+
+    @property
+    def lapsed(self) -> bool:
+        """True once this instance's lease lapsed: it is fenced for good (``LeaseLapsedError``)."""
+        return self._lease.lapsed
 
     @property
     def stats(self) -> dict[str, int]:
@@ -224,7 +240,10 @@ class Journal:
         user_id: str | None = None,
         traceparent: str | None = None,
     ) -> RunHandle:
-        """Start a new run: add it to the owned set, publish RUN_STARTED (seq 1, epoch 1; non-durable).
+        """Start a new run: claim its id, own it, publish RUN_STARTED (seq 1, epoch 1; non-durable).
+
+        The id is claimed first (``{prefix}:runid:{run_id}``, SET NX, in the same round trip as the owned-set
+        add): an existing run is never started again under its id.
 
         Args:
             tenant_id: owning tenant.
@@ -239,11 +258,15 @@ class Journal:
             The run's :class:`RunHandle`.
 
         Raises:
+            RunExistsError: ``run_id`` is the id of an existing run (continue a failed run with
+                ``runjournal.consumers.recovery.continue_run``); nothing was published.
+            LeaseLapsedError: this instance's lease lapsed (restart it).
             ValueError: a malformed ``traceparent``. Otherwise as ``RunHandle.emit``.
         """
         run_id = run_id or str(uuid.uuid4())
         traceparent = check_traceparent(traceparent)
-        self._lease.own(run_id)
+        self._raise_if_lapsed()
+        self._lease.claim_run_id(run_id)
         try:
             return RunHandle.start_new(
                 self,
@@ -256,6 +279,7 @@ class Journal:
             )
         except BaseException:
             self.release_run(run_id)
+            self._lease.unclaim_run_id(run_id)  # RUN_STARTED was not produced: the id is free again
             raise
 
     def resume(self, run_id: str, *, traceparent: str | None = None) -> RunHandle:
@@ -266,8 +290,10 @@ class Journal:
 
         Raises:
             NoRecoveryPlanError: no plan for ``run_id``, or the plan is assigned to another instance.
+            LeaseLapsedError: this instance's lease lapsed (restart it).
             ValueError: a malformed ``traceparent``.
         """
+        self._raise_if_lapsed()
         plan = self.plans.get(run_id)
         if plan is None:
             raise NoRecoveryPlanError(f"no recovery plan for run {run_id} ({self.plans.plan_key(run_id)})")
@@ -288,18 +314,18 @@ class Journal:
         )
 
     def check_still_owner(self) -> None:
-        """Raise ``ProducerFencedError`` unless this instance still holds its lease (one Redis GET, ~0.2 ms).
+        """Raise ``LeaseLapsedError`` unless this instance still holds its lease (one Redis GET, ~0.2 ms).
 
         Called between a side effect's acknowledged intent and the tool: an instance paused past its
         lease TTL (GC, SIGSTOP) may have been declared dead and its runs handed over; it must not send
-        the request now. This narrows, but cannot close, the window between check and send — only the
-        provider can close it, by honouring the idempotency key or a fencing token (the run's epoch;
-        DESIGN.md § Zombies, step 3). Redis being unreachable does not fail the check (Kafka fences).
+        the request now. A lost lease fences the whole instance (as the heartbeat does). This narrows,
+        but cannot close, the window between check and send — only the provider can close it, by
+        honouring the idempotency key or a fencing token (the run's epoch; DESIGN.md § Zombies, step 3).
+        Redis unreachable: the lease counts as held only within ``lease_ttl_ms`` of its last renewal.
         """
         if not self._lease.still_ours():
-            raise ProducerFencedError(
-                f"instance {self.producer_id} lost its lease {self._lease.key}: it may have been declared dead "
-                "and its runs handed over; not running the tool")
+            self._lapse("the lease was lost before a tool call")
+        self._raise_if_lapsed()
 
     def claim_assignment(self, timeout_s: float) -> str | None:
         """The next run id assigned to this instance, waiting up to ``timeout_s`` seconds; None if none."""
@@ -380,53 +406,3 @@ class Journal:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-    # -- internals ---------------------------------------------------------------------------------------
-    def _fenced(self) -> None:
-        self._fence_count += 1
-        log.error(
-            "instance %s was fenced (%s); its open runs stop writing", self.producer_id, self.transactional_id
-        )
-
-    def _read_partition_count(self) -> int:
-        count = self._txn.partition_count(10.0)
-        if count is None:
-            self._txn.close(1.0)
-            raise TopicNotFoundError(f"topic {self.topic} does not exist (run `runjournal topics create`)")
-        return count
-
-    def _check_partition_count(self) -> None:
-        try:
-            count = self._txn.partition_count(5.0)
-        except (KafkaException, JournalError) as exc:
-            log.warning("partition count check failed: %s", exc)
-            return
-        if count is not None and count != self.partitions and self._partition_error is None:
-            self._partition_error = PartitionCountChangedError(
-                topic=self.topic, expected=self.partitions, actual=count
-            )
-            log.error("%s", self._partition_error)
-
-    def _heartbeat(self) -> None:
-        """Lease thread: re-set the lease every ttl/3; separate, so a slow commit cannot starve it."""
-        every_s = self._lease.ttl_ms / 3000
-        while not self._stop.wait(every_s):
-            try:
-                self._lease.renew()
-            except Exception as exc:  # noqa: BLE001 - keep trying; Kafka's fence is the real guard
-                log.warning("lease renewal failed: %s", exc)
-
-    def _keep(self) -> None:
-        """Keeper thread: age-bounded commits, partition-count checks, delivery callbacks."""
-        tick_s = max(0.02, min(0.25, self._max_txn_age_s / 4))
-        next_meta = time.monotonic() + self._metadata_interval_s
-        while not self._stop.wait(tick_s):
-            if self._txn.txn_age_s() >= self._max_txn_age_s:
-                try:
-                    self._txn.flush()
-                except JournalError as exc:
-                    log.warning("background commit failed: %s", exc)
-            if time.monotonic() >= next_meta:
-                next_meta = time.monotonic() + self._metadata_interval_s
-                self._check_partition_count()
-            self._txn.poll()

@@ -244,6 +244,10 @@ class PlanStore:
         pipe.sadd(self.owned_key(producer_id), run_id)
         pipe.execute()
 
+    def unassign(self, run_id: str, producer_id: str) -> None:
+        """Take ``run_id`` off ``producer_id``'s assignment list (a caller that resumes it directly)."""
+        self._r.lrem(self.assign_key(producer_id), 0, run_id)
+
     def claim_assignment(self, producer_id: str, timeout_s: float) -> str | None:
         """Pop the next run assigned to ``producer_id``, waiting up to ``timeout_s`` seconds.
 

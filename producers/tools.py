@@ -10,7 +10,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Outcome", "Reconcilable", "Tool"]
+__all__ = ["Outcome", "Reconcilable", "Tool", "ToolOutcomeUnknownError"]
+
+
+class ToolOutcomeUnknownError(Exception):
+    """Raised by a tool when it cannot tell whether its request acted (sent, but no answer came back).
+
+    ``RunHandle.call`` then publishes no outcome: the call stays intended, the caller gets
+    ``OutcomeUnknownError`` (chained), and the call is settled later by ``reconcile(idempotency_key)``
+    or a human approval — never blindly run again. Failures that leave the outcome unknown are also
+    recognised without this type (a timeout or reset after the request left, see
+    ``runjournal.producers._unknown``); set ``outcome_unknown = False`` on an exception to say a
+    failure is definite (nothing was executed), or ``True`` to say it is unknown.
+    """
+
+    outcome_unknown = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,9 +59,15 @@ class Tool(Protocol):
     timeout_ms: int
 
     def __call__(self, args: dict[str, Any], idempotency_key: str) -> Any:
-        """Run the call with ``args``, passing ``idempotency_key`` to the provider; return a JSON-able result.
+        """Run the call with ``args``, passing ``idempotency_key`` to the provider; return a JSON value.
 
-        Raise any exception on failure; set ``retryable = True`` on it when a retry may succeed.
+        The result is recorded as canonical JSON and the caller receives it read back from that text
+        (``runjournal.producers._recorded``); a value JSON cannot carry exactly raises
+        ``UnrecordableResultError`` after the call is recorded as committed.
+
+        Raise any exception on failure; set ``retryable = True`` on it when a retry may succeed. Raise
+        :class:`ToolOutcomeUnknownError` (or let a timeout / connection reset after the request left
+        propagate) when the request may have acted: the call is then reconciled, not retried.
         """
         ...
 

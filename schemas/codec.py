@@ -29,6 +29,7 @@ from fastavro.validation import ValidationError, validate
 from runjournal.core.errors import ConfigError
 from runjournal.schemas._avro_body import read_body
 from runjournal.schemas._open_union import writer_symbol_by_branch
+from runjournal.schemas._validate import RecordValidator
 from runjournal.schemas._writers import WriterSchemas
 from runjournal.schemas.errors import (
     CorruptEventError,
@@ -110,6 +111,7 @@ class EventCodec:
             raise ValueError(f"max_event_bytes must exceed {_HEADER_BYTES}, got {max_event_bytes}")
         versions = load_versions()
         self._current: SchemaVersion = versions[-1]
+        self._validate = RecordValidator(self._current.parsed)  # type and range of every value, before writing
         self._max_event_bytes = max_event_bytes
         self._topic = topic
         self._catalog = catalog
@@ -164,13 +166,14 @@ class EventCodec:
 
         Raises:
             NaiveDatetimeError: ``occurred_at`` has no timezone.
-            InvalidEventError: a payload field is missing, unknown or of the wrong type (``.field`` names it),
-                or the type is the read-only ``UNKNOWN``.
+            InvalidEventError: a field is missing, unknown, of the wrong type or out of its Avro type's range
+                (``.field`` names it; ``runjournal.schemas._validate``), or the type is the read-only ``UNKNOWN``.
             EventTooLargeError: the encoded size in bytes is over ``max_event_bytes``.
             UnregisteredSchemaError: registry framing: the schema is not registered under the subject.
             RegistryError: the registry or the schemas topic is unavailable; nothing was encoded.
         """
         record = self._to_record(event)
+        self._validate(record)
         buf = BytesIO()
         buf.write(self._header(topic or self._topic))
         try:

@@ -17,7 +17,6 @@ from runjournal.core import kafka
 from runjournal.core.settings import Settings
 from runjournal.producers import (
     Journal,
-    JournalError,
     RunClosedError,
     TopicNotFoundError,
     canonical_json,
@@ -244,7 +243,7 @@ def test_emit_refuses_reserved_types_and_non_durable_durable_types(journal: Jour
     assert event.seq == 2 and run.last_seq == 2
 
 
-def test_missing_topic_and_producer_id_in_use_are_refused_without_side_effects(
+def test_missing_topic_is_refused_and_a_reused_producer_id_is_a_new_incarnation(
     settings: Settings, topics: Settings
 ) -> None:
     r = redis.Redis.from_url(settings.redis_url)
@@ -255,6 +254,12 @@ def test_missing_topic_and_producer_id_in_use_are_refused_without_side_effects(
     admin = kafka.admin_client(other)
     assert other.events_topic not in admin.list_topics(timeout=10).topics  # the probe did not create it
     with Journal(topics, producer_id="twin") as first:
-        with pytest.raises(JournalError, match="in use"):
-            Journal(topics, producer_id="twin")
-        first.start_run("tenant-a", "agent", {}).succeed()  # the first was not fenced by the refused twin
+        # A second Journal under the same name is the name's next incarnation, a distinct instance: its own
+        # lease, owned set and transactional id — it neither takes over nor fences the first.
+        with Journal(topics, producer_id="twin") as second:
+            assert (first.producer_id, second.producer_id) == ("twin", "twin#2")
+            assert second.transactional_id != first.transactional_id and second.incarnation == 2
+            second.start_run("tenant-a", "agent", {}).succeed()
+        first.start_run("tenant-a", "agent", {}).succeed()  # the first was not fenced by the twin
+    with pytest.raises(ValueError, match="#"):
+        Journal(topics, producer_id="bad#name")

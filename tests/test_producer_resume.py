@@ -109,10 +109,16 @@ def hand_over(
     return plan
 
 
+class Unavailable(RuntimeError):
+    """A definite, retryable failure (the provider refused before acting); a timeout would be unknown."""
+
+    retryable = True
+
+
 def test_two_resumes_derive_the_same_key_and_continue_seq(journal: Journal, topics: Settings) -> None:
-    tool = Scripted(TimeoutError("slow"), TimeoutError("still slow"), {"room": 12})
+    tool = Scripted(Unavailable("busy"), Unavailable("still busy"), {"room": 12})
     run = journal.start_run("tenant-a", "travel", {"city": "Oslo"})
-    with pytest.raises(TimeoutError), run.node("book"):
+    with pytest.raises(Unavailable), run.node("book"):
         run.call(tool, {"city": "Oslo"})
     key = idempotency_key(run.run_id, "book", 1)
     assert tool.keys == [key]
@@ -126,7 +132,7 @@ def test_two_resumes_derive_the_same_key_and_continue_seq(journal: Journal, topi
     assert journal.claim_assignment(1.0) == run.run_id
     first = journal.resume(run.run_id)
     assert (first.epoch, first.last_seq) == (2, plan1.last_seq)
-    with pytest.raises(TimeoutError), first.node("book"):
+    with pytest.raises(Unavailable), first.node("book"):
         first.call(tool, {"city": "Oslo"})
 
     plan2 = hand_over(journal, first, {key: PlannedCall(key, tool.name, CallStatus.FAILED, attempts=2)})

@@ -631,19 +631,41 @@ def test_after_terminal_outcomes_are_recorded_and_control_flow_is_ignored(
     state = run_through(r.start(), r.ev(T.TOOL_CALL_INTENDED, **intent("c1")), r.ev(terminal, **payload))
     assert state.status is status and state.terminal and state.finished_at_ms is not None
     assert state.error == payload.get("error", payload.get("reason"))
-    after = run_through(
-        r.ev(T.TOOL_CALL_COMMITTED, **committed("c1")),
-        r.ev(T.NODE_STARTED, node_path="late", attempt=1),
-        r.ev(T.TOOL_CALL_INTENDED, **intent("c2")),
-        r.ev(T.RUN_FAILED, error="later"),
-        r.resume(),
-        state=state,
-    )
-    assert after.status is status and after.epoch == 1 and after.last_seq == state.last_seq + 5
+    late = [r.ev(T.TOOL_CALL_COMMITTED, **committed("c1")), r.ev(T.NODE_STARTED, node_path="late", attempt=1),
+            r.ev(T.TOOL_CALL_INTENDED, **intent("c2")), r.ev(T.RUN_FAILED, error="later")]
+    if status is not RunStatus.FAILED:  # RUN_RESUMED reopens a FAILED run only (continuing it)
+        late.append(r.resume())
+    after = run_through(*late, state=state)
+    assert after.status is status and after.epoch == 1 and after.last_seq == state.last_seq + len(late)
     assert after.records["c1"].status is CallStatus.COMMITTED
-    assert after.records["c2"].status is CallStatus.INTENDED
-    assert after.nodes == {} and after.rejected_after_terminal == 4
+    assert after.records["c2"].status is CallStatus.OUTCOME_UNKNOWN  # nobody reports it in an ended run
+    assert after.nodes == {} and after.rejected_after_terminal == len(late) - 1
     assert after.error == state.error and after.finished_at_ms == state.finished_at_ms
+
+
+@pytest.mark.parametrize("terminal", [T.RUN_SUCCEEDED, T.RUN_FAILED, T.RUN_CANCELLED])
+def test_a_run_that_ends_with_an_intent_and_no_outcome_leaves_it_unknown(terminal: EventType) -> None:
+    r = Run()
+    payload = {T.RUN_SUCCEEDED: {"output_json": "1"}, T.RUN_FAILED: {"error": "e"}}.get(terminal, {"reason": "r"})
+    state = run_through(r.start(), r.ev(T.TOOL_CALL_INTENDED, **intent("c1")),
+                        r.ev(T.TOOL_CALL_INTENDED, **intent("c2")), r.ev(T.TOOL_CALL_COMMITTED, **committed("c2")),
+                        r.ev(terminal, **payload))
+    assert state.records["c1"].status is CallStatus.OUTCOME_UNKNOWN
+    assert state.records["c2"].status is CallStatus.COMMITTED
+
+
+def test_run_resumed_continues_a_failed_run_but_not_a_succeeded_one() -> None:
+    r = Run()
+    failed = run_through(r.start(), r.ev(T.TOOL_CALL_INTENDED, **intent("c1")),
+                         r.ev(T.TOOL_CALL_COMMITTED, **committed("c1")), r.ev(T.RUN_FAILED, error="boom"))
+    continued = step(failed, r.resume())
+    assert (continued.status, continued.epoch, continued.error, continued.finished_at_ms) == (
+        RunStatus.RUNNING, 2, None, None)
+    assert continued.records["c1"].status is CallStatus.COMMITTED and continued.rejected_after_terminal == 0
+    done = run_through(r.ev(T.RUN_SUCCEEDED, output_json="1"), state=continued)
+    assert done.status is RunStatus.SUCCEEDED and done.epoch == 2
+    ignored = step(done, r.resume())
+    assert ignored.status is RunStatus.SUCCEEDED and ignored.epoch == 2 and ignored.rejected_after_terminal == 1
 
 
 # --------------------------------------------------------------------------- block

@@ -1,9 +1,12 @@
 """Which agent instances are alive (a lease key with a TTL) and which runs each one owns.
 
-Keys (written by ``producers``; see ``producers/_lease.py`` and ``producers/plan.py``):
-``{prefix}:lease:{producer_id}`` (TTL'd heartbeat) and ``{prefix}:owned:{producer_id}`` (set of
-run ids). An instance with an owned set and no lease is dead (or paused past its TTL — a zombie,
-which is why recovery fences before it reads).
+Keys (written by ``producers``; named in ``runjournal.producers._lease``): ``{prefix}:lease:{instance}``
+(TTL'd, compare-and-set heartbeat) and ``{prefix}:owned:{instance}`` (set of run ids), where an instance
+is one *incarnation* of a producer_id: ``agent-7`` for the first Journal started under that name,
+``agent-7#2`` for the second. A restarted ``agent-7`` is therefore a new instance with its own lease;
+the earlier one — an owned set and no lease — is dead (or a paused zombie, which is why recovery fences
+before it reads) and its runs are recovered. A lapsed lease is never renewed again (the heartbeat is
+compare-and-set and a lapse fences the instance), so a key that is gone stays gone.
 """
 
 from __future__ import annotations
@@ -11,7 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Instances", "InstanceView"]
+from runjournal.producers._lease import lease_key, owned_key, run_id_key
+
+__all__ = ["InstanceView", "Instances"]
+
+# Compare-and-delete: free a run id only while the given instance holds it.
+_FREE_RUN_ID = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end"
 
 
 @dataclass(frozen=True)
@@ -19,7 +27,7 @@ class InstanceView:
     """One instance as Redis shows it."""
 
     producer_id: str
-    """The instance id."""
+    """The instance id (``name`` or ``name#n``)."""
     alive: bool
     """Its lease key exists."""
     owned: frozenset[str]
@@ -31,26 +39,26 @@ def _text(raw: Any) -> str:
 
 
 class Instances:
-    """Lease and ownership lookups for one key prefix (``Settings.topic_prefix``)."""
+    """Lease, ownership and run-id lookups for one key prefix (``Settings.topic_prefix``)."""
 
     def __init__(self, client: Any, prefix: str) -> None:
         self.r = client
         self.prefix = prefix
 
     def lease_key(self, producer_id: str) -> str:
-        """``{prefix}:lease:{producer_id}``."""
-        return f"{self.prefix}:lease:{producer_id}"
+        """``{prefix}:lease:{instance}``."""
+        return lease_key(self.prefix, producer_id)
 
     def owned_key(self, producer_id: str) -> str:
-        """``{prefix}:owned:{producer_id}``."""
-        return f"{self.prefix}:owned:{producer_id}"
+        """``{prefix}:owned:{instance}``."""
+        return owned_key(self.prefix, producer_id)
 
     def _ids(self, kind: str) -> set[str]:
         head = f"{self.prefix}:{kind}:"
         return {_text(k)[len(head):] for k in self.r.scan_iter(match=f"{head}*", count=1000)}
 
     def live(self) -> set[str]:
-        """producer_ids holding a lease now."""
+        """Instance ids holding a lease now."""
         return self._ids("lease")
 
     def view(self, producer_id: str) -> InstanceView:
@@ -59,7 +67,7 @@ class Instances:
         return InstanceView(producer_id, bool(self.r.exists(self.lease_key(producer_id))), owned)
 
     def stale(self) -> list[InstanceView]:
-        """Instances that own runs but hold no lease (sorted by id)."""
+        """Instances that own runs but hold no lease (sorted by id) — earlier incarnations included."""
         live = self.live()
         return [self.view(pid) for pid in sorted(self._ids("owned") - live)]
 
@@ -69,3 +77,14 @@ class Instances:
         if not candidates:
             return None
         return min(candidates, key=lambda pid: (int(self.r.scard(self.owned_key(pid))), pid))
+
+    def run_started_by(self, run_id: str) -> str | None:
+        """The instance that claimed ``run_id`` in ``start_run`` (``{prefix}:runid:{run_id}``), or None."""
+        raw = self.r.get(run_id_key(self.prefix, run_id))
+        return None if raw is None else _text(raw)
+
+    def free_run_id(self, run_id: str, started_by: str) -> bool:
+        """Free a run id ``started_by`` claimed (compare-and-delete), so a run that left no fact in the
+        journal can be started again under its id. Call only after fencing ``started_by`` and reading the
+        journal to its end (``no_facts``). Returns True when freed."""
+        return bool(self.r.eval(_FREE_RUN_ID, 1, run_id_key(self.prefix, run_id), started_by))

@@ -2,9 +2,11 @@
 
 Order (DESIGN.md § Zombies: fence first, then read), numbered as in :meth:`RecoveryJob.recover`:
 
-1. Choose the runs: owned by instances whose lease expired (``stale``), by one instance, or named.
 0. Check the topic against what the projection stored about it (``runjournal.consumers.topic_identity``):
    a re-created topic or another partition count is :class:`TopicMismatchError`, before any decision.
+1. Choose the runs: owned by instances whose lease expired (``stale`` — an earlier incarnation of a
+   restarted producer_id included: each incarnation is its own instance), by one instance, or named
+   (owner: the projected state's, else the instance that claimed the run id; an ended run has none).
 2. Fence each dead instance at the broker: ``init_transactions()`` with its ``transactional.id``
    bumps the producer epoch and aborts its open transaction; it can write no new intent.
 3. Then read the end offsets of the partitions involved — nothing of the zombie lands behind them.
@@ -35,6 +37,9 @@ Transactional failures (c): an abortable one aborts the transaction and leaves t
 ``retry_later``); a fatal one (fenced by another recovery job, unauthorised) raises
 :class:`~runjournal.consumers.failures.FatalDependencyError`. Failpoints (``RJ_FAILPOINTS``, crash tests):
 ``recovery.after_fence``, ``recovery.after_read``, ``recovery.after_commit``, ``recovery.inside_handover``.
+
+A run with no fact at all after 2-4 (``no_facts``) frees its run id for its fenced starter, so it can be
+started again. With ``reopen_failed`` a FAILED run is resumed too (continuing it: ``continue_run``).
 
 Running it twice is harmless; each run's outcome is in the returned :class:`RecoveryReport`.
 """
@@ -100,11 +105,13 @@ class RecoveryJob:
         self._producer: Producer | None = None
         self._partitions: int | None = None
         self._force = False
+        self._reopen_failed = False
 
     # -- 1. which runs ---------------------------------------------------------------------------
     def _select(self, *, stale: bool, instance: str | None, runs: list[str] | None,
-                force: bool) -> dict[str, str | None]:
-        """run_id -> dead owner to fence (None: nobody to fence)."""
+                force: bool, reopen: bool = False) -> dict[str, str | None]:
+        """run_id -> dead owner to fence (None: nobody to fence; ``reopen``: named runs are only continued
+        if they turn out FAILED, so nobody is fenced for them)."""
         chosen: dict[str, str | None] = {}
         if stale:
             for view in self.instances.stale():
@@ -117,7 +124,10 @@ class RecoveryJob:
         for run_id in runs or []:
             # The projection may lag: the owner is checked again on the folded state (see _triage).
             state = self.store.get(self._partition(run_id), run_id)
-            owner = state.owner if state else None
+            if reopen or (state is not None and state.terminal):
+                chosen[run_id] = None  # ended: nobody writes it, nobody to fence (its last owner may be alive)
+                continue
+            owner = state.owner if state else self.instances.run_started_by(run_id)
             if owner and self.instances.view(owner).alive and not force:
                 raise RecoveryError(f"run {run_id} is owned by live instance {owner}; refusing (use --force)")
             chosen[run_id] = owner
@@ -146,8 +156,14 @@ class RecoveryJob:
 
     # -- the pass ----------------------------------------------------------------------------------
     def recover(self, *, stale: bool = False, instance: str | None = None, runs: list[str] | None = None,
-                force: bool = False, assign_to: str | None = None) -> RecoveryReport:
+                force: bool = False, assign_to: str | None = None, reopen_failed: bool = False) -> RecoveryReport:
         """One recovery pass (see the module docstring for steps 0-7).
+
+        Args:
+            stale, instance, runs: which runs (step 1). force: recover even from a live instance.
+            assign_to: the live instance to hand resumed runs to (default: the least loaded).
+            reopen_failed: also resume runs that ended FAILED (a new epoch; recorded results, failures and
+                approvals are kept) — how a failed run is continued (``continue_run``).
 
         Raises:
             RecoveryError: a named instance or run is live and ``force`` is False.
@@ -162,8 +178,9 @@ class RecoveryJob:
         if assign_to and assign_to not in self.instances.live():
             raise RecoveryError(f"--assign-to {assign_to}: no live instance holds that lease "
                                 f"(live: {sorted(self.instances.live()) or 'none'})")
-        chosen = self._select(stale=stale, instance=instance, runs=runs, force=force)  # 1
+        chosen = self._select(stale=stale, instance=instance, runs=runs, force=force, reopen=reopen_failed)  # 1
         self._force = force
+        self._reopen_failed = reopen_failed
         states, offsets = self._fence_and_read(chosen, report)  # 2-4
         resumable = self._triage(chosen, states, report)  # 5
         self._resume(resumable, chosen, states, offsets, report, assign_to)  # 6, 7
@@ -213,11 +230,17 @@ class RecoveryJob:
                 report.runs.append(with_changes(base, action="retry_later", detail=incomplete[partition]))
             elif state is None:
                 self._disown(owner, run_id)
+                if owner:  # fenced and read to the end: the run never happened; its id may be used again
+                    self.instances.free_run_id(run_id, owner)
                 report.runs.append(with_changes(base, action="no_facts"))
-            elif state.terminal:
+            elif state.terminal and not (self._reopen_failed and state.status is RunStatus.FAILED):
                 self._disown(owner, run_id)
                 report.runs.append(with_changes(base, action="finished", detail=state.status.value))
-            elif (not self._force and state.owner and state.owner != owner
+            elif self._reopen_failed and owner is None and not state.terminal:
+                # Asked to continue a failed run that has not ended: nobody was fenced, so it is not taken.
+                report.runs.append(with_changes(base, action="not_ended",
+                                         detail=f"{state.status.value}, owned by {state.owner}"))
+            elif (not state.terminal and not self._force and state.owner and state.owner != owner
                   and self.instances.view(state.owner).alive):
                 report.runs.append(self._live_owner(base, state, owner))
             elif state.status in (RunStatus.GAP, RunStatus.BLOCKED):

@@ -21,7 +21,8 @@ class RunOutcome:
     completed now, same epoch), ``finished`` (terminal: only disowned), ``parked`` (GAP/BLOCKED: needs
     repair), ``deferred`` (a tool timeout has not passed), ``retry_later`` (its partition could not be read
     to the end, or the RUN_RESUMED transaction was aborted: nothing decided, the next pass retries),
-    ``no_facts``, ``no_live_instance``, ``owner_alive`` (the journal shows a live instance owns it: left alone)."""
+    ``no_facts``, ``no_live_instance``, ``owner_alive`` (the journal shows a live instance owns it: left alone),
+    ``not_ended`` (``reopen_failed``: the run to continue has not ended)."""
     owner: str | None = None
     """The dead instance it was taken from."""
     partition: int | None = None

@@ -28,7 +28,16 @@ from typing import Any
 from runjournal.model._records import CallStatus, ExecutionRecord, ReconciledOutcome, evolve, ms
 from runjournal.schemas.events import Event
 
-__all__ = ["Violation", "commit", "fail", "intend", "mark_superseded_intents", "reconcile", "required"]
+__all__ = [
+    "Violation",
+    "commit",
+    "fail",
+    "intend",
+    "mark_superseded_intents",
+    "mark_unsettled_at_end",
+    "reconcile",
+    "required",
+]
 
 Records = Mapping[str, ExecutionRecord]
 
@@ -177,6 +186,21 @@ def reconcile(records: Records, event: Event, offset: int, *, run_epoch: int) ->
         zombie=event.epoch < run_epoch,
     )
     return _replace(records, record)
+
+
+def mark_unsettled_at_end(records: Records) -> Records:
+    """Every INTENDED record becomes OUTCOME_UNKNOWN (same mapping if none): applied when the run ends.
+
+    A run that ends while a call has an intent and no outcome (its tool's outcome was unknown, or the
+    outcome event could not be made durable) leaves nobody to report that outcome: the call is
+    durably *unknown* — to reconcile (continue the run, or ask the provider) — never "not done".
+    """
+    changed = {
+        call_id: evolve(record, status=CallStatus.OUTCOME_UNKNOWN)
+        for call_id, record in records.items()
+        if record.status is CallStatus.INTENDED
+    }
+    return {**records, **changed} if changed else records
 
 
 def mark_superseded_intents(records: Records, epoch: int) -> Records:

@@ -119,6 +119,8 @@ def _approval_decided(state: RunState, event: Event, offset: int) -> Changes:
 
 
 def _run_resumed(state: RunState, event: Event, offset: int) -> Changes:
+    """RUN_RESUMED raises the epoch; on a FAILED run it also reopens it (a continued run: its error and
+    end time are cleared, its records and approvals kept)."""
     if event.epoch <= state.epoch:
         raise Violation(
             f"RUN_RESUMED {event.event_id} does not raise the epoch (run epoch {state.epoch}, "
@@ -126,13 +128,16 @@ def _run_resumed(state: RunState, event: Event, offset: int) -> Changes:
         )
     required(event, "previous_epoch")
     required(event, "recovered_by")
-    return {
+    changes: Changes = {
         "epoch": event.epoch,
         "owner": event.payload.get("assigned_to") or event.producer_id,
         "plan_json": required(event, "plan_json"),
         "status": RunStatus.WAITING_APPROVAL if state.pending_approvals else RunStatus.RUNNING,
         "records": _calls.mark_superseded_intents(state.records, event.epoch),
     }
+    if state.status is RunStatus.FAILED:
+        changes.update(error=None, finished_at_ms=None)
+    return changes
 
 
 def _run_succeeded(state: RunState, event: Event, offset: int) -> Changes:
@@ -140,6 +145,7 @@ def _run_succeeded(state: RunState, event: Event, offset: int) -> Changes:
         "status": RunStatus.SUCCEEDED,
         "output_json": event.payload.get("output_json"),
         "finished_at_ms": ms(event.occurred_at),
+        "records": _calls.mark_unsettled_at_end(state.records),
     }
 
 
@@ -148,6 +154,7 @@ def _run_failed(state: RunState, event: Event, offset: int) -> Changes:
         "status": RunStatus.FAILED,
         "error": required(event, "error"),
         "finished_at_ms": ms(event.occurred_at),
+        "records": _calls.mark_unsettled_at_end(state.records),
     }
 
 
@@ -156,6 +163,7 @@ def _run_cancelled(state: RunState, event: Event, offset: int) -> Changes:
         "status": RunStatus.CANCELLED,
         "error": required(event, "reason"),
         "finished_at_ms": ms(event.occurred_at),
+        "records": _calls.mark_unsettled_at_end(state.records),
     }
 
 

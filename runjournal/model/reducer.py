@@ -39,14 +39,18 @@ of the event's record):
    WAITING_APPROVAL; APPROVAL_GRANTED / DENIED -> decided, RUNNING when none is pending;
    RUN_RESUMED (epoch must rise) -> epoch, owner (``assigned_to`` or ``producer_id``), RUNNING
    unless approvals pending, and every INTENDED record of a lower epoch becomes OUTCOME_UNKNOWN;
-   RUN_SUCCEEDED / FAILED / CANCELLED -> terminal. MESSAGE / USER_CORRECTION only consume the
-   seq: transcripts never change execution state (DESIGN.md, the one rule). UNKNOWN (a newer
-   writer's type this reader does not know) consumes the seq and is counted per writer symbol in
-   ``unknown_events`` — recorded, never acted on, the run goes on — unless the caller declared that
-   symbol (or ``*``) critical: then the run is BLOCKED with the reason (upgrade, then rebuild).
+   RUN_SUCCEEDED / FAILED / CANCELLED -> terminal, and every INTENDED record becomes
+   OUTCOME_UNKNOWN (an ended run reports no more outcomes: the call is to be reconciled, never
+   "not done"). MESSAGE / USER_CORRECTION only consume the seq: transcripts never change execution
+   state (DESIGN.md, the one rule). UNKNOWN (a newer writer's type this reader does not know)
+   consumes the seq and is counted per writer symbol in ``unknown_events`` — recorded, never acted
+   on, the run goes on — unless the caller declared that symbol (or ``*``) critical: then the run is
+   BLOCKED with the reason (upgrade, then rebuild).
 8. **After terminal** (same epoch, in sequence): tool outcomes are still recorded (facts);
-   TOOL_CALL_INTENDED is recorded and counted in ``rejected_after_terminal``; every other
-   control-flow event (RUN_RESUMED included) is ignored and counted. All consume the seq.
+   TOOL_CALL_INTENDED is recorded (as OUTCOME_UNKNOWN) and counted in ``rejected_after_terminal``;
+   a RUN_RESUMED raising the epoch of a FAILED run reopens it (continuing a failed run: status
+   RUNNING, error cleared, records kept); every other control-flow event (RUN_RESUMED on a
+   SUCCEEDED or CANCELLED run included) is ignored and counted. All consume the seq.
 9. **Contract violations** (a required payload field missing, RUN_STARTED twice, RUN_RESUMED not
    raising the epoch, unknown reconcile outcome) park the run as BLOCKED with the reason and
    offset; :func:`block` does the same for a record the projector could not decode.
@@ -411,7 +415,12 @@ def _after_terminal(state: RunState, event: Event, offset: int) -> Changes:
     if outcome is not None:
         records = outcome(state.records, event, offset, run_epoch=state.epoch)
         return {"records": records, "updated_at_ms": ms(event.occurred_at)}
-    changes: Changes = {"rejected_after_terminal": state.rejected_after_terminal + 1}
-    if kind is _T.TOOL_CALL_INTENDED:
-        changes["records"] = _calls.intend(state.records, event, offset, run_epoch=state.epoch)
+    if kind is _T.RUN_RESUMED and state.status is RunStatus.FAILED:  # continuing a failed run (rule 8)
+        changes = HANDLERS[kind](state, event, offset)
+        changes["updated_at_ms"] = ms(event.occurred_at)
+        return changes
+    changes = {"rejected_after_terminal": state.rejected_after_terminal + 1}
+    if kind is _T.TOOL_CALL_INTENDED:  # nobody reports an outcome in an ended run: unknown at once
+        records = _calls.intend(state.records, event, offset, run_epoch=state.epoch)
+        changes["records"] = _calls.mark_unsettled_at_end(records)
     return changes

@@ -52,9 +52,16 @@ def cli(env: dict[str, str], *args: str, timeout_s: float = 300) -> subprocess.C
 
 
 def free_port_block(count: int) -> int:
-    """A base port with ``count`` consecutive free ports on 127.0.0.1 (node i uses base + 2i, base + 2i + 1)."""
+    """A base port with ``count`` consecutive free ports on 127.0.0.1 (node i uses base + 2i, base + 2i + 1).
+
+    Chosen below the kernel's ephemeral range (``ip_local_port_range``): a port in it may be taken by any
+    outgoing connection between this check and the broker's bind (seen: "Address already in use")."""
+    try:
+        ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768
     for _ in range(200):
-        base = random.randint(20000, 60000)
+        base = random.randint(10000, max(10001, ephemeral_low - count - 1))
         socks = []
         try:
             for port in range(base, base + count):
