@@ -7,7 +7,7 @@ INPUT ?=
 DEMO_ARGS ?=
 KNOWLEDGE ?= ../shared/data/knowledge/tau-bench-airline-policy.md
 
-.PHONY: help deps venv install test test-cluster test-fast lint schemas-check demo stack-up stack-down stack-status topics bench clean
+.PHONY: help deps deps-test venv install test test-cluster test-fast lint schemas-check demo stack-up stack-down stack-status topics bench clean
 
 help: ## List targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -25,7 +25,18 @@ deps: ## Install java, mvn, redis-server/redis-cli and openssl from Debian's pac
 	  else echo "missing:$$missing — run: sudo apt-get install -y$$missing" >&2; exit 1; fi; \
 	fi
 
-# .[dev] = every extra (cli, memory, registry) + the test, lint and type-check tools; make demo needs
+deps-test: ## Install what the tests drive besides the stack: Debian's chromium (browser tests) and prometheus (promtool)
+	@missing=""; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing:$$missing"; apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	  else echo "missing:$$missing — run: sudo apt-get install -y$$missing" >&2; exit 1; fi; \
+	fi
+
+# .[dev] = every extra (cli, memory, registry, console) + the test, lint and type-check tools; make demo needs
 # .[demo] only, but one venv serves both targets.
 $(BIN)/runjournal: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -46,7 +57,7 @@ lint: venv ## ruff, import-linter layers and cycles, mypy --strict on the public
 schemas-check: venv ## Compatibility gate over every published schema version
 	$(BIN)/runjournal schemas check
 
-test: install ## Install everything, start a private real stack, run the whole suite, stop the stack
+test: install deps-test ## Install everything, start a private real stack, run the whole suite, stop the stack
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/mypy

@@ -29,6 +29,8 @@ def _sizes(quick: bool, rounds: int | None) -> dict[str, Any]:
         "memory_nice": not quick,  # the nice-19 side is informational: full runs only
         "footprint_seconds": 4 if quick else 8,
         "footprint_rounds": 1 if quick else 2,
+        "console_runs": 10_000,
+        "console_requests": 10 if quick else 20,
     }
 
 
@@ -55,6 +57,10 @@ def _run_pair(name: str, env: BenchEnv, shared: dict[str, Any], sizes: dict[str,
         from bench.memory import run_memory
 
         return run_memory(env, sizes["memory_events"], sizes["memory_rounds"], nice=sizes["memory_nice"])
+    if name == "console":
+        from bench.console import ConsoleConfig, run_console
+
+        return run_console(env, ConsoleConfig(sizes["console_runs"], sizes["console_requests"], r))
     from bench.footprint import run_footprint
 
     return run_footprint(env, shared, sizes["footprint_seconds"], sizes["footprint_rounds"])

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import time
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-__all__ = ["commit_pending", "partition_lags"]
+__all__ = ["LagExport", "commit_pending", "partition_lags"]
 
 
 def commit_pending(consumer: Consumer, topic: str, pending: dict[int, int], partitions: set[int], *,
@@ -25,16 +27,51 @@ def commit_pending(consumer: Consumer, topic: str, pending: dict[int, int], part
         log.warning("offset commit failed", extra={"error": str(exc)})
 
 
-def partition_lags(consumer: Consumer, done: dict[int, int]) -> dict[int, int]:
+def partition_lags(consumer: Consumer, done: dict[int, int], *, cached: bool = False) -> dict[int, int]:
     """Records behind, per assigned partition: end offset minus max(position, last done + 1, log start); ``{}``
     when nothing is assigned. The end offset is what a ``read_committed`` reader may read (the LSO). The log
     start counts: a partition whose records were all deleted or compacted away (low = high) has nothing to
-    read although nothing was consumed (issue 14 (a))."""
+    read although nothing was consumed (issue 14 (a)).
+
+    With ``cached`` the offsets are the ones the last fetch responses carried (no request to the broker; used
+    for the lag metrics); a partition without them yet is left out.
+    """
     assignment = consumer.assignment()
     if not assignment:
         return {}
     lags = {}
     for tp in consumer.position(assignment):
-        low, high = consumer.get_watermark_offsets(tp, timeout=5, cached=False)
+        low, high = consumer.get_watermark_offsets(tp, timeout=5, cached=cached)
+        if high < 0:
+            continue
         lags[tp.partition] = max(0, high - max(tp.offset, done.get(tp.partition, -1) + 1, low))
     return lags
+
+
+class LagExport:
+    """Sets a per-partition records-lag gauge from the consumer's cached end offsets, at most every
+    ``every_s`` seconds (the services' main loops call :meth:`maybe` on every poll).
+
+    Args:
+        gauge: a Prometheus gauge with one label, ``partition``.
+        every_s: the shortest interval between two exports, seconds (default 1).
+    """
+
+    def __init__(self, gauge: Any, every_s: float = 1.0) -> None:
+        self.gauge = gauge
+        self.every_s = every_s
+        self._next = 0.0
+        self._exported: set[int] = set()
+
+    def maybe(self, consumer: Consumer, done: dict[int, int]) -> None:
+        """Export the lags now if ``every_s`` passed; partitions no longer assigned are removed."""
+        now = time.monotonic()
+        if now < self._next:
+            return
+        self._next = now + self.every_s
+        lags = partition_lags(consumer, done, cached=True)
+        for partition in self._exported - set(lags):
+            self.gauge.remove(str(partition))
+        for partition, lag in lags.items():
+            self.gauge.labels(str(partition)).set(lag)
+        self._exported = set(lags)

@@ -167,6 +167,7 @@ def _delete_redis(settings: Settings, client: Any, partition: int, run_id: str) 
         pipe.delete(key)
     pipe.srem(keys.runs(partition), run_id)
     pipe.srem(keys.parked(), run_id)
+    pipe.hdel(keys.index(partition), run_id)  # the runs list's entry (projector/index.py)
     for family, op in (("owned", "srem"), ("assign", "lrem")):
         for key in redis_clients.scan_keys(client, keys.instance_glob(family)):
             if op == "srem":

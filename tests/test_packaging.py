@@ -45,7 +45,8 @@ def test_wheel_ships_one_namespace_with_its_data_and_neither_bench_nor_tests(dis
     tops = {n.split("/")[0] for n in names}
     assert tops == {"runjournal", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}
     for must in ("runjournal/py.typed", "runjournal/producers/journal.py", "runjournal/schemas/avro/envelope/v2.avsc",
-                 "runjournal/consumers/memory/data/tokenizer.json", "runjournal/deploy/pom.xml"):
+                 "runjournal/consumers/memory/data/tokenizer.json", "runjournal/deploy/pom.xml",
+                 "runjournal/console/templates/run.html", "runjournal/console/static/console.css"):
         assert must in names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     meta = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("METADATA"))).decode()
@@ -88,6 +89,13 @@ for layer in ("runjournal.core", "runjournal.schemas", "runjournal.model", "runj
 from runjournal.deploy.kafka_node import kafka_version  # package data read through the namespace
 out["kafka_version"] = kafka_version()
 out["onnxruntime"] = importlib.util.find_spec("onnxruntime") is not None
+out["prometheus_imported"] = "prometheus_client" in sys.modules  # metrics are opt-in: imported lazily
+try:
+    from runjournal.producers.metrics import JournalMetrics
+    JournalMetrics()
+    out["journal_metrics"] = "built"
+except ModuleNotFoundError as exc:
+    out["journal_metrics"] = exc.name
 from importlib import metadata
 sizes = {}
 for d in metadata.distributions():  # the installed distributions, minus the venv's own seed tools
@@ -110,6 +118,7 @@ print(json.dumps(out))
     registry_only = {"runjournal.schemas._confluent", "runjournal.schemas.registration"}
     assert set(failed) <= registry_only and all("ModuleNotFoundError" in v for v in failed.values())
     assert out["onnxruntime"] is False
+    assert out["prometheus_imported"] is False and out["journal_metrics"] == "prometheus_client"
     assert out["kafka_version"].count(".") == 2  # deploy/pom.xml found from outside the checkout
     size = sum(out["sizes"].values())
     assert size < CORE_LIMIT_BYTES, f"core install is {size / 2**20:.1f} MiB: {out['sizes']}"

@@ -7,6 +7,7 @@ request carries ``Authorization: Bearer <token>`` from the discovery file):
 * ``GET  /v1/health`` → ``{"ok": true, "pid", "path"}``
 * ``POST /v1/memory/search`` ``{tenant_id, user_id?, agent_id?, query, limit?, all_statuses?, where?}``
   → ``{"hits": [...]}``
+* ``POST /v1/memory/run`` ``{tenant_id, run_id, limit?}`` → ``{"hits": [...]}``: the items extracted from one run
 * ``POST /v1/memory/stats`` ``{tenant_id?}`` → the store's stats
 * ``POST /v1/knowledge/retrieve`` ``{query, corpus?, document?, limit?}`` → ``{"evidence": [...]}``
 * ``GET  /v1/knowledge/stats`` → the knowledge base's stats
@@ -86,6 +87,11 @@ def build_app(memory: QdrantMemoryStore, knowledge: QdrantKnowledgeBase, *, toke
                              all_statuses=bool(b.get("all_statuses", False)), where=b.get("where"))
         return {"hits": [h.as_dict() for h in hits]}
 
+    def memory_run(b: dict[str, Any]) -> dict[str, Any]:
+        scope = Scope(b["tenant_id"], user_id=b.get("user_id"), agent_id=b.get("agent_id"))
+        return {"hits": [h.as_dict() for h in memory.run_items(scope, str(b["run_id"]),
+                                                                 limit=int(b.get("limit", 200)))]}
+
     def memory_stats(b: dict[str, Any]) -> dict[str, Any]:
         tenant = b.get("tenant_id")
         return memory.stats(Scope(tenant) if tenant is not None else None)
@@ -101,6 +107,7 @@ def build_app(memory: QdrantMemoryStore, knowledge: QdrantKnowledgeBase, *, toke
     routes = [
         Route("/v1/health", _route(health, token, method="GET"), methods=["GET"]),
         Route("/v1/memory/search", _route(memory_search, token, method="POST"), methods=["POST"]),
+        Route("/v1/memory/run", _route(memory_run, token, method="POST"), methods=["POST"]),
         Route("/v1/memory/stats", _route(memory_stats, token, method="POST"), methods=["POST"]),
         Route("/v1/knowledge/retrieve", _route(knowledge_retrieve, token, method="POST"), methods=["POST"]),
         Route("/v1/knowledge/stats", _route(lambda _: knowledge.stats(), token, method="GET"), methods=["GET"]),

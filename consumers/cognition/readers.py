@@ -203,6 +203,19 @@ class MemoryReaderClient:
             lambda o: [MemoryHit.from_dict(h) for h in o.call("POST", "/v1/memory/search", body)["hits"]],
             lambda m, _k: m.search(scope, query, limit=limit, all_statuses=all_statuses, where=where))
 
+    def run_items(self, scope: Scope, run_id: str, *, limit: int = 200) -> list[MemoryHit]:
+        """The items of ``scope``'s tenant extracted from ``run_id`` (any status), in offset order.
+
+        Raises:
+            ScopeError: ``scope`` is not a memory Scope. StoreUnavailableError / StoreLockedError: as :meth:`search`.
+        """
+        if not isinstance(scope, Scope):
+            raise ScopeError(f"memory is read with a memory Scope (tenant required), not {type(scope).__name__}")
+        body = {**scope.as_payload(), "run_id": run_id, "limit": limit}
+        return self._r.run(
+            lambda o: [MemoryHit.from_dict(h) for h in o.call("POST", "/v1/memory/run", body)["hits"]],
+            lambda m, _k: m.run_items(scope, run_id, limit=limit))
+
     def stats(self, scope: Scope | None = None) -> dict[str, Any]:
         """Counts by status (one tenant, or all when None)."""
         body = {"tenant_id": scope.tenant_id if scope else None}

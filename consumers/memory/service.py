@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 from confluent_kafka import Consumer, Message, TopicPartition
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from runjournal.consumers._group import commit_pending, partition_lags
+from runjournal.consumers._group import LagExport, commit_pending, partition_lags
 from runjournal.consumers.dlq import DeadLetters
 from runjournal.consumers.failures import (
     TRANSIENT,
@@ -54,6 +54,7 @@ from runjournal.consumers.memory.embed import Embedder, default_embedder
 from runjournal.consumers.memory.errors import MemoryPlaneError
 from runjournal.consumers.memory.extract import Extractor, RuleExtractor
 from runjournal.consumers.memory.items import MemoryItem, Provenance, Scope
+from runjournal.consumers.memory.metrics import ExtractorMetrics
 from runjournal.consumers.memory.owners import RunOwners
 from runjournal.consumers.memory.store import QdrantMemoryStore
 from runjournal.consumers.topic_identity import TopicMismatchError
@@ -121,6 +122,8 @@ class MemoryExtractor:
         backoff_base_s, backoff_cap_s: exponential backoff start and cap, seconds (0.1, 5.0).
         codec: event codec (default from settings).
         max_outage_s: longest one dependency outage is waited out before the extractor stops (s, 240).
+        metrics: Prometheus families (default: a private registry; the CLI serves it with ``--metrics-port``); the
+            failure policy's waits are counted in the same registry.
 
     Raises:
         StoreLockedError: local mode and the Qdrant directory is held by another process.
@@ -131,7 +134,8 @@ class MemoryExtractor:
                  embedder: Embedder | None = None, extractor: Extractor | None = None, batch_size: int = 500,
                  poll_timeout_s: float = 0.2, group_id: str | None = None, max_attempts: int = 4,
                  backoff_base_s: float = 0.1, backoff_cap_s: float = 5.0, codec: EventCodec | None = None,
-                 session_timeout_ms: int = 10_000, max_outage_s: float = 240.0) -> None:
+                 session_timeout_ms: int = 10_000, max_outage_s: float = 240.0,
+                 metrics: ExtractorMetrics | None = None) -> None:
         self.settings = settings
         self.topic = settings.events_topic
         self.store = store or QdrantMemoryStore.open(settings, embedder or default_embedder())
@@ -147,9 +151,12 @@ class MemoryExtractor:
         self.group_id = group_id or memory_group(settings)
         self.dlq = DeadLetters(settings, settings.memory_dlq_topic)
         self.stats = ExtractorStats()
+        self.metrics = metrics or ExtractorMetrics()
+        self._lag_export = LagExport(self.metrics.lag)
         self._stop = threading.Event()
-        self.policy = FailurePolicy("memory", log, max_wait_s=max_outage_s, backoff_base_s=backoff_base_s,
-                                    backoff_cap_s=backoff_cap_s, stop=self._stop, on_wait=self._count_wait)
+        self.policy = FailurePolicy("memory", log, registry=self.metrics.registry, max_wait_s=max_outage_s,
+                                    backoff_base_s=backoff_base_s, backoff_cap_s=backoff_cap_s, stop=self._stop,
+                                    on_wait=self._count_wait)
         self._done: dict[int, int] = {}
         self._pending_commit: dict[int, int] = {}
         self._assigned_once = threading.Event()
@@ -213,6 +220,9 @@ class MemoryExtractor:
         try:
             while not self._stop.is_set():
                 msgs = self.consumer.consume(self.batch_size, timeout=self.poll_timeout_s)  # step 1
+                self.metrics.observe_poll([m.timestamp()[1] for m in msgs if not m.error() and m.timestamp()[1] > 0],
+                                          int(time.time() * 1000))
+                self._lag_export.maybe(self.consumer, self._done)
                 if self._mismatch is not None:
                     raise self._mismatch
                 if msgs:
@@ -232,6 +242,7 @@ class MemoryExtractor:
         return self.stats
 
     def _handle(self, msgs: list[Message]) -> None:
+        started = time.perf_counter()
         segment: list[_Unit] = []
         for msg in msgs:
             if msg.error():
@@ -252,8 +263,10 @@ class MemoryExtractor:
             if not msg.error():
                 self._done[msg.partition()] = max(self._done.get(msg.partition(), -1), msg.offset())
                 self._pending_commit[msg.partition()] = self._done[msg.partition()] + 1
+                self.metrics.events.labels(str(msg.partition())).inc()
         self.stats.events += len(msgs)
         self.stats.batches += 1
+        self.metrics.batch_seconds.observe(time.perf_counter() - started)
 
     def _extract(self, msg: Message) -> list[MemoryItem]:
         try:
@@ -306,17 +319,25 @@ class MemoryExtractor:
     def _write_items(self, items: list[MemoryItem]) -> None:
         started = time.perf_counter()
         vectors = self._retry("embed", lambda: self.embedder.embed([i.text for i in items]))  # step 4
-        self.stats.embed_s += time.perf_counter() - started
-        self.stats.items += self._retry("upsert", lambda: self.store.upsert(items, vectors))  # step 5
+        embedded = time.perf_counter()
+        self.stats.embed_s += embedded - started
+        written = self._retry("upsert", lambda: self.store.upsert(items, vectors))  # step 5
+        self.stats.items += written
+        self.metrics.embed_seconds.observe(embedded - started)
+        self.metrics.commit_seconds.observe(time.perf_counter() - embedded)
+        self.metrics.items.inc(written)
 
     def _erase(self, msg: Message) -> None:
         key = (msg.key() or b"").decode("utf-8", "replace")
         if key:
-            self.stats.erased += self._retry("erase", lambda: self.store.delete_by_event_key(key))
+            erased = self._retry("erase", lambda: self.store.delete_by_event_key(key))
+            self.stats.erased += erased
+            self.metrics.erased.inc(erased)
 
     def _dead_letter(self, msg: Message, exc: BaseException) -> None:
         self.dlq.send(msg, exc)
         self.stats.dead_lettered += 1
+        self.metrics.dead_lettered.labels(type(exc).__name__).inc()
         log.warning("dead-lettered", extra={"topic": msg.topic(), "partition": msg.partition(),
                                             "offset": msg.offset(), "error": f"{type(exc).__name__}: {exc}"})
 
@@ -349,6 +370,7 @@ class MemoryExtractor:
     def _on_retry(self, what: str, state: RetryCallState) -> None:
         self.stats.retries += 1
         exc = state.outcome.exception() if state.outcome else None
+        self.metrics.retries.labels(what, type(exc).__name__).inc()
         log.warning("retrying", extra={"op": what, "attempt": state.attempt_number,
                                        "error": f"{type(exc).__name__}: {exc}"})
 

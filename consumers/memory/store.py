@@ -243,6 +243,23 @@ class QdrantMemoryStore:
         hits = [hit_from(pid, 0.0, p) for pid, p in found]
         return sorted(hits, key=lambda h: (h.freshness["created_at"], h.id))
 
+    def run_items(self, scope: Scope, run_id: str, *, limit: int = 200) -> list[MemoryHit]:
+        """The items of ``scope``'s tenant extracted from ``run_id`` (any status), in offset order (score 0):
+        what the console shows beside a run, each with its provenance back to the event's offset.
+
+        Raises:
+            ScopeError: ``scope`` is not a memory Scope (the tenant filter comes first, as for every read).
+        """
+        self.ensure_collection()
+        flt = scope_filter(scope, statuses=None)
+        flt.must.append(_eq("provenance.run_id", run_id))
+        hits = [hit_from(pid, 0.0, p) for pid, p in self._scroll(flt)]
+        if any(h.scope.get("tenant_id") != scope.tenant_id for h in hits):
+            raise IsolationError(f"a read in tenant {scope.tenant_id!r} matched another tenant's item")
+        hits.sort(key=lambda h: (h.provenance.get("partition", 0), h.provenance.get("offset", 0),
+                                 h.provenance.get("item_index", 0)))
+        return hits[:limit]
+
     def stats(self, scope: Scope | None = None) -> dict[str, Any]:
         """Counts by status (of ``scope``'s tenant, or of the whole collection when None — an admin view)."""
         self.ensure_collection()

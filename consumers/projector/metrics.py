@@ -1,37 +1,86 @@
-"""Prometheus metrics of the projector (own registry, so several projectors can live in one test process)."""
+"""Prometheus metrics of the projector, in base units, on a registry of its own (``runjournal.core.metrics``).
+
+Its own registry (with the process collector), so several projectors can live in one test process. Lag is
+exported two ways: ``runjournal_projector_lag_records`` (per partition: end offset minus position) and
+``runjournal_projector_lag_seconds`` (now minus the CreateTime of the oldest record of the last poll; 0 after
+an empty poll), plus the distribution ``runjournal_projector_event_age_seconds``. These replace the former
+``runjournal_projector_lag_ms`` histogram (milliseconds; README § Metrics).
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from typing import Any
+
+from runjournal.core import metrics as m
 
 __all__ = ["ProjectorMetrics"]
 
 
 class ProjectorMetrics:
-    """The projector's counters, gauges and histograms; ``serve(port)`` exposes them over HTTP."""
+    """The projector's families; :meth:`serve` exposes them on ``/metrics``.
 
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
+    Args:
+        registry: where to register (default: a new one with the process collector).
+    """
+
+    def __init__(self, registry: Any = None) -> None:
+        self.registry = registry if registry is not None else m.new_registry("projector")
         r = self.registry
-        self.events = Counter("runjournal_projector_events", "Events applied (incl. no-ops)", ["partition"],
-                              registry=r)
-        self.batch_seconds = Histogram("runjournal_projector_batch_apply_seconds",
-                                       "Fold + atomic Redis write per partition batch, seconds", registry=r,
-                                       buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
-        self.lag = Gauge("runjournal_projector_lag_records", "High watermark minus position", ["partition"],
-                         registry=r)
-        self.lag_ms = Histogram("runjournal_projector_lag_ms", "Now minus the oldest record's CreateTime per poll, ms",
-                                registry=r, buckets=(5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000))
-        self.parked = Counter("runjournal_projector_runs_parked", "Runs parked on a seq gap", registry=r)
-        self.blocked = Counter("runjournal_projector_runs_blocked", "Runs blocked by an undecodable event",
-                               registry=r)
-        self.fenced = Counter("runjournal_projector_stale_epoch_rejected",
-                              "Control-flow events rejected from a lower epoch", registry=r)
-        self.dead_lettered = Counter("runjournal_projector_dead_lettered", "Records sent to the DLQ", registry=r)
-        self.erased = Counter("runjournal_projector_runs_erased", "Runs erased by tombstones", registry=r)
-        self.conflicts = Counter("runjournal_projector_conflicts",
-                                 "Batches refused by Redis (stale view: reloaded and re-seeked)", registry=r)
+        self.events = m.counter(r, "runjournal_projector_events", "Records handled (no-ops included)", ["partition"])
+        self.batches = m.counter(r, "runjournal_projector_batches", "Partition batches written to Redis")
+        self.batch_seconds = m.histogram(r, "runjournal_projector_batch_apply_seconds",
+                                         "Decode + fold + atomic Redis write of one partition batch, seconds")
+        self.commit_seconds = m.histogram(r, "runjournal_projector_commit_seconds",
+                                          "The atomic Redis write of a batch's states and the partition's applied "
+                                          "offset (the projection's commit), seconds")
+        self.lag = m.gauge(r, "runjournal_projector_lag_records", "End offset minus position, per partition",
+                           ["partition"])
+        self.lag_seconds = m.gauge(r, "runjournal_projector_lag_seconds",
+                                   "Now minus the CreateTime of the oldest record of the last poll (0 after an "
+                                   "empty poll), seconds")
+        self.event_age = m.histogram(r, "runjournal_projector_event_age_seconds",
+                                     "Now minus the oldest record's CreateTime, per non-empty poll, seconds",
+                                     buckets=m.LAG_BUCKETS_S)
+        self.parked = m.counter(r, "runjournal_projector_runs_parked", "Runs parked on a seq gap")
+        self.blocked = m.counter(r, "runjournal_projector_runs_blocked", "Runs blocked by an undecodable event")
+        self.fenced = m.counter(r, "runjournal_projector_stale_epoch_rejected",
+                                "Control-flow events rejected from a lower epoch (epoch fencing)")
+        self.dead_lettered = m.counter(r, "runjournal_projector_dead_letters",
+                                       "Records copied to the events DLQ, by cause (error class)", ["cause"])
+        self.erased = m.counter(r, "runjournal_projector_runs_erased", "Runs erased by tombstones")
+        self.conflicts = m.counter(r, "runjournal_projector_conflicts",
+                                   "Batches refused by Redis (stale view: reloaded and re-seeked)")
+        self.outcomes = m.counter(r, "runjournal_projector_call_outcomes",
+                                  "Tool calls reaching an outcome class in the projection (committed, failed, "
+                                  "outcome_unknown, reconciled)", ["outcome"])
+        self.server: m.MetricsServer | None = None
 
-    def serve(self, port: int) -> None:
-        """Expose ``/metrics`` on ``port`` (0.0.0.0) in a daemon thread."""
-        start_http_server(port, registry=self.registry)
+    def serve(self, port: int, *, addr: str = "0.0.0.0", redis_client: Any = None,
+              prefix: str | None = None) -> m.MetricsServer:
+        """Expose ``/metrics`` on ``addr:port`` in a daemon thread (announced for the console when given Redis).
+
+        Raises:
+            OSError: the port is taken.
+        """
+        self.server = m.serve(self.registry, port, service="projector", addr=addr, redis_client=redis_client,
+                              prefix=prefix)
+        return self.server
+
+
+def count_transitions(metrics: ProjectorMetrics, old: Any, new: Any) -> None:
+    """Count what one batch changed in a run (``old`` → ``new``, both ``RunState``; ``old`` may be None): each
+    execution record entering a new status, as an outcome class, and stale-epoch rejections.
+
+    Records the reducer did not touch are the same objects (copy-on-write), so this costs one identity check
+    per unchanged record.
+    """
+    old_records = old.records if old is not None else {}
+    for call_id, record in new.records.items():
+        previous = old_records.get(call_id)
+        if previous is record or (previous is not None and previous.status is record.status):
+            continue
+        if record.status.value != "INTENDED":
+            metrics.outcomes.labels(record.status.value.lower()).inc()
+    rejected = new.rejected_stale_epoch - (old.rejected_stale_epoch if old is not None else 0)
+    if rejected > 0:
+        metrics.fenced.inc(rejected)

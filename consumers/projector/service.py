@@ -39,7 +39,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Top
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from runjournal.consumers._group import commit_pending, partition_lags
+from runjournal.consumers._group import LagExport, commit_pending, partition_lags
 from runjournal.consumers.dlq import DeadLetters
 from runjournal.consumers.failures import (
     TRANSIENT,
@@ -50,7 +50,7 @@ from runjournal.consumers.failures import (
     stops_consumer,
 )
 from runjournal.consumers.projector._cache import StateCache
-from runjournal.consumers.projector.metrics import ProjectorMetrics
+from runjournal.consumers.projector.metrics import ProjectorMetrics, count_transitions
 from runjournal.consumers.projector.stats import ProjectorStats
 from runjournal.consumers.projector.store import ProjectionStore
 from runjournal.consumers.topic_identity import TopicMismatchError, check_projection, describe_events_topic
@@ -125,6 +125,7 @@ class Projector:
         self.cache = StateCache(state_cache_runs)
         self._pending_commit: dict[int, int] = {}
         self._assigned_once = threading.Event()
+        self._lag_export = LagExport(self.metrics.lag)
         self.stats = ProjectorStats()
         self.consumer = kafka.consumer(settings, **{"group.id": self.group_id,
             "enable.auto.commit": False,
@@ -223,8 +224,11 @@ class Projector:
                         raise
                     self._record_lag(msgs)
                     self._commit(set(self._pending_commit), asynchronous=True)  # step 7
-                elif until_caught_up and self._caught_up():
-                    break
+                else:
+                    self.metrics.lag_seconds.set(0)
+                    if until_caught_up and self._caught_up():
+                        break
+                self._lag_export.maybe(self.consumer, self.applied)
                 if idle_timeout_s is not None and time.monotonic() - last_data > idle_timeout_s:
                     break
             self._commit(set(self._pending_commit), asynchronous=False)
@@ -253,7 +257,8 @@ class Projector:
             return
         now_ms = int(time.time() * 1000)
         lag_ms = max(0, now_ms - min(stamps))
-        self.metrics.lag_ms.observe(lag_ms)
+        self.metrics.event_age.observe(lag_ms / 1000)
+        self.metrics.lag_seconds.set(lag_ms / 1000)
         pipe = self.redis.pipeline(transaction=False)
         pipe.lpush(self.lag_key, f"{now_ms}:{lag_ms}")
         pipe.ltrim(self.lag_key, 0, 9999)
@@ -295,6 +300,7 @@ class Projector:
         run_ids = {run_id for run_id, _ in decoded if run_id is not None}
         cached, missing = self.cache.split(partition, expected, run_ids)  # step 4
         states: dict[str, RunState | None] = {**cached, **self.store.load(partition, missing)}
+        before = dict(states)
         dirty: dict[str, RunState | None] = {}
         for msg, (run_id, item) in zip(fresh, decoded, strict=True):
             if run_id is None:
@@ -307,7 +313,9 @@ class Projector:
             self.dlq.flush()  # step 5
         last = fresh[-1].offset()
         failpoints.hit("projector.before_write")
+        write_started = time.perf_counter()
         result = self.store.apply_batch(partition, expected_offset=expected, new_offset=last, states=dirty)  # 6
+        self.metrics.commit_seconds.observe(time.perf_counter() - write_started)
         if result.status == "conflict":
             self._resync(partition, result.stored_offset)
             return
@@ -321,7 +329,8 @@ class Projector:
         self.stats.events += len(fresh)
         self.stats.batches += 1
         self.metrics.events.labels(str(partition)).inc(len(fresh))
-        self._count_outcomes(dirty)
+        self.metrics.batches.inc()
+        self._count_outcomes(dirty, before)
         self._quarantined = {w for w in self._quarantined if w[0] != partition}
 
     def _fold(self, state: RunState | None, item: Any, partition: int, offset: int, run_id: str) -> RunState | None:
@@ -357,15 +366,18 @@ class Projector:
         self._quarantined.add(where)
         self.dlq.send(msg, exc)
         self.stats.dead_lettered += 1
-        self.metrics.dead_lettered.inc()
+        self.metrics.dead_lettered.labels(type(exc).__name__).inc()
         log.warning("quarantined", extra={"topic": msg.topic(), "partition": msg.partition(),
                                           "offset": msg.offset(), "error": str(exc), "run_id": run_id})
 
-    def _count_outcomes(self, dirty: dict[str, RunState | None]) -> None:
+    def _count_outcomes(self, dirty: dict[str, RunState | None], before: dict[str, RunState | None]) -> None:
         for run_id, state in dirty.items():
-            if state is not None and state.status == RunStatus.GAP and run_id not in self.stats.parked_runs:
+            if state is None:
+                continue
+            if state.status == RunStatus.GAP and run_id not in self.stats.parked_runs:
                 self.stats.parked_runs.add(run_id)
                 self.metrics.parked.inc()
+            count_transitions(self.metrics, before.get(run_id), state)
 
     def _resync(self, partition: int, stored: int) -> None:
         """Redis's applied offset is not ours (Redis lost its last second, or another instance wrote): re-seek."""

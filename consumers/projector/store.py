@@ -7,6 +7,7 @@ key name lives in ``runjournal.core.redis_keys``):
 * ``rj:{P.p}:offset`` — the partition's applied offset: the last offset whose effect is in Redis.
 * ``rj:{P.p}:run:<run_id>`` — the run's state JSON (``RunState.to_json``, execution records included).
 * ``rj:{P.p}:runs`` — set of the partition's run ids.
+* ``rj:{P.p}:index`` — hash run_id → the run's summary JSON, for lists (``runjournal.consumers.projector.index``).
 
 Redis itself holds the truth of what Redis has applied: the state of every run touched by a
 batch and the partition's offset change in one ``EVALSHA`` (see ``_APPLY_LUA``). The script
@@ -23,6 +24,7 @@ from typing import Any
 
 import redis
 
+from runjournal.consumers.projector.index import summary_json
 from runjournal.core import redis_client
 from runjournal.core.redis_keys import RedisKeys, partition_tag
 from runjournal.model.reducer import RunState
@@ -30,9 +32,9 @@ from runjournal.model.reducer import RunState
 __all__ = ["ApplyResult", "ProjectionStore", "partition_tag"]
 
 _APPLY_LUA = """
--- KEYS[1] offset key, KEYS[2] runs-set key, KEYS[3..2+n] run keys
+-- KEYS[1] offset key, KEYS[2] runs-set key, KEYS[3] index key, KEYS[4..3+n] run keys
 -- ARGV[1] expected current offset ('-1' = none), ARGV[2] new offset, ARGV[3] n,
--- ARGV[4..3+n] state JSON ('' = delete the run), ARGV[4+n..3+2n] run ids
+-- ARGV[4..3+n] state JSON ('' = delete the run), ARGV[4+n..3+2n] run ids, ARGV[4+2n..3+3n] summaries
 local cur = redis.call('GET', KEYS[1])
 if not cur then cur = '-1' end
 if tonumber(cur) >= tonumber(ARGV[2]) then return {0, cur} end
@@ -42,11 +44,13 @@ for i = 1, n do
   local value = ARGV[3 + i]
   local run_id = ARGV[3 + n + i]
   if value == '' then
-    redis.call('DEL', KEYS[2 + i])
+    redis.call('DEL', KEYS[3 + i])
     redis.call('SREM', KEYS[2], run_id)
+    redis.call('HDEL', KEYS[3], run_id)
   else
-    redis.call('SET', KEYS[2 + i], value)
+    redis.call('SET', KEYS[3 + i], value)
     redis.call('SADD', KEYS[2], run_id)
+    redis.call('HSET', KEYS[3], run_id, ARGV[3 + 2 * n + i])
   end
 end
 redis.call('SET', KEYS[1], ARGV[2])
@@ -88,6 +92,10 @@ class ProjectionStore:
         """``rj:{P.p}:runs``."""
         return self.keys.runs(partition)
 
+    def index_key(self, partition: int) -> str:
+        """``rj:{P.p}:index`` (run_id → summary JSON; ``runjournal.consumers.projector.index``)."""
+        return self.keys.index(partition)
+
     def run_key(self, partition: int, run_id: str) -> str:
         """``rj:{P.p}:run:<run_id>``."""
         return self.keys.run(partition, run_id)
@@ -119,7 +127,7 @@ class ProjectionStore:
     def apply_batch(
         self, partition: int, *, expected_offset: int, new_offset: int, states: Mapping[str, RunState | None]
     ) -> ApplyResult:
-        """Write ``states`` (None = erase the run) and set the applied offset, atomically.
+        """Write ``states`` (None = erase the run), their index entries, and the applied offset, atomically.
 
         Args:
             partition: the source partition.
@@ -134,9 +142,11 @@ class ProjectionStore:
             redis.RedisError: Redis unreachable (the caller retries with backoff; nothing was written).
         """
         ids = list(states)
-        keys = [self.offset_key(partition), self.runs_key(partition), *(self.run_key(partition, r) for r in ids)]
+        keys = [self.offset_key(partition), self.runs_key(partition), self.index_key(partition),
+                *(self.run_key(partition, r) for r in ids)]
         values = [s.to_json() if s is not None else "" for s in states.values()]
-        args: list[Any] = [str(expected_offset), str(new_offset), str(len(ids)), *values, *ids]
+        summaries = [summary_json(s) if s is not None else b"" for s in states.values()]
+        args: list[Any] = [str(expected_offset), str(new_offset), str(len(ids)), *values, *ids, *summaries]
         code, stored = self._apply(keys=keys, args=args)
         status = {1: "applied", 0: "duplicate", -1: "conflict"}[int(code)]
         return ApplyResult(status=status, stored_offset=int(stored))

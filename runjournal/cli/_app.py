@@ -10,6 +10,7 @@ import typer
 from runjournal import __version__
 from runjournal.cli.acls import acls_app
 from runjournal.cli.approvals import approve_command, deny_command
+from runjournal.cli.console import console_command
 from runjournal.cli.demo import demo_command
 from runjournal.cli.erase import erase_command
 from runjournal.cli.knowledge import knowledge_app
@@ -72,6 +73,7 @@ app.command("approve")(approve_command)
 app.command("deny")(deny_command)
 app.command("erase")(erase_command)
 app.command("demo")(demo_command)
+app.command("console")(console_command)
 
 
 @app.command("settings")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import signal
 import threading
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -35,6 +35,8 @@ def _stop_on_signals() -> threading.Event:
 def memory_extractor_command(
     until_caught_up: Annotated[bool, typer.Option("--until-caught-up", help="Exit once lag is 0.")] = False,
     batch_size: Annotated[int, typer.Option(help="Records per consume call.")] = 500,
+    metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus /metrics on this port.")] = None,
+    metrics_addr: Annotated[str, typer.Option(help="Bind address of /metrics.")] = "0.0.0.0",
     as_json: Annotated[bool, typer.Option("--json", help="Print the final stats as JSON.")] = False,
 ) -> None:
     """Run the memory extractor (group ``{prefix}.memory``) until SIGINT/SIGTERM, or until caught up.
@@ -58,8 +60,14 @@ def memory_extractor_command(
     try:
         extractor = guarded(lambda: MemoryExtractor(settings, store=owner.memory, batch_size=batch_size),
                             as_json=as_json)
-        with cli_errors(as_json):  # an outage past the budget, fenced, unauthorised: exit 1 naming it
-            stats = extractor.run(until_caught_up=until_caught_up, stop=_stop_on_signals()).as_dict()
+        if metrics_port is not None:
+            _serve_metrics(extractor.metrics, metrics_port, metrics_addr, settings)
+        try:
+            with cli_errors(as_json):  # an outage past the budget, fenced, unauthorised: exit 1 naming it
+                stats = extractor.run(until_caught_up=until_caught_up, stop=_stop_on_signals()).as_dict()
+        finally:
+            if extractor.metrics.server is not None:
+                extractor.metrics.server.close()  # withdraws its announcement for the console
     finally:
         owner.close()
     if as_json:
@@ -68,6 +76,12 @@ def memory_extractor_command(
         console.print(f"extracted {stats['items']} items from {stats['events']} events in {stats['elapsed_s']} s "
                       f"({stats['events_per_s']} events/s); dead-lettered {stats['dead_lettered']}, "
                       f"erased {stats['erased']}, retries {stats['retries']}")
+
+
+def _serve_metrics(metrics: Any, port: int, addr: str, settings: Settings) -> None:
+    from runjournal.core import redis_client
+
+    metrics.serve(port, addr=addr, redis_client=redis_client.client(settings), prefix=settings.topic_prefix)
 
 
 @memory_app.command("serve")

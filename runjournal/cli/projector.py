@@ -27,6 +27,7 @@ def projector_command(
                                           "replay from the earliest offset.")] = False,
     batch_size: Annotated[int, typer.Option(help="Records per consume call.")] = 2000,
     metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus /metrics on this port.")] = None,
+    metrics_addr: Annotated[str, typer.Option(help="Bind address of /metrics.")] = "0.0.0.0",
     instance_id: Annotated[str | None, typer.Option(help="Static group membership id (a restart with the same "
                                                     "id takes its partitions back at once).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the final stats as JSON.")] = False,
@@ -51,11 +52,16 @@ def projector_command(
             err_console.print(f"rebuild: wiped {deleted} Redis keys of prefix {settings.topic_prefix}; "
                               "replaying from the earliest offset")
         if metrics_port is not None:
-            projector.metrics.serve(metrics_port)
+            projector.metrics.serve(metrics_port, addr=metrics_addr, redis_client=projector.redis,
+                                    prefix=settings.topic_prefix)
         stop = threading.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
-        stats = projector.run(until_caught_up=until_caught_up, stop=stop)
+        try:
+            stats = projector.run(until_caught_up=until_caught_up, stop=stop)
+        finally:
+            if projector.metrics.server is not None:
+                projector.metrics.server.close()  # withdraws its announcement for the console
     out = stats.as_dict()
     if as_json:
         print(json.dumps(out))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -25,6 +25,8 @@ def recover_command(
     = None,
     force: Annotated[bool, typer.Option("--force", help="Recover even if the owner holds a live lease.")] = False,
     watch: Annotated[float | None, typer.Option(help="Repeat a --stale pass every this many seconds.")] = None,
+    metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus /metrics on this port.")] = None,
+    metrics_addr: Annotated[str, typer.Option(help="Bind address of /metrics.")] = "0.0.0.0",
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
 ) -> None:
     """Fence dead instances, read end offsets, fold tails, classify calls, resume runs under a new epoch.
@@ -46,16 +48,58 @@ def recover_command(
     with cli_errors(as_json):
         preflight(settings)
         job = RecoveryJob(settings)
+    observed = _Observed(job, metrics_port, metrics_addr)
     try:
         while True:
             with cli_errors(as_json):  # RecoveryError (a live owner, no --force) included: exit 1
-                report = job.recover(stale=stale, instance=instance, runs=run, force=force, assign_to=assign_to)
+                started = time.monotonic()
+                try:
+                    report = job.recover(stale=stale, instance=instance, runs=run, force=force, assign_to=assign_to)
+                except Exception as exc:
+                    observed.failed(exc, time.monotonic() - started)
+                    raise
+            observed.passed(report.as_dict(), time.monotonic() - started)
             _print(report.as_dict(), as_json)
             if watch is None:
                 break
             time.sleep(watch)
     finally:
+        observed.close()
         job.close()
+
+
+class _Observed:
+    """The sweep's metrics (``--metrics-port``): each pass, its duration and result, and the backlog after it."""
+
+    def __init__(self, job: Any, port: int | None, addr: str) -> None:
+        self.job = job
+        self.metrics: Any = None
+        self._partitions: int | None = None
+        if port is not None:
+            from runjournal.consumers.recovery.metrics import RecoveryMetrics
+
+            self.metrics = RecoveryMetrics()
+            self.metrics.serve(port, addr=addr, redis_client=job.redis, prefix=job.settings.topic_prefix)
+
+    def failed(self, exc: BaseException, duration_s: float) -> None:
+        if self.metrics is not None:
+            self.metrics.observe_failure(exc, duration_s)
+
+    def passed(self, report: dict[str, Any], duration_s: float) -> None:
+        if self.metrics is None:
+            return
+        from runjournal.consumers._partitions import events_partition_count
+        from runjournal.consumers.recovery.metrics import recovery_backlog
+
+        self.metrics.observe_pass(report, duration_s)
+        if self._partitions is None:
+            self._partitions = events_partition_count(self.job.settings)
+        self.metrics.observe_backlog(recovery_backlog(self.job.redis, self.job.settings.topic_prefix,
+                                                      self._partitions))
+
+    def close(self) -> None:
+        if self.metrics is not None and self.metrics.server is not None:
+            self.metrics.server.close()
 
 
 def _print(report: dict, as_json: bool) -> None:  # type: ignore[type-arg]

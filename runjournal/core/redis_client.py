@@ -107,7 +107,7 @@ def _cluster(target: RedisTarget, kwargs: dict[str, Any]) -> Any:
     from redis.cluster import ClusterNode, RedisCluster
     from redis.exceptions import RedisClusterException
 
-    seeds = [ClusterNode(host, port) for host, port in target.nodes]  # type: ignore[no-untyped-call]
+    seeds = [ClusterNode(host, port) for host, port in target.nodes]  # type: ignore[no-untyped-call, unused-ignore]
     try:
         return RedisCluster(startup_nodes=seeds, ssl=target.tls, **kwargs)
     except RedisClusterException as exc:  # no seed answered: the same kind as a refused single server
@@ -152,7 +152,7 @@ class _LazyCluster:
         """A ``Script`` bound to this client (EVALSHA; on NOSCRIPT it loads the script and retries)."""
         from redis.commands.core import Script
 
-        return Script(self, script)  # type: ignore[arg-type]  # duck-typed: evalsha, script_load, get_encoder
+        return Script(self, script)  # type: ignore[arg-type, unused-ignore]  # duck-typed: evalsha, script_load, get_encoder
 
     def close(self) -> None:
         """Close the connections, if any were opened."""

@@ -4,13 +4,14 @@
 runs a script or a transaction only within one slot (redis-py refuses it before sending). The tag names the
 unit of atomicity; a key used alone needs no tag and is spread over the cluster by its full name:
 
-* partition ``{P.p<n>}``: ``rj:{P.p<n>}:offset``, ``:runs``, ``:run:<run_id>`` — the projector's batch script;
+* partition ``{P.p<n>}``: ``rj:{P.p<n>}:offset``, ``:runs``, ``:run:<run_id>``, ``:index`` — the projector's
+  batch script;
 * instance ``{P:i:<instance>}``: ``rj:{P:i:<instance>}:lease``, ``:owned``, ``:assign`` and
   ``rj:{P:i:<name>}:incarnation`` — own a run while the lease is ours (lease + owned set); hand a run over
   (owned set + assignment list);
 * run ``{P:r:<run_id>}``: ``rj:{P:r:<run_id>}:plan``, ``:approvals``, ``:claim`` — one node holds a run's keys;
 * no tag: single keys of the whole prefix — ``rj:P:topic``, ``rj:P:parked``, ``rj:P:approvals:pending``,
-  ``rj:P:projector:lag_ms`` — and ``rj:P:result:<sha256>`` (results spread over the nodes);
+  ``rj:P:projector:lag_ms``, ``rj:P:metrics:endpoints`` — and ``rj:P:result:<sha256>`` (results spread over the nodes);
 * demo ``{P:demo}``: ``rj:{P:demo}:queue``, ``:claimed:<instance>``, … — LMOVE from the queue to a claimed list.
 
 No operation spans two units: the recovery hand-over writes the plan (run unit), then the assignee's owned
@@ -71,6 +72,10 @@ class RedisKeys:
         """``rj:{P.p<n>}:run:<run_id>`` — the run's projected state JSON."""
         return f"rj:{partition_tag(self.prefix, partition)}:run:{run_id}"
 
+    def index(self, partition: int) -> str:
+        """``rj:{P.p<n>}:index`` — hash run_id → the run's summary JSON, for lists (``consumers.projector.index``)."""
+        return f"rj:{partition_tag(self.prefix, partition)}:index"
+
     # -- instance unit: leases, owned runs, assignments ----------------------------------------------
     def _instance(self, instance: str) -> str:
         return f"rj:{{{self.prefix}:i:{instance}}}"
@@ -111,6 +116,10 @@ class RedisKeys:
     def topic_identity(self) -> str:
         """``rj:P:topic`` — the topic id and partition count the projection was built from."""
         return f"rj:{self.prefix}:topic"
+
+    def metrics_endpoints(self) -> str:
+        """``rj:P:metrics:endpoints`` — hash of the ``/metrics`` endpoints services announce (``core.metrics``)."""
+        return f"rj:{self.prefix}:metrics:endpoints"
 
     def parked(self) -> str:
         """``rj:P:parked`` — set of runs recovery parked (a gap or an undecodable record)."""

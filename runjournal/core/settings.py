@@ -7,8 +7,9 @@ other command finds the broker and Redis without any variable set.
 Variables (each field of :class:`Settings`, upper-cased, with the ``RUNJOURNAL_`` prefix; the
 README's Settings table lists meanings and defaults): ``BOOTSTRAP``, ``REDIS_URL``,
 ``QDRANT_PATH``, ``QDRANT_URL``, ``QDRANT_API_KEY``, ``SCHEMA_REGISTRY_URL``, ``TOPIC_PREFIX``,
-``STACK_DIR``, ``CACHE_DIR``, ``PARTITIONS``, ``REPLICATION_FACTOR``, ``LOG_LEVEL``, the Redis security
-settings ``REDIS_USERNAME``, ``REDIS_PASSWORD``, ``REDIS_SSL_CA_LOCATION``, ``REDIS_SSL_CERTIFICATE_LOCATION``,
+``STACK_DIR``, ``CACHE_DIR``, ``PARTITIONS``, ``REPLICATION_FACTOR``, ``LOG_LEVEL``,
+``CONSOLE_OPERATOR_TOKEN``, the Redis security settings ``REDIS_USERNAME``, ``REDIS_PASSWORD``,
+``REDIS_SSL_CA_LOCATION``, ``REDIS_SSL_CERTIFICATE_LOCATION``,
 ``REDIS_SSL_KEY_LOCATION`` (``REDIS_URL`` may name a Redis Cluster: ``runjournal.core._redis_url``), the Kafka
 security settings ``KAFKA_SECURITY_PROTOCOL``, ``KAFKA_SASL_MECHANISM``, ``KAFKA_SASL_USERNAME``,
 ``KAFKA_SASL_PASSWORD``, ``KAFKA_SSL_CA_LOCATION``, ``KAFKA_SSL_CERTIFICATE_LOCATION``,
@@ -136,6 +137,8 @@ class Settings(BaseSettings):
     at :meth:`load` (not a variable of its own). Values are SecretStr; :meth:`masked` shows non-secret ones."""
     log_level: str | None = None
     """Log level of every command (DEBUG … CRITICAL); None: INFO for services, WARNING otherwise."""
+    console_operator_token: SecretStr | None = None
+    """``runjournal console``: operators who sign in with this token may approve and deny; unset: read-only."""
 
     @field_validator("log_level")
     @classmethod
@@ -231,7 +234,8 @@ class Settings(BaseSettings):
         out["redis_url"] = mask_url(self.redis_url)
         out["qdrant_url"] = mask_url(self.qdrant_url)
         out["schema_registry_url"] = mask_url(self.schema_registry_url)
-        for name in ("qdrant_api_key", "kafka_sasl_password", "kafka_ssl_key_password", "redis_password"):
+        for name in ("qdrant_api_key", "kafka_sasl_password", "kafka_ssl_key_password", "redis_password",
+                     "console_operator_token"):
             out[name] = "***" if getattr(self, name) else None
         out["kafka_properties"] = {k: "***" if _kafka_props.is_secret(k) else v.get_secret_value()
                                    for k, v in sorted(self.kafka_properties.items())}
@@ -247,7 +251,8 @@ class Settings(BaseSettings):
         env: dict[str, str] = {}
         for name in type(self).model_fields:
             value = getattr(self, name)
-            if name in ("kafka_properties", "kafka_properties_file") or value is None:
+            # the console's operator token stays with the console: no child process needs it
+            if name in ("kafka_properties", "kafka_properties_file", "console_operator_token") or value is None:
                 continue
             env[f"RUNJOURNAL_{name.upper()}"] = value.get_secret_value() if isinstance(value, SecretStr) else str(value)
         env["RUNJOURNAL_QDRANT_PATH"] = str(self.effective_qdrant_path)

@@ -1,0 +1,46 @@
+"""``runjournal console``: serve the web console (``runjournal.console``) until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from runjournal.core.settings import Settings
+
+__all__ = ["console_command"]
+
+
+def console_command(
+    port: Annotated[int, typer.Option("--port", help="TCP port of the console (and its /metrics).")] = 8780,
+    host: Annotated[str, typer.Option("--host", help="Bind address (default loopback: put a proxy with TLS in "
+                                                     "front before exposing it).")] = "127.0.0.1",
+    scrape: Annotated[list[str] | None, typer.Option(
+        "--scrape", help="A service's /metrics URL to read lag from, besides those announced in Redis "
+                         "(repeatable).")] = None,
+    per_page: Annotated[int, typer.Option(min=1, max=1000, help="Rows per page of the runs list.")] = 100,
+) -> None:
+    """Serve the web console over the projection, the topic and memory.
+
+    Approve and deny are possible only when RUNJOURNAL_CONSOLE_OPERATOR_TOKEN is set (then only for an operator
+    who signs in with it, or sends it as a bearer token); without it the console is read-only. Exits 1 naming
+    the fix when the stack or the prefix's events topic is missing; once serving, a page answers 503 naming the
+    cause while Redis or the broker is away.
+    """
+    import uvicorn
+
+    from runjournal.cli._errors import cli_errors
+    from runjournal.console import ConsoleConfig, build_app
+    from runjournal.consumers.topic_identity import preflight
+    from runjournal.core.logs import setup_logging
+
+    setup_logging("INFO")
+    settings = Settings.load()
+    with cli_errors(as_json=False):  # a missing stack or topic: named within 5 s
+        preflight(settings)
+    token = settings.console_operator_token.get_secret_value() if settings.console_operator_token else None
+    app = build_app(ConsoleConfig(settings=settings, operator_token=token, scrape_urls=tuple(scrape or ()),
+                                  per_page=per_page))
+    mode = "operator token set: approve/deny enabled" if token else "read-only (no operator token)"
+    typer.echo(f"runjournal console on http://{host}:{port}/runs (prefix {settings.topic_prefix}; {mode})", err=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)

@@ -1,0 +1,260 @@
+"""The console's Starlette application: server-rendered Jinja2 pages, no JavaScript, no build step, no CDN.
+
+Routes:
+
+* ``GET /runs`` — the runs list (``?status=&tenant=&agent=&page=``), most urgent first; ``GET /api/runs`` as JSON.
+* ``GET /runs/{run_id}`` — timeline (seq, epoch, offset), epochs, execution records by class, approvals, memory;
+  ``GET /api/runs/{run_id}`` as JSON.
+* ``POST /runs/{run_id}/approvals/{call_id}`` — ``decision=grant|deny`` (+ ``comment``, ``csrf``): operators only
+  (``runjournal.console.auth``); 403 on a console started without a token, 401 without valid credentials.
+* ``GET /lag`` — projector, memory and recovery lag from the services' ``/metrics`` and the recovery backlog.
+* ``GET|POST /login``, ``POST /logout`` — operator sign-in (only with a token).
+* ``GET /metrics`` — the console's own Prometheus metrics; ``GET /healthz``; ``/static`` — the stylesheet.
+
+Every page is answered with ``Content-Security-Policy: default-src 'self'`` and ``X-Frame-Options: DENY`` (no
+third-party origin, no framing of the approve buttons).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import jinja2
+import redis
+from confluent_kafka import KafkaException
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Match, Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+
+from runjournal.console.auth import COOKIE, NAME_COOKIE, OperatorAuth
+from runjournal.console.lag import LagBoard
+from runjournal.console.metrics import ConsoleMetrics
+from runjournal.console.queries import STATUS_GROUPS, ConsoleData
+from runjournal.consumers.approvals import ApprovalRefusedError, submit_decision
+from runjournal.core.errors import RunjournalError
+from runjournal.core.settings import Settings
+from runjournal.model.reducer import RunStatus
+
+__all__ = ["ConsoleConfig", "build_app"]
+
+_HERE = Path(__file__).parent
+#: What a page answers with 503 and the error named (topic missing, Redis or the broker unreachable).
+_UNAVAILABLE = (RunjournalError, redis.RedisError, KafkaException, OSError)
+_HEADERS = {"Content-Security-Policy": "default-src 'self'; form-action 'self'; frame-ancestors 'none'",
+            "X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin"}
+
+
+@dataclass(frozen=True)
+class ConsoleConfig:
+    """How ``runjournal console`` was started."""
+
+    settings: Settings
+    """Bootstrap, Redis, topic prefix, Qdrant."""
+    operator_token: str | None = None
+    """Approve and deny are possible only with this token (None: a read-only console)."""
+    scrape_urls: tuple[str, ...] = ()
+    """``/metrics`` URLs to read lag from besides the announced ones."""
+    per_page: int = 100
+    """Rows per page of the runs list."""
+
+
+def _ms(value: int | None) -> str:
+    if not value:
+        return ""
+    return datetime.fromtimestamp(value / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+
+
+def _num(value: float | None) -> str:
+    if value is None:
+        return "—"
+    return f"{value:.0f}" if float(value).is_integer() or abs(value) >= 100 else f"{value:.2f}"
+
+
+class _Timing(BaseHTTPMiddleware):
+    """Request duration by route template (``runjournal_console_request_duration_seconds``) and security headers."""
+
+    def __init__(self, app: Any, metrics: ConsoleMetrics, routes: list[Any]) -> None:
+        super().__init__(app)
+        self.metrics = metrics
+        self.routes = routes
+
+    async def dispatch(self, request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        started = time.perf_counter()
+        response = await call_next(request)
+        template = next((r.path for r in self.routes if r.matches(request.scope)[0] is Match.FULL), "other")
+        self.metrics.requests.labels(template, request.method, str(response.status_code)).observe(
+            time.perf_counter() - started)
+        for key, value in _HEADERS.items():
+            response.headers.setdefault(key, value)
+        return response
+
+
+class _Console:
+    """The request handlers (one instance per app)."""
+
+    def __init__(self, config: ConsoleConfig, data: ConsoleData, metrics: ConsoleMetrics) -> None:
+        self.config = config
+        self.data = data
+        self.metrics = metrics
+        self.auth = OperatorAuth(config.operator_token)
+        self.lag = LagBoard(data.redis, config.settings.topic_prefix, lambda: data.partitions,
+                            extra_urls=config.scrape_urls,
+                            on_error=lambda service: metrics.scrape_errors.labels(service).inc())
+        self.templates = Jinja2Templates(env=jinja2.Environment(
+            loader=jinja2.FileSystemLoader(_HERE / "templates"), autoescape=True))  # every value HTML-escaped
+        self.templates.env.filters["ms"] = _ms
+        self.templates.env.globals["fmt_num"] = _num
+        self.templates.env.globals["fmt_lag"] = lambda v: "—" if v is None else f"{v:.2f} s"
+        self.templates.env.globals["prefix"] = config.settings.topic_prefix
+
+    def _page(self, request: Request, name: str, context: dict[str, Any], status_code: int = 200) -> Response:
+        operator = self.auth.is_operator(request)
+        base = {"operator": operator, "auth_enabled": self.auth.enabled,
+                "csrf": self.auth.csrf() if operator else None, "approver": self.auth.approver(request)}
+        return self.templates.TemplateResponse(request, name, {**base, **context}, status_code=status_code)
+
+    def _error(self, request: Request, exc: Exception, status_code: int = 503) -> Response:
+        return self._page(request, "error.html", {"error": f"{type(exc).__name__}: {exc}"}, status_code)
+
+    # -- pages -----------------------------------------------------------------------------------
+    def runs(self, request: Request) -> Response:
+        q = request.query_params
+        filters = {k: q.get(k) or None for k in ("status", "tenant", "agent")}
+        try:
+            page = self.data.runs(**filters, page=int(q.get("page") or 1), per_page=self.config.per_page)
+        except (*_UNAVAILABLE, ValueError) as exc:
+            return self._error(request, exc)
+        self.metrics.runs_listed.set(page.runs_in_projection)
+        if request.url.path.startswith("/api/"):
+            return JSONResponse({"runs": [{"run_id": r.run_id, **{k: getattr(r, k) for k in r.__slots__}}
+                                          for r in page.rows], "total": page.total, "page": page.page,
+                                 "pages": page.pages, "by_status": page.by_status})
+        link = {k: v for k, v in filters.items() if v}
+        return self._page(request, "runs.html", {
+            "page": page, "filters": filters, "statuses": [*STATUS_GROUPS, *(s.value for s in RunStatus)],
+            "lag": self.lag.view(), "query": lambda **kw: urlencode({**link, **kw})})
+
+    def run(self, request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        try:
+            page = self.data.run(run_id)
+        except _UNAVAILABLE as exc:
+            return self._error(request, exc)
+        if page is None:
+            return self._page(request, "error.html", {
+                "error": f"no state for run {run_id} in the projection of prefix {self.config.settings.topic_prefix}"
+                         " (is the projector running?)"}, 404)
+        if request.url.path.startswith("/api/"):
+            return JSONResponse({"run_id": run_id, "partition": page.partition, "status": page.state.status.value,
+                                 "epoch": page.state.epoch, "timeline": page.timeline, "epochs": page.epochs,
+                                 "records": page.records, "pending": page.pending, "decided": page.decided,
+                                 "memory": [h.as_dict() for h in page.memory], "memory_note": page.memory_note})
+        return self._page(request, "run.html", {"run": page, "decided_now": request.query_params.get("decided")})
+
+    def lag_page(self, request: Request) -> Response:
+        return self._page(request, "lag.html", {"lag": self.lag.view()})
+
+    # -- decisions -------------------------------------------------------------------------------
+    async def decide(self, request: Request) -> Response:
+        run_id, call_id = request.path_params["run_id"], request.path_params["call_id"]
+        form = await request.form()
+        decision = str(form.get("decision", ""))
+        if not self.auth.enabled:
+            self.metrics.decisions.labels(decision or "none", "unauthorized").inc()
+            return PlainTextResponse("approve and deny are disabled: this console was started without an operator "
+                                     "token (RUNJOURNAL_CONSOLE_OPERATOR_TOKEN)", status_code=403)
+        if not self.auth.is_operator(request) or not self.auth.csrf_ok(request, _text(form.get("csrf"))):
+            self.metrics.decisions.labels(decision or "none", "unauthorized").inc()
+            return PlainTextResponse("operator credentials required: sign in with the operator token",
+                                     status_code=401)
+        if decision not in ("grant", "deny"):
+            return PlainTextResponse("decision must be grant or deny", status_code=400)
+        try:
+            await run_in_threadpool(submit_decision, self.config.settings, run_id, call_id,
+                                    granted=decision == "grant", approver=self.auth.approver(request),
+                                    comment=_text(form.get("comment")) or None, redis_client=self.data.redis)
+        except ApprovalRefusedError as exc:
+            self.metrics.decisions.labels(decision, "refused").inc()
+            return PlainTextResponse(f"refused: {exc}", status_code=409)
+        except _UNAVAILABLE as exc:
+            self.metrics.decisions.labels(decision, "unavailable").inc()
+            return PlainTextResponse(f"not written: {type(exc).__name__}: {exc}", status_code=503)
+        self.metrics.decisions.labels(decision, "written").inc()
+        if "text/html" not in request.headers.get("accept", ""):
+            return JSONResponse({"run_id": run_id, "call_id": call_id, "decision": decision, "written": True})
+        return RedirectResponse(f"/runs/{run_id}?{urlencode({'decided': call_id})}", status_code=303)
+
+    # -- sign-in -----------------------------------------------------------------------------------
+    async def login(self, request: Request) -> Response:
+        if not self.auth.enabled:
+            return self._page(request, "error.html", {"error": "this console was started without an operator "
+                                                               "token: it is read-only"}, 404)
+        if request.method == "GET":
+            return self._page(request, "login.html", {"failed": False})
+        form = await request.form()
+        if not self.auth.token_matches(_text(form.get("token")) or ""):
+            return self._page(request, "login.html", {"failed": True}, 401)
+        response = RedirectResponse("/runs", status_code=303)
+        response.set_cookie(COOKIE, self.auth.session_value(), httponly=True, samesite="strict", path="/")
+        response.set_cookie(NAME_COOKIE, (_text(form.get("name")) or "operator")[:64], httponly=True,
+                            samesite="strict", path="/")
+        return response
+
+    async def logout(self, request: Request) -> Response:
+        response = RedirectResponse("/runs", status_code=303)
+        response.delete_cookie(COOKIE, path="/")
+        return response
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def build_app(config: ConsoleConfig, *, data: ConsoleData | None = None,
+              metrics: ConsoleMetrics | None = None) -> Starlette:
+    """The console's ASGI app (serve it with uvicorn; ``runjournal console`` does).
+
+    Args:
+        config: settings, operator token, extra scrape URLs.
+        data: the reads (default: :class:`ConsoleData` on ``config.settings``).
+        metrics: the console's own metrics (default: a new registry).
+    """
+    data = data or ConsoleData(config.settings)
+    metrics = metrics or ConsoleMetrics()
+    console = _Console(config, data, metrics)
+    routes = [
+        Route("/", lambda _r: RedirectResponse("/runs", status_code=307)),
+        Route("/runs", console.runs), Route("/api/runs", console.runs),
+        Route("/runs/{run_id:str}", console.run), Route("/api/runs/{run_id:str}", console.run),
+        Route("/runs/{run_id:str}/approvals/{call_id:str}", console.decide, methods=["POST"]),
+        Route("/lag", console.lag_page),
+        Route("/login", console.login, methods=["GET", "POST"]), Route("/logout", console.logout, methods=["POST"]),
+        Route("/healthz", lambda _r: JSONResponse({"ok": True})),
+        Route("/metrics", lambda _r: Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)),
+        Mount("/static", app=StaticFiles(directory=str(_HERE / "static")), name="static"),
+    ]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        with contextlib.suppress(Exception):  # read the partition count once, before the first request
+            await run_in_threadpool(lambda: data.partitions)
+        yield
+        console.lag.close()
+        data.close()
+
+    return Starlette(routes=routes, middleware=[Middleware(_Timing, metrics=metrics, routes=routes)],
+                     lifespan=lifespan)

@@ -1,0 +1,244 @@
+"""What the console shows, read from the execution plane (projection, topic, inbox) and, beside it, memory.
+
+Every execution fact on a page comes from the journal's stores — the runs index and run states in Redis
+(``runjournal.consumers.projector``), the run's records in its partition of the events topic
+(``runjournal.consumers.inspect.read_run_events``), the approval inbox — never from memory. A run's memory items
+are shown in a section of their own, labelled advisory, each with its provenance back to an event offset.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from runjournal.consumers._partitions import events_partition_count
+from runjournal.consumers.inspect import read_run_events
+from runjournal.consumers.projector.index import RunSummary, attention, read_entries
+from runjournal.consumers.projector.store import ProjectionStore
+from runjournal.core import redis_client as redis_clients
+from runjournal.core.settings import Settings
+from runjournal.model.reducer import CallStatus, RunState
+from runjournal.producers.approvals import ApprovalInbox
+from runjournal.producers.partitioner import partition_for
+
+__all__ = ["ConsoleData", "RunPage", "RunsPage", "record_class"]
+
+#: The ``status`` filter's choices beside every RunStatus value.
+STATUS_GROUPS = {"parked": {"GAP", "BLOCKED"}, "active": {"RUNNING", "WAITING_APPROVAL"},
+                 "terminal": {"SUCCEEDED", "FAILED", "CANCELLED"}}
+
+
+@dataclass
+class RunsPage:
+    """One page of the runs list."""
+
+    rows: list[RunSummary]
+    """The runs of this page, most urgent first (parked, OUTCOME_UNKNOWN, awaiting approval, running, done),
+    then most recently updated first."""
+    total: int
+    """Runs matching the filters (all pages)."""
+    runs_in_projection: int
+    """Runs in the projection (no filter)."""
+    by_status: dict[str, int]
+    """Status → runs, over the whole projection."""
+    tenants: list[str]
+    """Every tenant seen (for the filter)."""
+    agents: list[str]
+    """Every agent seen (for the filter)."""
+    page: int
+    """This page (1-based)."""
+    pages: int
+    """Number of pages."""
+    elapsed_ms: float
+    """Time spent reading and sorting, ms."""
+
+
+@dataclass
+class RunPage:
+    """Everything the run page shows."""
+
+    run_id: str
+    partition: int
+    state: RunState
+    timeline: list[dict[str, Any]]
+    """The run's records in offset order: ``offset, seq, epoch, type, node_id, producer_id, at, detail``."""
+    epochs: list[dict[str, Any]]
+    """One row per ownership epoch: ``epoch, began_with, offset, seq, owner, recovered_by, calls, at``."""
+    records: list[dict[str, Any]]
+    """Execution records with their class (``committed``, ``reconciled``, ``outcome unknown`` …)."""
+    pending: list[dict[str, Any]]
+    """Pending approvals with any decision already waiting in the inbox for the owner to journal."""
+    decided: list[dict[str, Any]]
+    """Journaled approval decisions."""
+    memory: list[Any] = field(default_factory=list)
+    """The run's memory items (advisory), each with provenance."""
+    memory_note: str | None = None
+    """Why memory is not shown (not installed, unavailable …), when it is not."""
+
+
+def record_class(status: CallStatus, reconciled: Any) -> str:
+    """The class shown for an execution record: ``committed``, ``reconciled (<outcome>)``, ``outcome unknown``,
+    ``in flight`` (INTENDED by the current epoch) or ``failed``."""
+    if status is CallStatus.COMMITTED:
+        return "committed"
+    if status is CallStatus.RECONCILED:
+        return f"reconciled ({str(reconciled.value).lower().replace('_', ' ')})" if reconciled else "reconciled"
+    if status is CallStatus.OUTCOME_UNKNOWN:
+        return "outcome unknown"
+    if status is CallStatus.INTENDED:
+        return "in flight"
+    return "failed"
+
+
+class ConsoleData:
+    """Reads for the console's pages (one per process; thread-safe: redis-py pools its connections).
+
+    Args:
+        settings: bootstrap, Redis URL, topic prefix, Qdrant location.
+        redis_client: default from ``settings.redis_url``.
+    """
+
+    def __init__(self, settings: Settings, redis_client: redis.Redis | None = None) -> None:
+        self.settings = settings
+        self.redis = redis_client if redis_client is not None else redis_clients.client(settings)
+        self.store = ProjectionStore(self.redis, settings.topic_prefix)
+        self.inbox = ApprovalInbox(self.redis, settings.topic_prefix)
+        self._partitions: int | None = None
+        self._memory: Any = None
+
+    @property
+    def partitions(self) -> int:
+        """The events topic's partition count (read once; fixed at creation). Raises TopicNotFoundError."""
+        if self._partitions is None:
+            self._partitions = events_partition_count(self.settings)
+        return self._partitions
+
+    # -- the runs list -----------------------------------------------------------------------------
+    def runs(self, *, status: str | None = None, tenant: str | None = None, agent: str | None = None,
+             page: int = 1, per_page: int = 100) -> RunsPage:
+        """Filter, sort and page the runs index (see :class:`RunsPage`).
+
+        Args:
+            status: a RunStatus value, or ``parked`` / ``active`` / ``terminal``; None: all.
+            tenant, agent: exact matches; None: all.
+            page: 1-based page; per_page: rows per page (default 100).
+        """
+        started = time.perf_counter()
+        every = read_entries(self.redis, self.store, range(self.partitions))  # dicts: objects only for the page
+        statuses = STATUS_GROUPS.get(status or "", {status} if status else None)
+        rows = [e for e in every if (statuses is None or e["s"] in statuses)
+                and (tenant is None or e["t"] == tenant) and (agent is None or e["a"] == agent)]
+        rows.sort(key=lambda e: (attention(e), -(e["m"] or 0), e["id"]))
+        pages = max(1, -(-len(rows) // per_page))
+        page = min(max(1, page), pages)
+        return RunsPage(rows=[RunSummary.from_dict(e["pt"], e) for e in rows[(page - 1) * per_page:page * per_page]],
+                        total=len(rows), runs_in_projection=len(every),
+                        by_status=dict(sorted(Counter(e["s"] for e in every).items())),
+                        tenants=sorted({e["t"] for e in every if e["t"]}),
+                        agents=sorted({e["a"] for e in every if e["a"]}), page=page, pages=pages,
+                        elapsed_ms=(time.perf_counter() - started) * 1000)
+
+    # -- one run -----------------------------------------------------------------------------------
+    def run(self, run_id: str, *, with_memory: bool = True) -> RunPage | None:
+        """The run page of ``run_id``, or None when the projection has no state for it."""
+        partition = partition_for(run_id, self.partitions)
+        state = self.store.get(partition, run_id)
+        if state is None:
+            return None
+        rows = read_run_events(self.settings, run_id)
+        decided = [{"call_id": cid, "decision": d.decision.value, "approver": d.approver, "note": d.note,
+                    "at_ms": d.decided_at_ms} for cid, d in sorted(state.approvals.items())]
+        page = RunPage(run_id=run_id, partition=partition, state=state, timeline=[_timeline_row(r) for r in rows],
+                       epochs=_epochs(rows), records=_records(state), pending=self._pending(state), decided=decided)
+        if with_memory:
+            page.memory, page.memory_note = self._memory_items(state)
+        return page
+
+    def _pending(self, state: RunState) -> list[dict[str, Any]]:
+        out = []
+        for call_id, p in sorted(state.pending_approvals.items()):
+            out.append({"call_id": call_id, "reason": p.reason, "tool": p.tool, "requested_at_ms": p.requested_at_ms,
+                        "inbox": self.inbox.decision(state.run_id, call_id)})
+        return out
+
+    def _memory_items(self, state: RunState) -> tuple[list[Any], str | None]:
+        """The run's memory items through the Qdrant directory's owner (or the server); never a failure."""
+        if not state.tenant_id:
+            return [], "the run has no tenant: memory is always read within one"
+        try:
+            from runjournal.consumers.cognition import open_memory_reader
+            from runjournal.stores import Scope
+        except ImportError:
+            return [], "memory is not installed (pip install 'runjournal[memory]')"
+        if self._memory is None:
+            self._memory = open_memory_reader(self.settings, wait_s=2.0)
+        try:
+            return self._memory.run_items(Scope(state.tenant_id), state.run_id), None
+        except Exception as exc:  # noqa: BLE001 - advisory: the page shows the facts either way
+            return [], f"memory unavailable: {type(exc).__name__}: {exc}"
+
+    def close(self) -> None:
+        """Release the memory reader and the Redis pool."""
+        if self._memory is not None:
+            self._memory.close()
+        self.redis.close()
+
+
+def _detail(event: Any) -> str:
+    payload = event.payload
+    kind = str(event.type)
+    if kind.startswith("TOOL_CALL_"):
+        extra = payload.get("outcome") or payload.get("error") or ""
+        return " ".join(str(x) for x in (payload.get("call_id"), payload.get("tool") or "", extra) if x)
+    if kind.startswith("APPROVAL_"):
+        return " ".join(str(x) for x in (payload.get("call_id"), payload.get("approver") or "") if x)
+    if kind == "RUN_RESUMED":
+        return f"epoch {payload.get('previous_epoch')}→{event.epoch}, assigned to {payload.get('assigned_to')}"
+    if kind.startswith("NODE_"):
+        return str(payload.get("node_path") or "")
+    return ""
+
+
+def _timeline_row(row: dict[str, Any]) -> dict[str, Any]:
+    event = row.get("event")
+    out = {"offset": row["offset"], "seq": row["seq"], "epoch": row["epoch"], "type": row["type"],
+           "node_id": row.get("node_id"), "producer_id": None, "at": None, "detail": row.get("error", "")}
+    if event is not None:
+        out.update(producer_id=event.producer_id, at=event.occurred_at.isoformat(timespec="milliseconds"),
+                   detail=_detail(event))
+    return out
+
+
+def _epochs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for row in rows:
+        event = row.get("event")
+        if event is None or str(event.type) not in ("RUN_STARTED", "RUN_RESUMED"):
+            continue
+        entry = {"epoch": event.epoch, "began_with": str(event.type), "offset": row["offset"], "seq": event.seq,
+                 "owner": event.producer_id, "recovered_by": None, "calls": {},
+                 "at": event.occurred_at.isoformat(timespec="milliseconds")}
+        if str(event.type) == "RUN_RESUMED":
+            try:
+                plan = json.loads(event.payload.get("plan_json") or "{}")
+            except ValueError:
+                plan = {}
+            entry.update(owner=event.payload.get("assigned_to"), recovered_by=event.payload.get("recovered_by"),
+                         calls=plan.get("calls", {}), previous_epoch=event.payload.get("previous_epoch"))
+        out.append(entry)
+    return out
+
+
+def _records(state: RunState) -> list[dict[str, Any]]:
+    out = []
+    for call_id, rec in sorted(state.records.items(), key=lambda kv: (kv[1].intended_offset or -1, kv[0])):
+        out.append({"call_id": call_id, "tool": rec.tool, "class": record_class(rec.status, rec.reconciled_outcome),
+                    "status": rec.status.value, "attempts": rec.attempts, "epoch": rec.epoch,
+                    "idempotency_key": rec.idempotency_key, "intended_offset": rec.intended_offset,
+                    "outcome_offset": rec.outcome_offset, "zombie": rec.zombie, "error": rec.error})
+    return out

@@ -1,0 +1,260 @@
+"""The one metrics module of every runjournal process: Prometheus registries, families, ``/metrics`` endpoints.
+
+Every long-running process (projector, memory extractor, recovery sweep, console) and, when enabled, the
+journal inside an agent export Prometheus metrics through this module, so names, units and the process
+collector are the same everywhere:
+
+* **Names** are ``runjournal_<service>_<what>_<base unit>``: ``_seconds``, ``_bytes``, ``_records``; a counter
+  is declared without ``_total`` and exposed with it (prometheus-client appends it). Milliseconds and other
+  scaled units are refused here (:func:`check_name`), and ``promtool check metrics`` runs on every service's
+  output in the tests (``tests/test_metrics.py``).
+* **Registries** are per process (or per service object), never the global default one, and carry the process
+  collector (``process_cpu_seconds_total``, ``process_resident_memory_bytes`` …), the platform and the GC
+  collector, and ``runjournal_build_info{service, version}`` (:func:`new_registry`).
+* **Families are get-or-create** (:func:`counter`, :func:`gauge`, :func:`histogram`): two callers naming the
+  same family in one registry share it (e.g. a failure policy and the service counting retries, or two
+  journals in one host application's registry), and a second declaration with another type or other labels
+  raises ``ValueError`` instead of exporting two meanings under one name.
+* **Endpoints**: :func:`serve` exposes a registry on ``/metrics`` in a daemon thread; with a Redis client it
+  also announces itself under ``rj:{prefix}:metrics:endpoints`` (refreshed every few seconds, removed on close)
+  so ``runjournal console`` can find and scrape the services of a prefix (:func:`announced_endpoints`).
+
+prometheus-client is imported lazily, inside these functions: the core install (an agent embedding the
+journal) does not need it until metrics are enabled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["LATENCY_BUCKETS_S", "LAG_BUCKETS_S", "MetricsServer", "announced_endpoints", "check_name", "counter",
+           "endpoints_key", "gauge", "histogram", "new_registry", "serve"]
+
+#: Buckets of latency histograms (batch apply, commit, publish), seconds: 0.5 ms … 10 s.
+LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+#: Buckets of lag histograms (event age when handled, recovery pass), seconds: 5 ms … 10 min.
+LAG_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0)
+
+_NAME = re.compile(r"runjournal_[a-z0-9_]+")
+_SCALED_UNITS = re.compile(r"_(ms|msec|millis|milliseconds|us|microseconds|ns|nanoseconds|minutes|hours|days"
+                           r"|kb|kib|mb|mib|gb|gib|kilobytes|megabytes|percent)(_|$)")
+_ANNOUNCE_EVERY_S = 5.0
+_families: weakref.WeakKeyDictionary[Any, dict[str, tuple[str, tuple[str, ...], Any]]] = weakref.WeakKeyDictionary()
+_lock = threading.Lock()
+
+
+def check_name(name: str) -> str:
+    """Refuse a family name that is not ``runjournal_…`` snake case in base units.
+
+    Returns:
+        ``name``.
+
+    Raises:
+        ValueError: another prefix, upper case, a scaled unit (``_ms``, ``_kb`` …) or a ``_total`` suffix
+            (counters get it on exposition).
+    """
+    if not _NAME.fullmatch(name):
+        raise ValueError(f"metric {name!r}: names are runjournal_<service>_<what>_<unit>, lower snake case")
+    if _SCALED_UNITS.search(name):
+        raise ValueError(f"metric {name!r}: use base units (_seconds, _bytes), not scaled ones")
+    if name.endswith("_total"):
+        raise ValueError(f"metric {name!r}: declare counters without _total (it is appended on exposition)")
+    return name
+
+
+def new_registry(service: str, *, process: bool = True) -> CollectorRegistry:
+    """A fresh registry for one service, with the process, platform and GC collectors and build info.
+
+    Args:
+        service: ``projector``, ``memory``, ``recovery``, ``console`` or ``journal`` (the build-info label).
+        process: add the process/platform/GC collectors (False for a registry that is merged into a host
+            application's, which has its own).
+
+    Raises:
+        ImportError: prometheus-client is not installed (``pip install 'runjournal[cli]'``).
+    """
+    from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+
+    registry = CollectorRegistry()
+    if process:
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
+        GCCollector(registry=registry)
+    info = gauge(registry, "runjournal_build_info", "runjournal version and service of this process (always 1)",
+                 ("service", "version"))
+    info.labels(service, _version()).set(1)
+    return registry
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("runjournal")
+    except PackageNotFoundError:
+        return "0.0.0+unknown"
+
+
+def _family(kind: str, registry: CollectorRegistry, name: str, documentation: str, labelnames: Sequence[str],
+            build: Any) -> Any:
+    labels = tuple(labelnames)
+    with _lock:
+        known = _families.setdefault(registry, {})
+        if name in known:
+            have_kind, have_labels, family = known[name]
+            if (have_kind, have_labels) != (kind, labels):
+                raise ValueError(f"metric {name!r} is already a {have_kind}{list(have_labels)} in this registry, "
+                                 f"not a {kind}{list(labels)}")
+            return family
+        family = build(check_name(name), documentation, labels)
+        known[name] = (kind, labels, family)
+        return family
+
+
+def counter(registry: CollectorRegistry, name: str, documentation: str, labelnames: Sequence[str] = ()) -> Counter:
+    """The counter ``name`` of ``registry`` (created on first use; exposed as ``name_total``).
+
+    Raises:
+        ValueError: a bad name (:func:`check_name`), or ``name`` exists with another type or labels.
+    """
+    from prometheus_client import Counter
+
+    return _family("counter", registry, name, documentation, labelnames,  # type: ignore[no-any-return]
+                   lambda n, d, lab: Counter(n, d, lab, registry=registry))
+
+
+def gauge(registry: CollectorRegistry, name: str, documentation: str, labelnames: Sequence[str] = ()) -> Gauge:
+    """The gauge ``name`` of ``registry`` (created on first use). Raises ValueError as :func:`counter`."""
+    from prometheus_client import Gauge
+
+    return _family("gauge", registry, name, documentation, labelnames,  # type: ignore[no-any-return]
+                   lambda n, d, lab: Gauge(n, d, lab, registry=registry))
+
+
+def histogram(registry: CollectorRegistry, name: str, documentation: str, labelnames: Sequence[str] = (), *,
+              buckets: Sequence[float] = LATENCY_BUCKETS_S) -> Histogram:
+    """The histogram ``name`` of ``registry`` (created on first use); ``name`` ends in its unit (``_seconds``).
+
+    Raises:
+        ValueError: as :func:`counter`, or the name does not end in ``_seconds`` / ``_bytes`` / ``_records``.
+    """
+    from prometheus_client import Histogram
+
+    if not name.endswith(("_seconds", "_bytes", "_records")):
+        raise ValueError(f"histogram {name!r} must end in its base unit (_seconds, _bytes, _records)")
+    return _family("histogram", registry, name, documentation, labelnames,  # type: ignore[no-any-return]
+                   lambda n, d, lab: Histogram(n, d, lab, registry=registry, buckets=tuple(buckets)))
+
+
+def endpoints_key(prefix: str) -> str:
+    """``rj:{prefix}:metrics:endpoints``: Redis hash of announced ``/metrics`` endpoints (field → JSON)."""
+    from runjournal.core.redis_keys import RedisKeys
+
+    return RedisKeys(prefix).metrics_endpoints()
+
+
+class MetricsServer:
+    """A registry served on ``/metrics`` (from :func:`serve`); :meth:`close` stops it and withdraws it.
+
+    Attributes:
+        port: the port it listens on (the one asked for, or the one the OS gave for port 0).
+        addr: the bind address.
+        service: the service it exports.
+    """
+
+    def __init__(self, server: Any, *, addr: str, service: str, redis_client: Any = None,
+                 prefix: str | None = None) -> None:
+        self.port = int(server.server_port)
+        self.addr = addr
+        self.service = service
+        self._server = server
+        self._stop = threading.Event()
+        self._redis: Any = redis_client if prefix is not None else None
+        self._prefix = prefix or ""
+        self._field = f"{service}@{socket.gethostname()}:{os.getpid()}:{self.port}"
+        if self._redis is not None:
+            self._announce()
+            threading.Thread(target=self._keep_announcing, name=f"metrics-announce-{service}", daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        """``http://<host>:<port>/metrics`` (loopback when bound to every address)."""
+        host = "127.0.0.1" if self.addr in ("0.0.0.0", "", "::") else self.addr
+        return f"http://{host}:{self.port}/metrics"
+
+    def _announce(self) -> None:
+        value = json.dumps({"service": self.service, "url": self.url, "host": socket.gethostname(),
+                            "pid": os.getpid(), "seen_at_ms": int(time.time() * 1000)})
+        with contextlib.suppress(Exception):  # a missed refresh only ages the entry; metrics are still served
+            self._redis.hset(endpoints_key(self._prefix), self._field, value)
+
+    def _keep_announcing(self) -> None:
+        while not self._stop.wait(_ANNOUNCE_EVERY_S):
+            self._announce()
+
+    def close(self) -> None:
+        """Stop serving and remove the announcement (best effort; an unremoved one ages out). Idempotent."""
+        self._stop.set()
+        if self._redis is not None:
+            with contextlib.suppress(Exception):
+                self._redis.hdel(endpoints_key(self._prefix), self._field)
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+def serve(registry: CollectorRegistry, port: int, *, service: str, addr: str = "0.0.0.0",
+          redis_client: Any = None, prefix: str | None = None) -> MetricsServer:
+    """Serve ``registry`` on ``http://addr:port/metrics`` in a daemon thread; announce it when given Redis.
+
+    Args:
+        registry: what to export.
+        port: TCP port (0: any free one; see ``MetricsServer.port``).
+        service: the service's name (in the announcement).
+        addr: bind address (default every interface, as Prometheus scrapes from elsewhere).
+        redis_client, prefix: announce the endpoint under :func:`endpoints_key` for the console, refreshed
+            every 5 s by a daemon thread (entries not refreshed for 20 s are ignored by readers).
+
+    Raises:
+        OSError: the port is taken.
+    """
+    from prometheus_client import start_http_server
+
+    server, _thread = start_http_server(port, addr=addr, registry=registry)
+    return MetricsServer(server, addr=addr, service=service, redis_client=redis_client, prefix=prefix)
+
+
+def announced_endpoints(redis_client: Any, prefix: str, *, max_age_s: float = 20.0) -> list[dict[str, Any]]:
+    """The ``/metrics`` endpoints announced for ``prefix`` and refreshed within ``max_age_s`` seconds.
+
+    Returns:
+        ``[{"service", "url", "host", "pid", "seen_at_ms"}]`` sorted by service then url; an endpoint on
+        this host is given with a loopback URL.
+    """
+    now_ms = time.time() * 1000
+    here = socket.gethostname()
+    out = []
+    for raw in redis_client.hvals(endpoints_key(prefix)):
+        try:
+            entry = json.loads(raw)
+        except ValueError:
+            continue
+        if now_ms - float(entry.get("seen_at_ms", 0)) > max_age_s * 1000:
+            continue
+        if entry.get("host") != here and "://127.0.0.1:" in str(entry.get("url")):
+            entry["url"] = str(entry["url"]).replace("127.0.0.1", str(entry.get("host")), 1)
+        out.append(entry)
+    return sorted(out, key=lambda e: (str(e.get("service")), str(e.get("url"))))
