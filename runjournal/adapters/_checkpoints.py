@@ -12,8 +12,9 @@ the writer right after the broker's ack — so a reader sees its own writes at o
 topic by :meth:`CheckpointStore.rebuild` (a resumed run, a wiped Redis): the topic is the authority.
 
 Record: key ``{thread}\\x1f{kind}\\x1f{field}``, value JSON ``{"kind", "field", "data"}``, kinds ``cp`` (a
-checkpoint: ``field`` = ``ns\\x1fid``), ``blob`` (``ns\\x1fchannel\\x1fversion``) and ``w`` (a pending write:
-``ns\\x1fid\\x1ftask_id\\x1fidx``). A tombstone (``delete_thread``) removes its key.
+checkpoint: ``field`` = ``ns\\x1fid``), ``blob`` (``ns\\x1fchannel\\x1fversion``), ``w`` (a pending write:
+``ns\\x1fid\\x1ftask_id\\x1fidx``), and for the Agents SDK adapter ``item`` (a session item, field = its
+12-digit index) and ``state`` (a paused ``RunState``). A tombstone (``delete_thread``, ``pop_item``) removes its key.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ __all__ = ["CheckpointStore", "Record", "checkpoints_topic"]
 log = logging.getLogger("runjournal.adapters.checkpoints")
 
 SEP = "\x1f"
-KINDS = ("cp", "blob", "w")
+KINDS = ("cp", "blob", "w", "item", "state")
 
 
 def checkpoints_topic(settings: Settings) -> str:
