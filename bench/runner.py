@@ -29,6 +29,7 @@ def _sizes(quick: bool, rounds: int | None) -> dict[str, Any]:
         "memory_nice": not quick,  # the nice-19 side is informational: full runs only
         "footprint_seconds": 4 if quick else 8,
         "footprint_rounds": 1 if quick else 2,
+        "aio_rounds": min(r, 2 if quick else 3),
     }
 
 
@@ -55,6 +56,10 @@ def _run_pair(name: str, env: BenchEnv, shared: dict[str, Any], sizes: dict[str,
         from bench.memory import run_memory
 
         return run_memory(env, sizes["memory_events"], sizes["memory_rounds"], nice=sizes["memory_nice"])
+    if name == "aio":
+        from bench.aio import AioConfig, run_aio
+
+        return run_aio(env, AioConfig(100, 10, sizes["aio_rounds"]))
     from bench.footprint import run_footprint
 
     return run_footprint(env, shared, sizes["footprint_seconds"], sizes["footprint_rounds"])

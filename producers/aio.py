@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import threading
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
@@ -78,6 +79,7 @@ class AsyncJournal:
         pool = ThreadPoolExecutor(producer_threads, thread_name_prefix="runjournal-producer")
         try:
             journal = await asyncio.wrap_future(pool.submit(lambda: Journal(settings, **journal_options)))
+            await _start_threads(pool, producer_threads)
         except BaseException:
             pool.shutdown(wait=False)
             raise
@@ -272,6 +274,18 @@ class AsyncRunHandle:
 
     def __repr__(self) -> str:
         return f"Async{self.sync!r}"
+
+
+async def _start_threads(pool: ThreadPoolExecutor, n: int) -> None:
+    """Start all ``n`` threads now: a pool starts a thread inside ``submit`` (on the loop) the first time it is
+    short of one — at open time, not in the middle of the application's first burst of runs."""
+    barrier = threading.Barrier(n)
+
+    def meet() -> None:
+        with contextlib.suppress(threading.BrokenBarrierError):
+            barrier.wait(timeout=10)
+
+    await asyncio.gather(*(asyncio.wrap_future(pool.submit(meet)) for _ in range(n)))
 
 
 async def _perform(effect: Effect) -> Any:
