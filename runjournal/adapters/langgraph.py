@@ -23,20 +23,24 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
-from langchain_core.messages import ToolMessage
-from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base import (
-    WRITES_IDX_MAP,
-    BaseCheckpointSaver,
-    ChannelVersions,
-    Checkpoint,
-    CheckpointMetadata,
-    CheckpointTuple,
-    get_checkpoint_id,
-    get_checkpoint_metadata,
-)
-from langgraph.checkpoint.base import writes_sort_key as _sort_key
-from langgraph.prebuilt import ToolNode
+try:
+    from langchain_core.messages import ToolMessage
+    from langchain_core.runnables import RunnableConfig
+    from langgraph.checkpoint.base import (
+        WRITES_IDX_MAP,
+        BaseCheckpointSaver,
+        ChannelVersions,
+        Checkpoint,
+        CheckpointMetadata,
+        CheckpointTuple,
+        get_checkpoint_id,
+        get_checkpoint_metadata,
+    )
+    from langgraph.checkpoint.base import writes_sort_key as _sort_key
+    from langgraph.prebuilt import ToolNode
+except ModuleNotFoundError as exc:  # pragma: no cover - the core install
+    raise ModuleNotFoundError(f"runjournal.adapters.langgraph needs {exc.name}: pip install 'runjournal[langgraph]'",
+                              name=exc.name) from exc
 
 from runjournal.adapters._checkpoints import SEP, CheckpointStore, Record
 from runjournal.adapters.tools import JournaledTool, Reconciler

@@ -26,9 +26,13 @@ import dataclasses
 import json
 from typing import Any
 
-from agents import Agent, RunHooks, Runner
-from agents.run_state import RunState
-from agents.tool import FunctionTool
+try:
+    from agents import Agent, RunHooks, Runner
+    from agents.run_state import RunState
+    from agents.tool import FunctionTool
+except ModuleNotFoundError as exc:  # pragma: no cover - the core install
+    raise ModuleNotFoundError(f"runjournal.adapters.openai_agents needs {exc.name}: "
+                              "pip install 'runjournal[openai-agents]'", name=exc.name) from exc
 
 from runjournal.adapters._checkpoints import CheckpointStore, Record
 from runjournal.adapters.tools import JournaledTool, Reconciler
