@@ -10,7 +10,7 @@ from typing import Any
 __all__ = ["PAIRS", "Row", "Summary", "goal_met", "paired_ratios", "percentile", "summarise"]
 
 #: The bench's pairs, in the order they run.
-PAIRS = ("publish", "boundary", "projection", "recovery", "memory", "footprint", "console")
+PAIRS = ("publish", "boundary", "projection", "recovery", "memory", "footprint", "console", "aio")
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -31,6 +31,7 @@ def _sizes(quick: bool, rounds: int | None) -> dict[str, Any]:
         "footprint_rounds": 1 if quick else 2,
         "console_runs": 10_000,
         "console_requests": 10 if quick else 20,
+        "aio_rounds": min(r, 2 if quick else 3),
     }
 
 
@@ -61,6 +62,10 @@ def _run_pair(name: str, env: BenchEnv, shared: dict[str, Any], sizes: dict[str,
         from bench.console import ConsoleConfig, run_console
 
         return run_console(env, ConsoleConfig(sizes["console_runs"], sizes["console_requests"], r))
+    if name == "aio":
+        from bench.aio import AioConfig, run_aio
+
+        return run_aio(env, AioConfig(100, 10, sizes["aio_rounds"]))
     from bench.footprint import run_footprint
 
     return run_footprint(env, shared, sizes["footprint_seconds"], sizes["footprint_rounds"])

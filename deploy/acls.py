@@ -68,6 +68,8 @@ ROLES: dict[str, tuple[Grant, ...]] = {
     "agent": (
         Grant("topic", _EVENTS, "literal", ("WRITE", "DESCRIBE"), "publish every event (transactional produce)"),
         _SCHEMAS_WRITE,
+        Grant("topic", "{prefix}.checkpoints", "literal", ("WRITE", "DESCRIBE"),
+              "framework adapters' records (LangGraph checkpoints, Agents SDK sessions) in the same transaction"),
         Grant("transactional_id", "{prefix}.", "prefixed", ("WRITE", "DESCRIBE"),
               "its transactional.id {prefix}.{producer_id}: init_transactions, commit"),
         Grant("transactional_id", "{prefix}.recovery", "literal", ("WRITE", "DESCRIBE"),

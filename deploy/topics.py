@@ -54,6 +54,7 @@ EVENTS_TOPIC_CONFIG: dict[str, str] = {
     "segment.ms": "86400000",
 }
 DLQ_TOPIC_CONFIG: dict[str, str] = {"cleanup.policy": "delete", "retention.ms": "-1"}
+CHECKPOINTS_TOPIC_CONFIG: dict[str, str] = {"cleanup.policy": "compact"}  # runjournal.adapters: latest per key
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,8 @@ def create_topics(settings: Settings, partitions: int | None = None, *, timeout_
         settings.events_dlq_topic: (1, {**DLQ_TOPIC_CONFIG, **isr}),
         settings.memory_dlq_topic: (1, {**DLQ_TOPIC_CONFIG, **isr}),
         settings.schemas_topic: (1, {**SCHEMAS_TOPIC_CONFIG, **isr}),
+        # the framework adapters' records (runjournal.adapters): compacted, keyed like the events
+        settings.checkpoints_topic: (count, {**CHECKPOINTS_TOPIC_CONFIG, **isr}),
     }
     missing = [NewTopic(name, num_partitions=n, replication_factor=rf, config=cfg)
                for name, (n, cfg) in wanted.items() if name not in meta.topics]

@@ -39,6 +39,7 @@ from runjournal.core import failpoints
 from runjournal.producers._digest import canonical_json, digest, idempotency_key
 from runjournal.producers._outcomes import OutcomeMixin
 from runjournal.producers._recorded import record_value
+from runjournal.producers._steps import CallSteps, Invoke, drive
 from runjournal.producers._unknown import outcome_unknown
 from runjournal.producers.errors import OutcomeUnknownError, PlanMismatchError, RecordedFailureError
 from runjournal.producers.plan import CallStatus, PlannedCall
@@ -83,7 +84,8 @@ class CallMixin(OutcomeMixin):
     _call_counts: dict[str, int]
     _last_call: dict[str, LastCall]
 
-    def call(self, tool: Tool, args: dict[str, Any], *, side_effect: bool | None = None) -> Any:
+    def call(self, tool: Tool, args: dict[str, Any], *, side_effect: bool | None = None,
+             step: str | None = None) -> Any:
         """Run ``tool(args, idempotency_key)`` under the side-effect protocol and return its recorded result.
 
         Args:
@@ -92,6 +94,11 @@ class CallMixin(OutcomeMixin):
             args: JSON-serialisable arguments; recorded as ``args_digest`` (sha256 of canonical JSON) and,
                 when at most ``inline_result_bytes``, as ``args_json``.
             side_effect: overrides ``tool.side_effect``.
+            step: a stable name of this call within the run, for callers that have one (a model's
+                ``tool_call_id``): the key derives from ``(run_id, "#" + step, 1)`` instead of the open node
+                path and call index, so it does not depend on the order calls arrive in (parallel tool calls,
+                a graph resumed from a checkpoint). A step is *one* call: calling it again follows its recorded
+                state (a committed step returns its recorded result, never runs under a new key).
 
         By the call's recorded state (a resumed run's plan, or this handle's own earlier attempt of an open
         call — same tool, same args, same node path):
@@ -121,13 +128,24 @@ class CallMixin(OutcomeMixin):
             DeliveryError, ProducerFencedError, LeaseLapsedError, RunClosedError, QueueFullError,
             EventTooLargeError: publishing failed; if that was the intent, the tool did not run.
         """
+        return drive(self.call_steps(tool, args, side_effect=side_effect, step=step))
+
+    def call_steps(self, tool: Tool, args: dict[str, Any], *, side_effect: bool | None = None,
+                    step: str | None = None) -> CallSteps:
+        """:meth:`call` as a step machine (``runjournal.producers._steps``): the one implementation of the
+        protocol; the sync ``call`` and ``AsyncRunHandle.call`` only perform the effects it yields."""
         self._check_writable()
         self._flush_pending()
-        node_path = self.node_path or ""
         effect = tool.side_effect if side_effect is None else side_effect
         args_json = canonical_json(args)
         args_digest = digest(args_json)
-        index, retry = self._call_index(node_path, tool.name, args_digest)
+        if step is None:
+            node_path = self.node_path or ""
+            index, retry = self._call_index(node_path, tool.name, args_digest)
+        else:
+            node_path, index = _step_path(step), 1
+            last = self._last_call.get(node_path)
+            retry = last is not None and not last.delivered
         key = idempotency_key(self.run_id, node_path, index)
         common = {"call_id": key, "tool": tool.name, "idempotency_key": key, "args_digest": args_digest}
         planned = self._calls.get(key)
@@ -141,11 +159,11 @@ class CallMixin(OutcomeMixin):
             if planned.status in _DONE:
                 return self._deliver(node_path, self._recorded_result(planned))
             if planned.status is CallStatus.OUTCOME_UNKNOWN and effect and planned.side_effect:
-                settled, result = self._settle_unknown(tool, planned, key, common)
+                settled, result = yield from self._settle_unknown(tool, planned, key, common)
                 if settled:
                     return self._deliver(node_path, result)
         attempt = (planned.attempts if planned is not None else 0) + 1
-        return self._execute(tool, args, args_json, common, node_path, index, effect, attempt)
+        return (yield from self._execute(tool, args, args_json, common, node_path, index, effect, attempt))
 
     # -- steps ---------------------------------------------------------------------------------------
     def _call_index(self, node_path: str, tool: str, args_digest: str) -> tuple[int, bool]:
@@ -180,7 +198,7 @@ class CallMixin(OutcomeMixin):
             )
 
     def _execute(self, tool: Tool, args: dict[str, Any], args_json: str, common: dict[str, Any], node_path: str,
-                 index: int, effect: bool, attempt: int) -> Any:
+                 index: int, effect: bool, attempt: int) -> CallSteps:
         key = common["idempotency_key"]
         inline = len(args_json.encode("utf-8")) <= self.journal.inline_result_bytes
         intended = {**common, "side_effect": effect, "attempt": attempt, "timeout_ms": int(tool.timeout_ms),
@@ -192,7 +210,7 @@ class CallMixin(OutcomeMixin):
             self.journal.check_still_owner()  # a paused zombie whose lease expired must not send now
         self._reconcile_after[key] = time.monotonic() + int(tool.timeout_ms) / 1000
         try:
-            result = tool(args, key)
+            result = yield Invoke(tool, args, key)
         except BaseException as exc:
             self._after_raise(tool, exc, common, node_path, effect, attempt)
         failpoints.hit("producers.call.after_tool")
@@ -254,3 +272,11 @@ class CallMixin(OutcomeMixin):
         if problem is not None:  # the call stays open: calling it again raises this again, never re-runs it
             raise self._unrecordable(tool.name, key, problem)
         return recorded.value
+
+
+def _step_path(step: str) -> str:
+    """The key path of a named step (``call(step=...)``): ``#`` + the name. No node path starts with ``#`` (node
+    names cannot hold it), so a step never shares a key with a call made inside a node."""
+    if not step:
+        raise ValueError("a call's step must be a non-empty string")
+    return f"#{step}"

@@ -23,12 +23,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from runjournal.producers._digest import digest
 from runjournal.producers._recorded import RecordedValue, record_value
+from runjournal.producers._steps import Effect, Reconcile, Sleep
 from runjournal.producers.errors import (
     ApprovalDeniedError,
     DeliveryError,
@@ -192,9 +193,9 @@ class OutcomeMixin:
     # -- unknown outcomes ----------------------------------------------------------------------------
     def _settle_unknown(
         self, tool: Tool, planned: PlannedCall, key: str, common: dict[str, Any]
-    ) -> tuple[bool, Any]:
-        """Resolve an OUTCOME_UNKNOWN call. Returns (True, result) when settled as committed,
-        (False, None) when the tool should run (again) with the same key."""
+    ) -> Generator[Effect, Any, tuple[bool, Any]]:
+        """Resolve an OUTCOME_UNKNOWN call (steps of ``CallMixin.call_steps``). Returns (True, result) when
+        settled as committed, (False, None) when the tool should run (again) with the same key."""
         approval = self._approvals.get(planned.call_id)
         if approval == ApprovalStatus.GRANTED:
             return False, None
@@ -203,8 +204,10 @@ class OutcomeMixin:
             raise ApprovalDeniedError(f"re-running {tool.name} call {planned.call_id} was denied", **who)
         reconcile = getattr(tool, "reconcile", None)
         if callable(reconcile):
-            self._wait_out(key)
-        outcome: Outcome | None = reconcile(key) if callable(reconcile) else None
+            left_s = self._reconcile_after.pop(key, 0.0) - time.monotonic()
+            if left_s > 0:  # went unknown in this handle: its request may still act until the tool's timeout
+                yield Sleep(left_s)
+        outcome: Outcome | None = (yield Reconcile(tool, key)) if callable(reconcile) else None
         if outcome is None:
             how = "its provider cannot tell" if callable(reconcile) else "the tool has no reconcile()"
             raise OutcomeUnknownError(
@@ -213,13 +216,6 @@ class OutcomeMixin:
                 **who,
             )
         return self._reconciled(tool, planned, outcome, common)
-
-    def _wait_out(self, key: str) -> None:
-        """A call that went unknown in this handle: wait until its tool's timeout has passed since the request
-        left, so the request cannot still act after the provider was asked (DESIGN.md § Zombies, step 3)."""
-        left_s = self._reconcile_after.pop(key, 0.0) - time.monotonic()
-        if left_s > 0:
-            time.sleep(left_s)
 
     def _reconciled(self, tool: Tool, planned: PlannedCall, outcome: Outcome,
                     common: dict[str, Any]) -> tuple[bool, Any]:

@@ -242,7 +242,7 @@ class TxnPublisher(FailureHandling):
         for attempt in range(self._queue_full_retries + 1):
             try:
                 self._producer.produce(
-                    self._topic,
+                    item.topic or self._topic,
                     key=item.key,
                     value=item.value,
                     partition=item.partition,

@@ -59,12 +59,14 @@ class Item:
 
     run_id: str
     key: str
-    value: bytes
+    value: bytes | None
     partition: int
     headers: list[tuple[str, bytes]] | None
     durable: bool
     on_lost: Callable[[DeliveryError], None] | None
     resends: int = 0
+    topic: str | None = None
+    """Another topic written in the same transaction (``Journal.publish_record``); None: the events topic."""
 
 
 class FailureHandling:
@@ -237,5 +239,5 @@ def _guilty(lost: list[Item], refused: dict[str, KafkaError]) -> set[str]:
             sized.setdefault(by_key[key].partition, []).append(by_key[key])
         else:
             guilty.add(key)
-    guilty.update(max(items, key=lambda i: len(i.value)).key for items in sized.values())
+    guilty.update(max(items, key=lambda i: len(i.value or b"")).key for items in sized.values())
     return guilty

@@ -19,15 +19,17 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Generator
 from typing import Any
 
 from runjournal.core.redis_keys import RedisKeys
+from runjournal.producers._steps import Effect, Sleep, drive
 from runjournal.producers.errors import JournalError
 from runjournal.producers.handle import RunHandle
 from runjournal.producers.plan import ApprovalStatus
 from runjournal.schemas import EventType
 
-__all__ = ["ApprovalInbox", "ApprovalTimeoutError", "await_approval"]
+__all__ = ["ApprovalInbox", "ApprovalTimeoutError", "approval_steps", "await_approval"]
 
 
 class ApprovalTimeoutError(JournalError):
@@ -129,12 +131,21 @@ def await_approval(
     DENIED once decided, unless the journal already has the decision — as known to the handle: its recovery
     plan plus what it published itself. So asking again for a decided ``call_id`` returns the recorded
     decision (live and after a resume alike) rather than publishing a new request that a decision left in the
-    inbox would answer at once; ask with a new ``call_id`` to ask again.
+    inbox would answer at once; ask with a new ``call_id`` to ask again. ``AsyncRunHandle.await_approval``
+    drives the same steps (:func:`approval_steps`) from asyncio.
 
     Raises:
         ApprovalTimeoutError: no decision within ``timeout_s`` seconds (the request stays durable).
         DeliveryError and the other publishing errors of :meth:`RunHandle.emit`.
     """
+    granted: bool = drive(approval_steps(handle, inbox, call_id, reason, tool=tool, timeout_s=timeout_s,
+                                         poll_s=poll_s))
+    return granted
+
+
+def approval_steps(handle: RunHandle, inbox: ApprovalInbox, call_id: str, reason: str, *, tool: str | None,
+                   timeout_s: float, poll_s: float) -> Generator[Effect, Any, bool]:
+    """:func:`await_approval` as steps (``runjournal.producers._steps``): yields a ``Sleep`` between inbox polls."""
     known = _known(handle, call_id)
     if known in (ApprovalStatus.GRANTED, ApprovalStatus.DENIED):
         return known == ApprovalStatus.GRANTED
@@ -147,7 +158,7 @@ def await_approval(
             raise ApprovalTimeoutError(
                 f"no decision on {call_id} of run {handle.run_id} within {timeout_s} s"
             )
-        time.sleep(poll_s)
+        yield Sleep(poll_s)
     granted = bool(decided["decision"] == "GRANTED")
     etype = EventType.APPROVAL_GRANTED if granted else EventType.APPROVAL_DENIED
     payload = {

@@ -378,6 +378,31 @@ class Journal(InstanceLife):
             raise
         self._metrics.published(self.producer_id, event, durable=durable, seconds=time.perf_counter() - started)
 
+    def publish_record(self, topic: str, key: str, value: bytes | None, *, run_id: str, durable: bool) -> None:
+        """Low-level: produce one record to another topic **in the same transaction** as the run's events.
+
+        For records that belong with a run but are not events of its stream (an adapter's framework state, e.g.
+        LangGraph checkpoints on ``{prefix}.checkpoints``): they commit and abort with the journal's events and
+        are fenced with them — a fenced or lapsed instance can write none. The partition is
+        ``murmur2(run_id) % partitions`` of the events topic (the other topic must have as many partitions).
+
+        Args:
+            topic: the topic (must exist).
+            key: the record key (UTF-8).
+            value: the record value; None writes a tombstone (compacted topics).
+            run_id: the run the record belongs to (partitioning, and lost-record tracking).
+            durable: commit the transaction (broker ack) before returning.
+
+        Raises:
+            As :meth:`publish` (without the codec's errors).
+        """
+        if self._closed:
+            raise JournalError("the journal is closed")
+        item = Item(run_id, key, value, partition_for(run_id, self.partitions), None, durable, None, topic=topic)
+        gen = self._txn.publish(item)
+        if durable:
+            self._txn.commit_through(gen)
+
     def flush(self, timeout_s: float | None = None) -> None:
         """Commit the open transaction now (non-durable events become visible). ``timeout_s`` is unused:
         each commit is bounded by ``commit_timeout_s``. Raises DeliveryError (and subclasses)."""

@@ -231,6 +231,7 @@ def test_acls_show_lists_each_roles_grants_for_the_prefix(tmp_path: Path) -> Non
     agent = {(g["resource"], g["name"], g["permission"]): set(g["operations"]) for g in grants["agent"]}
     assert agent == {("topic", "acme.events", "ALLOW"): {"WRITE", "DESCRIBE"},
                      ("topic", "acme.schemas", "ALLOW"): {"WRITE", "DESCRIBE", "READ"},
+                     ("topic", "acme.checkpoints", "ALLOW"): {"WRITE", "DESCRIBE"},
                      ("transactional_id", "acme.", "ALLOW"): {"WRITE", "DESCRIBE"},
                      ("transactional_id", "acme.recovery", "DENY"): {"WRITE", "DESCRIBE"}}
     assert not any("DELETE" in g["operations"] for gs in grants.values() for g in gs)

@@ -86,6 +86,14 @@ for layer in ("runjournal.core", "runjournal.schemas", "runjournal.model", "runj
             out["imports"][mod.name] = "ok"
         except Exception as exc:
             out["imports"][mod.name] = repr(exc)
+import runjournal.adapters  # the journaled-tool wrapper needs only the core
+out["adapters"] = runjournal.adapters.__all__
+for framework in ("langgraph", "openai_agents"):
+    try:
+        importlib.import_module("runjournal.adapters." + framework)
+        out[framework] = "imported"
+    except ModuleNotFoundError as exc:
+        out[framework] = str(exc)
 from runjournal.deploy.kafka_node import kafka_version  # package data read through the namespace
 out["kafka_version"] = kafka_version()
 out["onnxruntime"] = importlib.util.find_spec("onnxruntime") is not None
@@ -119,6 +127,9 @@ print(json.dumps(out))
     assert set(failed) <= registry_only and all("ModuleNotFoundError" in v for v in failed.values())
     assert out["onnxruntime"] is False
     assert out["prometheus_imported"] is False and out["journal_metrics"] == "prometheus_client"
+    assert out["adapters"] == ["JournaledTool", "current_idempotency_key", "journaled"]
+    assert "pip install 'runjournal[langgraph]'" in out["langgraph"]
+    assert "pip install 'runjournal[openai-agents]'" in out["openai_agents"]
     assert out["kafka_version"].count(".") == 2  # deploy/pom.xml found from outside the checkout
     size = sum(out["sizes"].values())
     assert size < CORE_LIMIT_BYTES, f"core install is {size / 2**20:.1f} MiB: {out['sizes']}"

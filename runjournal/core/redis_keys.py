@@ -9,6 +9,8 @@ unit of atomicity; a key used alone needs no tag and is spread over the cluster 
 * instance ``{P:i:<instance>}``: ``rj:{P:i:<instance>}:lease``, ``:owned``, ``:assign`` and
   ``rj:{P:i:<name>}:incarnation`` — own a run while the lease is ours (lease + owned set); hand a run over
   (owned set + assignment list);
+* thread ``{P:t:<thread_id>}``: ``rj:{P:t:<thread_id>}:lg:<kind>`` — a framework adapter's checkpoint
+  projection (one MULTI per thread); the thread list ``rj:P:lg:threads`` stands alone;
 * run ``{P:r:<run_id>}``: ``rj:{P:r:<run_id>}:plan``, ``:approvals``, ``:claim`` — one node holds a run's keys;
 * no tag: single keys of the whole prefix — ``rj:P:topic``, ``rj:P:parked``, ``rj:P:approvals:pending``,
   ``rj:P:projector:lag_ms``, ``rj:P:metrics:endpoints`` — and ``rj:P:result:<sha256>`` (results spread over the nodes);
@@ -113,6 +115,15 @@ class RedisKeys:
         return f"{self._run(run_id)}:claim"
 
     # -- untagged single keys -------------------------------------------------------------------------
+    def checkpoint(self, thread_id: str, kind: str) -> str:
+        """``rj:{P:t:<thread_id>}:lg:<kind>`` — a framework thread's projected records of one kind (hash field → data;
+        ``runjournal.adapters._checkpoints``). One tag per thread: a thread's kinds change in one MULTI."""
+        return f"rj:{{{self.prefix}:t:{thread_id}}}:lg:{kind}"
+
+    def checkpoint_threads(self) -> str:
+        """``rj:P:lg:threads`` — every thread with a checkpoint projection (``list(None)``)."""
+        return f"rj:{self.prefix}:lg:threads"
+
     def topic_identity(self) -> str:
         """``rj:P:topic`` — the topic id and partition count the projection was built from."""
         return f"rj:{self.prefix}:topic"

@@ -218,10 +218,18 @@ class Settings(BaseSettings):
         return f"{self.topic_prefix}.memory.dlq"
 
     @property
+    def checkpoints_topic(self) -> str:
+        """``{prefix}.checkpoints``: the framework adapters' records (LangGraph checkpoints, Agents SDK sessions),
+        compacted, written in the journal's transaction (``runjournal.adapters``)."""
+        return f"{self.topic_prefix}.checkpoints"
+
+    @property
     def all_topics(self) -> tuple[str, ...]:
-        """Every topic runjournal keeps under this prefix: events, its DLQ, the memory DLQ and the schemas
-        topic. The one list that creation, ``topics describe`` and cleanup (demo, bench, tests) share."""
-        return (self.events_topic, self.events_dlq_topic, self.memory_dlq_topic, self.schemas_topic)
+        """Every topic runjournal keeps under this prefix: events, its DLQ, the memory DLQ, the schemas topic and
+        the adapters' checkpoints topic. The one list that creation, ``topics describe`` and cleanup (demo,
+        bench, tests) share."""
+        return (self.events_topic, self.events_dlq_topic, self.memory_dlq_topic, self.schemas_topic,
+                self.checkpoints_topic)
 
     @property
     def effective_qdrant_path(self) -> Path:

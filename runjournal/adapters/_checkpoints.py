@@ -1,0 +1,210 @@
+"""Where LangGraph checkpoints live: records in the journal's transaction, projected into Redis for reads.
+
+Writes. Every checkpoint, channel blob and pending write is a record on ``{prefix}.checkpoints`` (compacted,
+as many partitions as the events topic, partition = murmur2(thread_id) like the thread's run), produced by the
+instance's **transactional producer, in the same transaction as the run's events** (``Journal.publish_record``):
+it commits and aborts with them and is fenced with them, so a fenced or lapsed instance (a zombie) cannot
+write graph state behind the recovery job's back. A checkpoint's record is durable (broker ack) before
+``put`` returns; its blobs ride in the same transaction before it.
+
+Reads. A projection in Redis (one hash tag per thread, so one MULTI covers a thread on a cluster), written by
+the writer right after the broker's ack — so a reader sees its own writes at once — and rebuilt from the
+topic by :meth:`CheckpointStore.rebuild` (a resumed run, a wiped Redis): the topic is the authority.
+
+Record: key ``{thread}\\x1f{kind}\\x1f{field}``, value JSON ``{"kind", "field", "data"}``, kinds ``cp`` (a
+checkpoint: ``field`` = ``ns\\x1fid``), ``blob`` (``ns\\x1fchannel\\x1fversion``), ``w`` (a pending write:
+``ns\\x1fid\\x1ftask_id\\x1fidx``), and for the Agents SDK adapter ``item`` (a session item, field = its
+12-digit index) and ``state`` (a paused ``RunState``). A tombstone (``delete_thread``, ``pop_item``) removes its key.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from runjournal.core import kafka
+from runjournal.core.redis_keys import RedisKeys
+from runjournal.core.settings import Settings
+from runjournal.producers import Journal
+from runjournal.producers.partitioner import partition_for
+
+__all__ = ["CheckpointStore", "Record", "checkpoints_topic"]
+
+log = logging.getLogger("runjournal.adapters.checkpoints")
+
+SEP = "\x1f"
+KINDS = ("cp", "blob", "w", "item", "state")
+
+
+def checkpoints_topic(settings: Settings) -> str:
+    """``{prefix}.checkpoints`` (``Settings.checkpoints_topic``; ``runjournal topics create`` creates it)."""
+    return settings.checkpoints_topic
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One projected entry: ``kind`` hash, ``field``, JSON ``data`` (None = deleted)."""
+
+    kind: str
+    """``cp``, ``blob`` or ``w``."""
+    field: str
+    """The hash field (see the module docstring)."""
+    data: str | None
+    """JSON text of the entry; None for a tombstone."""
+
+
+class CheckpointStore:
+    """The records and their Redis projection, for one Journal (module docstring).
+
+    Args:
+        journal: the instance's :class:`Journal` (its transaction carries the records).
+        redis_client: a client from ``runjournal.core.redis_client`` (one server or a cluster; default: from the
+            journal's settings).
+
+    Raises (construction):
+        KafkaException: ``{prefix}.checkpoints`` could not be created.
+    """
+
+    def __init__(self, journal: Journal, redis_client: Any = None) -> None:
+        if redis_client is None:
+            from runjournal.core import redis_client as redis_clients
+
+            redis_client = redis_clients.client(journal.settings)
+        self.journal = journal
+        self.settings = journal.settings
+        self.topic = checkpoints_topic(journal.settings)
+        self._r = redis_client
+        self._prefix = journal.settings.topic_prefix
+        self._keys = RedisKeys(self._prefix)
+        ensure_topic(journal.settings, self.topic, journal.partitions)
+
+    # -- keys -------------------------------------------------------------------------------------------------
+    def key(self, thread_id: str, kind: str) -> str:
+        """``rj:{P:t:<thread_id>}:lg:<kind>`` (``RedisKeys.checkpoint``: the thread is the hash tag)."""
+        return self._keys.checkpoint(thread_id, kind)
+
+    def threads_key(self) -> str:
+        """``rj:P:lg:threads``: every thread with a projection (for ``list(None)``; a key of its own slot)."""
+        return self._keys.checkpoint_threads()
+
+    # -- writes -----------------------------------------------------------------------------------------------
+    def write(self, thread_id: str, records: list[Record]) -> None:
+        """Produce ``records`` in the journal's transaction (the last one durable), then project them.
+
+        Raises:
+            DeliveryError / ProducerFencedError / LeaseLapsedError: nothing was projected.
+        """
+        for i, rec in enumerate(records):
+            value = None if rec.data is None else json.dumps(
+                {"kind": rec.kind, "field": rec.field, "data": rec.data}).encode()
+            self.journal.publish_record(self.topic, f"{thread_id}{SEP}{rec.kind}{SEP}{rec.field}", value,
+                                        run_id=thread_id, durable=i == len(records) - 1)
+        self.project(thread_id, records)
+
+    def project(self, thread_id: str, records: list[Record]) -> None:
+        """Apply ``records`` to the Redis projection: the thread listed first, then its kinds in one MULTI (one
+        hash slot, so a Redis Cluster accepts it; a crash between leaves a listed thread with no records, which
+        reads as empty and is rebuilt from the topic)."""
+        self._r.sadd(self.threads_key(), thread_id)
+        pipe = self._r.pipeline(transaction=True)
+        for rec in records:
+            if rec.data is None:
+                pipe.hdel(self.key(thread_id, rec.kind), rec.field)
+            else:
+                pipe.hset(self.key(thread_id, rec.kind), rec.field, rec.data)
+        pipe.execute()
+
+    def forget(self, thread_id: str) -> None:
+        """Tombstone every record of ``thread_id`` (durable), then drop its projection."""
+        records = [Record(kind, field, None) for kind in KINDS for field in self.fields(thread_id, kind)]
+        if records:
+            self.write(thread_id, records)
+        pipe = self._r.pipeline(transaction=True)  # the thread's keys (one slot), then the list
+        for kind in KINDS:
+            pipe.delete(self.key(thread_id, kind))
+        pipe.execute()
+        self._r.srem(self.threads_key(), thread_id)
+
+    # -- reads ------------------------------------------------------------------------------------------------
+    def fields(self, thread_id: str, kind: str) -> list[str]:
+        """Every field of one kind of ``thread_id``."""
+        return [_text(f) for f in self._r.hkeys(self.key(thread_id, kind))]
+
+    def entries(self, thread_id: str, kind: str) -> dict[str, str]:
+        """``field -> data`` of one kind of ``thread_id``."""
+        return {_text(k): _text(v) for k, v in self._r.hgetall(self.key(thread_id, kind)).items()}
+
+    def get(self, thread_id: str, kind: str, fields: list[str]) -> list[str | None]:
+        """The data of ``fields`` (None where absent)."""
+        if not fields:
+            return []
+        return [None if v is None else _text(v) for v in self._r.hmget(self.key(thread_id, kind), fields)]
+
+    def threads(self) -> list[str]:
+        """Every projected thread id, sorted."""
+        return sorted(_text(t) for t in self._r.smembers(self.threads_key()))
+
+    # -- rebuild ------------------------------------------------------------------------------------------------
+    def rebuild(self, thread_id: str, *, timeout_s: float = 60.0) -> int:
+        """Rebuild ``thread_id``'s projection from the topic (its partition, start to end); returns records applied.
+
+        The journal's open transaction is committed first. Cost grows with the partition's size (a resume or
+        a repair, not a hot path). Raises ``TimeoutError`` when the partition cannot be read to its end.
+        """
+        from confluent_kafka import TopicPartition
+
+        from runjournal.consumers._partitions import range_consumer, read_ranges
+
+        self.journal.flush()
+        partition = partition_for(thread_id, self.journal.partitions)
+        head = f"{thread_id}{SEP}".encode()
+        latest: dict[bytes, bytes | None] = {}
+
+        def on_record(msg: Any) -> None:
+            if msg.key() and msg.key().startswith(head):
+                latest[msg.key()] = msg.value()
+
+        consumer = range_consumer(self.settings, "checkpoints-rebuild")
+        try:
+            low, high = consumer.get_watermark_offsets(TopicPartition(self.topic, partition), timeout=10)
+            if read_ranges(consumer, self.topic, {partition: (low, high)}, on_record, timeout_s=timeout_s):
+                raise TimeoutError(f"could not read {self.topic}[{partition}] to offset {high}")
+        finally:
+            consumer.close()
+        records = []
+        for value in latest.values():
+            if value is not None:
+                doc = json.loads(value)
+                records.append(Record(doc["kind"], doc["field"], doc["data"]))
+        pipe = self._r.pipeline(transaction=True)
+        for kind in KINDS:
+            pipe.delete(self.key(thread_id, kind))
+        pipe.execute()
+        if records:
+            self.project(thread_id, records)
+        return len(records)
+
+
+def ensure_topic(settings: Settings, topic: str, partitions: int) -> None:
+    """Create ``topic`` (compacted, ``partitions`` partitions, the settings' replication) unless it exists."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import NewTopic
+
+    admin = kafka.admin_client(settings)
+    if topic in admin.list_topics(timeout=10).topics:
+        return
+    rf = settings.replication_factor
+    config = {"cleanup.policy": "compact", **({"min.insync.replicas": "2"} if rf > 1 else {})}
+    future = admin.create_topics([NewTopic(topic, partitions, rf, config=config)])[topic]
+    try:
+        future.result(30)
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise
+    log.info("created %s (%d partitions, replication %d)", topic, partitions, rf)
+
+
+def _text(raw: Any) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)

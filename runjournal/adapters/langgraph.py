@@ -1,0 +1,343 @@
+"""LangGraph on the journal (``pip install 'runjournal[langgraph]'``).
+
+* :class:`JournalRuns` — one journal run per LangGraph thread (``run_id = thread_id``): started on first use,
+  or attached after ``Journal.resume`` / ``continue_run`` hand the run to this instance.
+* :class:`JournalCheckpointSaver` — a ``BaseCheckpointSaver`` (sync and async methods) whose checkpoints and
+  pending writes are records in the journal's transaction, projected into Redis for reads
+  (``runjournal.adapters._checkpoints``). It passes ``langgraph-checkpoint-conformance`` (all base checks).
+* :func:`journaled_tool_node` — a ``ToolNode`` whose every tool call goes through ``RunHandle.call`` keyed by
+  the model's ``tool_call_id`` (``call(step=…)``): a graph resumed from its checkpoint re-runs the tool node,
+  and the journal — not the graph — decides: a committed call returns its recorded result, an unknown one is
+  reconciled by key, a new one runs once. LangGraph nodes are at-least-once; the effects inside them are not.
+
+Crash resume: ``recover`` hands the run to a live instance, which does ``runs.attach(journal.resume(run_id))``
+and ``graph.invoke(None, {"configurable": {"thread_id": run_id}})``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from typing import Any
+
+try:
+    from langchain_core.messages import ToolMessage
+    from langchain_core.runnables import RunnableConfig
+    from langgraph.checkpoint.base import (
+        WRITES_IDX_MAP,
+        BaseCheckpointSaver,
+        ChannelVersions,
+        Checkpoint,
+        CheckpointMetadata,
+        CheckpointTuple,
+        get_checkpoint_id,
+        get_checkpoint_metadata,
+    )
+    from langgraph.checkpoint.base import writes_sort_key as _sort_key
+    from langgraph.prebuilt import ToolNode
+except ModuleNotFoundError as exc:  # pragma: no cover - the core install
+    raise ModuleNotFoundError(f"runjournal.adapters.langgraph needs {exc.name}: pip install 'runjournal[langgraph]'",
+                              name=exc.name) from exc
+
+from runjournal.adapters._checkpoints import SEP, CheckpointStore, Record
+from runjournal.adapters.tools import JournaledTool, Reconciler
+from runjournal.producers import Journal, RunHandle
+from runjournal.producers.aio import AsyncJournal, AsyncRunHandle
+from runjournal.producers.errors import RunExistsError
+
+__all__ = ["JournalCheckpointSaver", "JournalRuns", "ThreadNotOwnedError", "journaled_tool_node"]
+
+
+class ThreadNotOwnedError(RunExistsError):
+    """A thread's run exists but this instance holds no handle for it: it belongs to another instance or awaits
+    recovery. Resume it here (``journal.claim_assignment`` + ``journal.resume``, then ``runs.attach``)."""
+
+
+class JournalRuns:
+    """Thread id → the run handle this instance writes it with. Thread-safe.
+
+    Args:
+        journal: a :class:`Journal`, or an :class:`AsyncJournal` (its producer threads run the async methods).
+        tenant_id, agent: of runs started here.
+    """
+
+    def __init__(self, journal: Journal | AsyncJournal, *, tenant_id: str = "default", agent: str = "langgraph"):
+        self.async_journal = journal if isinstance(journal, AsyncJournal) else None
+        self.journal: Journal = journal.sync if isinstance(journal, AsyncJournal) else journal
+        self.tenant_id = tenant_id
+        self.agent = agent
+        self._handles: dict[str, RunHandle] = {}
+        self._async: dict[str, AsyncRunHandle] = {}
+        self._lock = threading.Lock()
+        self.store = CheckpointStore(self.journal)
+
+    def handle(self, thread_id: str) -> RunHandle:
+        """The thread's handle; a thread never seen starts its run (RUN_STARTED, ``run_id = thread_id``).
+
+        Raises:
+            ThreadNotOwnedError: the run exists and is not attached here.
+        """
+        with self._lock:
+            handle = self._handles.get(thread_id)
+            if handle is None:
+                try:
+                    handle = self.journal.start_run(self.tenant_id, self.agent, {"thread_id": thread_id},
+                                                    run_id=thread_id)
+                except RunExistsError as exc:
+                    raise ThreadNotOwnedError(thread_id, exc.started_by) from exc
+                self._handles[thread_id] = handle
+            return handle
+
+    def async_handle(self, thread_id: str) -> AsyncRunHandle:
+        """:meth:`handle` as an :class:`AsyncRunHandle` (one per thread; needs an AsyncJournal)."""
+        if self.async_journal is None:
+            raise TypeError("JournalRuns was given a sync Journal; give it an AsyncJournal for async graphs")
+        handle = self.handle(thread_id)
+        with self._lock:
+            wrapped = self._async.get(thread_id)
+            if wrapped is None or wrapped.sync is not handle:
+                wrapped = self._async[thread_id] = self.async_journal.wrap(handle)
+            return wrapped
+
+    def attach(self, handle: RunHandle | AsyncRunHandle, *, rebuild: bool = True) -> None:
+        """Write the thread ``handle.run_id`` with ``handle`` (a resumed or continued run); with ``rebuild``
+        its checkpoints are re-projected from the journal first (the topic is the authority)."""
+        sync = handle.sync if isinstance(handle, AsyncRunHandle) else handle
+        if rebuild:
+            self.store.rebuild(sync.run_id)
+        with self._lock:
+            self._handles[sync.run_id] = sync
+            if isinstance(handle, AsyncRunHandle):
+                self._async[sync.run_id] = handle
+
+
+def _typed(pair: tuple[str, bytes]) -> list[str]:
+    return [pair[0], base64.b64encode(pair[1]).decode("ascii")]
+
+
+def _untyped(item: Sequence[str]) -> tuple[str, bytes]:
+    return item[0], base64.b64decode(item[1])
+
+
+class JournalCheckpointSaver(BaseCheckpointSaver[str]):
+    """A LangGraph checkpointer on the journal (module docstring). ``invoke`` uses the sync methods,
+    ``ainvoke`` the async ones (which run the sync ones in the AsyncJournal's producer threads).
+
+    Args:
+        runs: the thread → run registry (shared with :func:`journaled_tool_node`).
+        serde: LangGraph serializer (default ``JsonPlusSerializer``).
+    """
+
+    def __init__(self, runs: JournalRuns, *, serde: Any = None) -> None:
+        super().__init__(serde=serde)
+        self.runs = runs
+        self.store = runs.store
+
+    # -- writes ------------------------------------------------------------------------------------------------
+    def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
+            new_versions: ChannelVersions) -> RunnableConfig:
+        """Record a checkpoint (its new channel blobs first), durable before returning; project it."""
+        thread_id, ns = _thread(config), config["configurable"].get("checkpoint_ns", "")
+        self.runs.handle(thread_id)  # the thread's run is ours (or starts now)
+        stripped = dict(checkpoint)
+        values: dict[str, Any] = stripped.pop("channel_values", {})  # type: ignore[assignment]
+        records = [Record("blob", SEP.join((ns, k, str(v))), json.dumps(
+            _typed(self.serde.dumps_typed(values[k])) if k in values else ["empty", ""]))
+            for k, v in new_versions.items()]
+        entry = {"checkpoint": _typed(self.serde.dumps_typed(stripped)),
+                 "metadata": _typed(self.serde.dumps_typed(get_checkpoint_metadata(config, metadata))),
+                 "parent": config["configurable"].get("checkpoint_id")}
+        records.append(Record("cp", SEP.join((ns, checkpoint["id"])), json.dumps(entry)))
+        self.store.write(thread_id, records)
+        return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}}
+
+    def put_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
+                   task_path: str = "") -> None:
+        """Record a task's pending writes (insert-if-absent per (task, idx); special channels upserted)."""
+        thread_id, ns = _thread(config), config["configurable"].get("checkpoint_ns", "")
+        cid = config["configurable"]["checkpoint_id"]
+        self.runs.handle(thread_id)
+        fields = [SEP.join((ns, cid, task_id, str(WRITES_IDX_MAP.get(c, i)))) for i, (c, _) in enumerate(writes)]
+        present = self.store.get(thread_id, "w", fields)
+        records = [Record("w", field, json.dumps([task_path, c, *_typed(self.serde.dumps_typed(v))]))
+                   for field, (c, v), old in zip(fields, writes, present, strict=True)
+                   if old is None or int(field.rsplit(SEP, 1)[1]) < 0]
+        if records:
+            self.store.write(thread_id, records)
+
+    def delete_thread(self, thread_id: str) -> None:
+        """Tombstone every record of the thread and drop its projection (the run's events stay)."""
+        self.store.forget(thread_id)
+
+    # -- reads -------------------------------------------------------------------------------------------------
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """The checkpoint named by ``config`` (or the thread's latest in its namespace), from the projection."""
+        thread_id, ns = _thread(config), config["configurable"].get("checkpoint_ns", "")
+        entries = self.store.entries(thread_id, "cp")
+        wanted = get_checkpoint_id(config)
+        if wanted is None:
+            ids = [f.split(SEP, 1)[1] for f in entries if f.split(SEP, 1)[0] == ns]
+            if not ids:
+                return None
+            wanted = max(ids)
+        raw = entries.get(SEP.join((ns, wanted)))
+        if raw is None:
+            return None
+        return self._tuple(thread_id, ns, wanted, json.loads(raw))
+
+    def list(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
+             before: RunnableConfig | None = None, limit: int | None = None) -> Iterator[CheckpointTuple]:
+        """Checkpoints newest first, by thread (all when ``config`` is None), namespace, id, metadata filter,
+        ``before`` cursor and ``limit``."""
+        threads = [_thread(config)] if config is not None else self.store.threads()
+        want_ns = config["configurable"].get("checkpoint_ns") if config is not None else None
+        want_id = get_checkpoint_id(config) if config is not None else None
+        before_id = get_checkpoint_id(before) if before is not None else None
+        left = limit
+        for thread_id in threads:
+            rows = [(*f.split(SEP, 1), raw) for f, raw in self.store.entries(thread_id, "cp").items()]
+            for ns, cid, raw in sorted(rows, key=lambda r: r[1], reverse=True):
+                if (want_ns is not None and ns != want_ns) or (want_id and cid != want_id) or \
+                        (before_id and cid >= before_id):
+                    continue
+                entry = json.loads(raw)
+                metadata = self.serde.loads_typed(_untyped(entry["metadata"]))
+                if filter and not all(metadata.get(k) == v for k, v in filter.items()):
+                    continue
+                if left is not None and left <= 0:
+                    return
+                if left is not None:
+                    left -= 1
+                yield self._tuple(thread_id, ns, cid, entry)
+
+    def _tuple(self, thread_id: str, ns: str, cid: str, entry: dict[str, Any]) -> CheckpointTuple:
+        checkpoint = self.serde.loads_typed(_untyped(entry["checkpoint"]))
+        versions = checkpoint.get("channel_versions", {})
+        channels = list(versions)
+        blobs = self.store.get(thread_id, "blob", [SEP.join((ns, k, str(versions[k]))) for k in channels])
+        values = {}
+        for channel, raw in zip(channels, blobs, strict=True):
+            if raw is not None and (item := json.loads(raw))[0] != "empty":
+                values[channel] = self.serde.loads_typed(_untyped(item))
+        head = SEP.join((ns, cid)) + SEP
+        writes = []
+        for field, raw in self.store.entries(thread_id, "w").items():
+            if field.startswith(head):
+                task_id, idx = field[len(head):].rsplit(SEP, 1)
+                task_path, channel, *value = json.loads(raw)
+                writes.append((_sort_key(task_path, task_id, int(idx)), (task_id, channel, value)))
+        writes.sort(key=lambda w: w[0])
+        parent = entry.get("parent")
+        return CheckpointTuple(
+            config={"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": cid}},
+            checkpoint={**checkpoint, "channel_values": values},
+            metadata=self.serde.loads_typed(_untyped(entry["metadata"])),
+            parent_config={"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": parent}}
+            if parent else None,
+            pending_writes=[(t, c, self.serde.loads_typed(_untyped(v))) for _, (t, c, v) in writes],
+        )
+
+    def get_next_version(self, current: str | None, channel: None) -> str:
+        """Monotonic ``{n:032}.{random:016}`` versions, as LangGraph's own savers."""
+        import random
+
+        n = 0 if current is None else (current if isinstance(current, int) else int(str(current).split(".")[0]))
+        return f"{n + 1:032}.{random.random():016}"
+
+    # -- async twins (the sync methods in the journal's producer threads) --------------------------------------
+    async def _sync(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if self.runs.async_journal is not None:
+            return await self.runs.async_journal.run_sync(lambda: fn(*args, **kwargs))
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """As :meth:`get_tuple`."""
+        out: CheckpointTuple | None = await self._sync(self.get_tuple, config)
+        return out
+
+    async def alist(self, config: RunnableConfig | None, *, filter: dict[str, Any] | None = None,
+                    before: RunnableConfig | None = None, limit: int | None = None) -> AsyncIterator[CheckpointTuple]:
+        """As :meth:`list`."""
+        rows = await self._sync(lambda: list(self.list(config, filter=filter, before=before, limit=limit)))
+        for row in rows:
+            yield row
+
+    async def aput(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
+                   new_versions: ChannelVersions) -> RunnableConfig:
+        """As :meth:`put`."""
+        out: RunnableConfig = await self._sync(self.put, config, checkpoint, metadata, new_versions)
+        return out
+
+    async def aput_writes(self, config: RunnableConfig, writes: Sequence[tuple[str, Any]], task_id: str,
+                          task_path: str = "") -> None:
+        """As :meth:`put_writes`."""
+        await self._sync(self.put_writes, config, writes, task_id, task_path)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        """As :meth:`delete_thread`."""
+        await self._sync(self.delete_thread, thread_id)
+
+
+def journaled_tool_node(tools: Sequence[Any], runs: JournalRuns, *, side_effects: dict[str, bool] | None = None,
+                        reconcile: dict[str, Reconciler] | None = None, timeout_ms: int = 30_000,
+                        **tool_node_options: Any) -> ToolNode:
+    """A ``ToolNode`` whose tool calls go through the journal (module docstring).
+
+    Each call is ``handle.call(tool, args, step=tool_call_id)`` on the thread's run: intent durable before the
+    tool, the idempotency key available to it as ``runjournal.adapters.current_idempotency_key()``, the
+    ToolMessage's content recorded as the result. Tool errors propagate (``handle_tool_errors=False``), so a
+    failure is journaled as FAILED or, when the request may have left, stays unknown and is reconciled.
+
+    Args:
+        tools: LangChain tools (or functions), as for ``ToolNode``.
+        runs: the registry shared with the checkpointer.
+        side_effects: tool name → side-effecting (default True for every tool: the safe default).
+        reconcile: tool name → ``reconcile(key) -> Outcome | None`` whose ``result`` is the ToolMessage content.
+        timeout_ms: every tool's provider timeout, ms (default 30 000).
+        tool_node_options: passed to ``ToolNode`` (not ``wrap_tool_call`` / ``handle_tool_errors``).
+    """
+    effects, hooks = side_effects or {}, reconcile or {}
+
+    def journaled(request: Any, fn: Callable[..., Any]) -> JournaledTool:
+        name = request.tool_call["name"]
+        return JournaledTool(fn, name=name, side_effect=effects.get(name, True), timeout_ms=timeout_ms,
+                             reconcile=hooks.get(name))
+
+    def wrap(request: Any, execute: Callable[[Any], Any]) -> Any:
+        handle = runs.handle(_thread(request.runtime.config))
+        content = handle.call(journaled(request, lambda **_: _content(execute(request))),
+                              dict(request.tool_call["args"]), step=request.tool_call["id"])
+        return _message(request, content)
+
+    async def awrap(request: Any, execute: Callable[[Any], Any]) -> Any:
+        handle = runs.async_handle(_thread(request.runtime.config))
+
+        async def run(**_: Any) -> Any:
+            return _content(await execute(request))
+
+        content = await handle.call(journaled(request, run), dict(request.tool_call["args"]),
+                                    step=request.tool_call["id"])
+        return _message(request, content)
+
+    return ToolNode(tools, wrap_tool_call=wrap, awrap_tool_call=awrap, handle_tool_errors=False,
+                    **tool_node_options)
+
+
+def _content(result: Any) -> Any:
+    if not isinstance(result, ToolMessage):
+        raise TypeError(f"a journaled tool must answer with content, not {type(result).__name__} (e.g. a Command)")
+    return result.content
+
+
+def _message(request: Any, content: Any) -> ToolMessage:
+    return ToolMessage(content=content, tool_call_id=request.tool_call["id"], name=request.tool_call["name"])
+
+
+def _thread(config: Any) -> str:
+    try:
+        return str(config["configurable"]["thread_id"])
+    except (KeyError, TypeError) as exc:
+        raise ValueError("the graph's config needs configurable.thread_id (the journal run id)") from exc
