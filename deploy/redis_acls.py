@@ -12,11 +12,13 @@ scripting and cluster-discovery commands the clients use. Nobody but the adminis
 * ``agent`` — the Journal: its instance's lease, owned set, assignment list and incarnation counter (RW; with
   an agent name, that name's instances only — else every instance: a fleet sharing one user, as agents
   share the Kafka role), run-id claims and large results (RW), the pending-approvals hint set (RW),
-  recovery plans and approval decisions (R), the projection (R, the ContextManager's execution facts).
-* ``projector`` — the projection, the topic identity and its lag samples (RW); nothing else.
+  recovery plans and approval decisions (R), the projection (R, the ContextManager's execution facts), the
+  framework adapters' checkpoint projection (RW) and its ``/metrics`` announcement (RW).
+* ``projector`` — the projection, the topic identity and its lag samples (RW), its ``/metrics`` announcement.
 * ``recovery`` — leases (R: who is alive), owned sets and assignment lists (RW: hand-over), plans, run-id
   claims (frees one after ``no_facts``) and the parked set (RW), the projection and topic identity (R).
-* ``memory`` — the projection (R: a run's owner for memory scopes).
+* ``memory`` — the projection (R: a run's owner for memory scopes). Read-only on purpose: under Redis ACLs its
+  ``/metrics`` endpoint is not announced (the announcement fails quietly); give the console ``--scrape URL``.
 * ``operator`` — everything of the prefix (R); ``erase`` (the projection, plans, approvals, owned sets,
   assignment lists, the parked set) and ``approve``/``deny`` (approval decisions) (RW). Not leases, run-id
   claims, results, the topic identity or the lag samples.
@@ -63,11 +65,14 @@ ROLES: dict[str, tuple[RedisGrant, ...]] = {
         RedisGrant("plan", "R", "resume a run from its recovery plan"),
         RedisGrant("approvals", "R", "read a human's decision"),
         RedisGrant("projection", "R", "the ContextManager's execution facts"),
+        RedisGrant("checkpoints", "RW", "framework adapters: the LangGraph checkpoint / Agents SDK session projection"),
+        RedisGrant("metrics", "RW", "announce its /metrics endpoint (opt-in journal metrics)"),
     ),
     "projector": (
         RedisGrant("projection", "RW", "fold the journal: states, run sets, applied offsets (one script)"),
         RedisGrant("topic", "RW", "store and check the topic identity"),
         RedisGrant("lag", "RW", "lag samples for dashboards and the demo"),
+        RedisGrant("metrics", "RW", "announce its /metrics endpoint for the console (--metrics-port)"),
     ),
     "recovery": (
         RedisGrant("lease", "R", "which instances are alive"),
@@ -78,6 +83,7 @@ ROLES: dict[str, tuple[RedisGrant, ...]] = {
         RedisGrant("parked", "RW", "park a run with a gap or an undecodable record"),
         RedisGrant("projection", "R", "the snapshot a tail is folded onto"),
         RedisGrant("topic", "R", "check the topic identity"),
+        RedisGrant("metrics", "RW", "announce its /metrics endpoint for the console (--metrics-port)"),
     ),
     "memory": (
         RedisGrant("projection", "R", "a run's owner (user, agent) for memory scopes"),
@@ -118,6 +124,8 @@ def family_globs(family: str, prefix: str, *, agent_name: str | None = None) -> 
         "approvals": [keys.run_glob("approvals")],
         "claim": [keys.run_glob("claim")],
         "result": [keys.result("*")],
+        "checkpoints": keys.checkpoint_globs(),
+        "metrics": [keys.metrics_endpoints()],
         "everything": keys.patterns(),
     }
     if family == "instance":

@@ -84,7 +84,7 @@ def test_erase_a_finished_run(topics: Settings) -> None:
 
     assert report.records_seen == report.tombstones == len(events[gone])
     assert report.redis_keys_deleted == 3  # projected state, recovery plan, approvals inbox
-    assert report.redis_entries_removed == 2  # the partition's runs set, the pending approvals set
+    assert report.redis_entries_removed == 3  # the partition's runs set and runs index, the pending approvals set
     assert report.memory_points_deleted == 2 and report.memory_note is None
     records = topic_records(topics)
     latest: dict[str, bytes | None] = dict(records)

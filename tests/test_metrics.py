@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from runjournal.core import metrics as m
+from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.deploy.procs import free_port
 from runjournal.producers import Journal
@@ -166,7 +167,7 @@ def test_every_service_exports_base_units_with_the_process_collector_promtool_cl
     publish(topics, [e for i in range(3) for e in run_events(f"m-{i}")])
     publish(topics, [("m-bad:1:1", b"not avro at all"), *_zombie_run()])
     r = redis.Redis.from_url(topics.redis_url)
-    r.sadd(f"{topics.topic_prefix}:owned:ghost-{uuid.uuid4().hex[:6]}", "m-never-started")
+    r.sadd(RedisKeys(topics.topic_prefix).owned(f"ghost-{uuid.uuid4().hex[:6]}"), "m-never-started")
     journal_metrics = services["journal_metrics"]
     host = CollectorRegistry()  # a host application's registry
     with Journal(topics, producer_id=f"agent-{uuid.uuid4().hex[:6]}",

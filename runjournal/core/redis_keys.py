@@ -164,6 +164,10 @@ class RedisKeys:
         fam = family if family == "*" else glob_escape(family)
         return f"rj:{{{self.prefix}:i:{inst}}}:{fam}"
 
+    def checkpoint_globs(self) -> list[str]:
+        """``rj:{P:t:*}:lg:*`` and ``rj:P:lg:threads`` — every key of the adapters' checkpoint projection."""
+        return [f"rj:{{{self.prefix}:t:*}}:lg:*", self.checkpoint_threads()]
+
     def run_glob(self, family: str = "*") -> str:
         """``rj:{P:r:*}:<family>`` — every run's key of one family (``*``: all run-unit keys)."""
         return f"rj:{{{self.prefix}:r:*}}:{family}"
@@ -179,4 +183,4 @@ class RedisKeys:
     def patterns(self) -> list[str]:
         """Globs covering every key of this prefix (and none of another): cleanup of a whole prefix."""
         return [*self.partition_globs(), f"rj:{{{self.prefix}:i:*", f"rj:{{{self.prefix}:r:*",
-                f"rj:{{{self.prefix}:demo}}:*", f"rj:{self.prefix}:*"]
+                f"rj:{{{self.prefix}:t:*", f"rj:{{{self.prefix}:demo}}:*", f"rj:{self.prefix}:*"]
