@@ -7,7 +7,7 @@ INPUT ?=
 DEMO_ARGS ?=
 KNOWLEDGE ?= ../shared/data/knowledge/tau-bench-airline-policy.md
 
-.PHONY: help deps deps-test venv install test test-cluster test-fast lint schemas-check demo stack-up stack-down stack-status topics bench clean
+.PHONY: help deps deps-test venv install test test-slow test-cluster test-fast lint schemas-check demo stack-up stack-down stack-status topics bench clean
 
 help: ## List targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -64,6 +64,11 @@ test: install deps-test ## Install everything, start a private real stack, run t
 	$(BIN)/deptry .
 	$(BIN)/runjournal schemas check
 	$(BIN)/pytest -q
+
+# The longest tests (marker `slow`, listed in tests/conftest.py): crash matrices, the main job end to end, fresh
+# venvs, browser and adapter examples. Same private stack as make test; .ci/run runs it after make test.
+test-slow: install deps-test ## The slow tests left out of `make test` (crash matrices, demo, packaging; ~10 min)
+	$(BIN)/pytest -q -m 'slow and not cluster'
 
 # The production shape (tests/cluster, marker `cluster`): three KRaft brokers, SASL_SSL + SCRAM, the roles' ACLs,
 # leader failover under load; a 3-master Redis Cluster over TLS with ACL users per role, the projector and recovery
