@@ -31,7 +31,6 @@ from runjournal.deploy.procs import Proc, free_port
 from runjournal.deploy.registry import RegistryNode, ensure_registry_app
 from runjournal.deploy.stack import Stack, StackPorts
 
-
 SLOW = (
     # whole modules: crash matrices that SIGKILL many processes, end-to-end runs of the main job, fresh venvs
     "tests/test_never_twice_stateful.py", "tests/test_demo.py", "tests/test_packaging.py",
