@@ -105,7 +105,10 @@ def hand_over(
     )
     journal.publish(resumed, durable=True)
     journal.plans.put(plan)
-    journal.plans.assign(run.run_id, journal.producer_id)
+    # as recovery hands a dead owner's run over: out of the owner's set, then assigned (an instance that
+    # owns a run already is never assigned it again: PlanStore.assign is check-and-set)
+    journal.release_run(run.run_id)
+    assert journal.plans.assign(run.run_id, journal.producer_id)
     return plan
 
 
