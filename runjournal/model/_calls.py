@@ -23,6 +23,7 @@ Merge rules (they hold whichever epoch wrote the fact; DESIGN.md § The side-eff
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import MISSING, fields
 from typing import Any
 
 from runjournal.model._records import CallStatus, ExecutionRecord, ReconciledOutcome, evolve, ms
@@ -58,18 +59,28 @@ def _replace(records: Records, record: ExecutionRecord) -> Records:
     return {**records, record.call_id: record}
 
 
+#: ExecutionRecord's optional fields with their defaults, in field order.
+_OPTIONAL: dict[str, Any] = {f.name: f.default for f in fields(ExecutionRecord) if f.default is not MISSING}
+
+
 def _new_from(event: Event, status: CallStatus) -> ExecutionRecord:
-    return ExecutionRecord(
-        call_id=required(event, "call_id"),
-        tool=required(event, "tool"),
-        idempotency_key=required(event, "idempotency_key"),
-        args_digest=required(event, "args_digest"),
-        side_effect=None,
-        status=status,
-        attempts=0,
-        epoch=event.epoch,
-        node_id=event.node_id,
-    )
+    """The first record of a call, from the event's own fields. Built like ``evolve`` does (no ``__init__``:
+    a frozen dataclass's sets each of its 22 fields through ``object.__setattr__``); the reducer's hot path."""
+    attrs: dict[str, Any] = {
+        "call_id": required(event, "call_id"),
+        "tool": required(event, "tool"),
+        "idempotency_key": required(event, "idempotency_key"),
+        "args_digest": required(event, "args_digest"),
+        "side_effect": None,
+        "status": status,
+        "attempts": 0,
+        "epoch": event.epoch,
+        **_OPTIONAL,
+    }
+    attrs["node_id"] = event.node_id
+    record = object.__new__(ExecutionRecord)
+    object.__setattr__(record, "__dict__", attrs)
+    return record
 
 
 def intend(records: Records, event: Event, offset: int, *, run_epoch: int) -> Records:

@@ -31,6 +31,7 @@ __all__ = [
     "WrongRunError",
     "evolve",
     "ms",
+    "with_changes",
 ]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -238,8 +239,21 @@ def evolve(obj: _T, **changes: Any) -> _T:
     Field names are not checked here (that cost a fifth of ``apply``): a misspelt name would become
     an extra attribute, which :meth:`RunState.from_json` refuses, so the JSON round-trip tests catch it.
     """
-    new = object.__new__(type(obj))
-    attrs = new.__dict__
-    attrs.update(obj.__dict__)
+    return with_changes(obj, changes)
+
+
+_new = object.__new__
+_set = object.__setattr__
+
+
+def with_changes(obj: _T, changes: dict[str, Any]) -> _T:
+    """:func:`evolve` with the changes as a dict the caller built (no keyword packing); ``changes`` is not kept.
+
+    The new instance gets a ``dict.copy`` of ``obj.__dict__`` (one allocation at the right size, where
+    ``update`` into an empty ``__dict__`` resized it 3 times for a 37-field state: half the cost).
+    """
+    attrs = obj.__dict__.copy()
     attrs.update(changes)
+    new = _new(type(obj))
+    _set(new, "__dict__", attrs)
     return new

@@ -79,6 +79,7 @@ from runjournal.model._records import (
     WrongRunError,
     evolve,
     ms,
+    with_changes,
 )
 from runjournal.model._state import STATE_FORMAT_VERSION, RunState, state_digest
 from runjournal.schemas.events import CONTROL_FLOW_TYPES, Event, EventType
@@ -182,13 +183,10 @@ def apply(state: RunState | None, event: Event, *, partition: int, offset: int,
         )
     if len(seen) >= DUPLICATE_WINDOW:
         seen = seen[len(seen) - DUPLICATE_WINDOW + 1 :]
-    return evolve(
-        state,
-        applied_partition=partition,
-        applied_offset=offset,
-        recent_event_ids=(*seen, event.event_id),
-        **changes,
-    )
+    changes["applied_partition"] = partition
+    changes["applied_offset"] = offset
+    changes["recent_event_ids"] = (*seen, event.event_id)
+    return with_changes(state, changes)
 
 
 def fold(
