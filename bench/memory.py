@@ -5,12 +5,17 @@ projection from nothing (as pair 3's projector side) in three conditions, interl
 
 * extractor stopped — the anchor;
 * extractor running — ``runjournal memory-extractor`` (its own process and consumer group, MiniLM
-  embeddings, embedded Qdrant) started before the round and busy during all of it (the topic holds
-  far more memory items than it embeds in a round); it is given time to load its model and commit a
-  first batch before the projector starts;
+  embeddings, embedded Qdrant) as deployed by default: niceness 19 (``RUNJOURNAL_MEMORY_NICE``), one
+  onnxruntime thread, the tokenizer's thread pool off; started before the round and busy during all
+  of it (the topic holds far more records than it reads in a round); it is given time to load its
+  model and commit a first batch before the projector starts;
 * Qdrant unreachable — the same extractor with ``RUNJOURNAL_QDRANT_URL`` pointing at a closed port
   on 127.0.0.1: it consumes, fails to write, backs off and retries;
-* extractor running at ``nice 19`` — the deployment answer on a shared host (informational).
+* extractor running unbounded — ``RUNJOURNAL_MEMORY_NICE=0`` and ``TOKENIZERS_PARALLELISM=true``: how it
+  ran before issue 20 (the before of the optimisation, informational);
+* the extractor alone, bounded and unbounded — no projector: its own throughput (records/s from its
+  committed offsets over a 10 s window after its first commit), i.e. what the bounds cost it when it has
+  the machine to itself. Beside the projector, its records/s during the projector's window are reported too.
 
 Sides rotate (stopped, running, down; running, down, stopped; …): each condition's round follows
 a different one, so a position effect (the previous side's extractor exiting, Redis rewriting its
@@ -25,7 +30,6 @@ that is the cost being measured, not a coupling (the projector never waits on me
 
 from __future__ import annotations
 
-import os
 import resource
 import signal
 import subprocess
@@ -71,19 +75,24 @@ def _committed(settings: Settings) -> int:
 class _Extractor:
     """``runjournal memory-extractor`` as a child process, started and stopped around a round."""
 
-    def __init__(self, settings: Settings, *, qdrant_url: str | None, nice: int = 0) -> None:
-        self.settings, self.nice = settings, nice
-        self.env = child_env(settings, **({"RUNJOURNAL_QDRANT_URL": qdrant_url} if qdrant_url else {}))
+    def __init__(self, settings: Settings, *, qdrant_url: str | None, unbounded: bool = False) -> None:
+        self.settings = settings
+        extra = {"RUNJOURNAL_QDRANT_URL": qdrant_url} if qdrant_url else {}
+        if unbounded:
+            extra["RUNJOURNAL_MEMORY_NICE"] = "0"
+        self.env = child_env(settings, **extra)
+        if unbounded:
+            self.env["TOKENIZERS_PARALLELISM"] = "true"
+        else:
+            self.env.pop("TOKENIZERS_PARALLELISM", None)
         self.reachable = qdrant_url is None
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, ready_timeout_s: float = 30.0) -> None:
         _reset_group(self.settings)
         before = _committed(self.settings)
-        nice = self.nice
         self.proc = subprocess.Popen([sys.executable, "-m", "runjournal", "memory-extractor"],  # noqa: S603
-                                     env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     preexec_fn=(lambda: os.nice(nice)) if nice else None)  # noqa: PLW1509
+                                     env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + (ready_timeout_s if self.reachable else 3.0)
         while time.monotonic() < deadline:  # running: until it committed a batch; unreachable: 3 s
             time.sleep(0.5)
@@ -109,42 +118,64 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _with(extractor: _Extractor | None, settings: Settings, n: int, cpu: list[float]) -> float:
-    """One projector rebuild with ``extractor`` running (or not); appends its CPU ms per 1k events to ``cpu``."""
+def _with(extractor: _Extractor | None, settings: Settings, n: int, cpu: list[float],
+          own: list[float] | None = None) -> float:
+    """One projector rebuild with ``extractor`` running (or not); appends its CPU ms per 1k events to ``cpu`` and
+    the extractor's records/s over the same window to ``own``."""
     if extractor is not None:
         extractor.start()
     try:
-        before = _cpu_s()
+        before, started, read = _cpu_s(), time.monotonic(), _committed(settings) if own is not None else 0
         rate = projector_rate(settings, n)
         cpu.append((_cpu_s() - before) * 1000 / (n / 1000))
+        if own is not None:
+            own.append((_committed(settings) - read) / (time.monotonic() - started))
         return rate
     finally:
         if extractor is not None:
             extractor.stop()
 
 
+def _alone(extractor: _Extractor, settings: Settings, window_s: float = 10.0) -> float:
+    """The extractor by itself: records/s it commits over ``window_s`` after its first commit."""
+    extractor.start()
+    try:
+        read, started = _committed(settings), time.monotonic()
+        time.sleep(window_s)
+        return (_committed(settings) - read) / (time.monotonic() - started)
+    finally:
+        extractor.stop()
+
+
 def run_memory(env: BenchEnv, events: int, rounds: int, *, nice: bool = True) -> list[Row]:
-    """Run pair 5; returns its rows (see the module docstring)."""
+    """Run pair 5; returns its rows (see the module docstring). ``nice``: also the unbounded (before) and alone
+    sides (full runs)."""
     settings = env.pair_settings("memory")
     n = publish_workload(settings, events // 50, 50, seed=5)
     running = _Extractor(settings, qdrant_url=None)
     down = _Extractor(settings, qdrant_url=f"http://127.0.0.1:{free_port()}")
-    niced = _Extractor(settings, qdrant_url=None, nice=19)
-    cpu: dict[str, list[float]] = {k: [] for k in ("stopped", "running", "qdrant down", "running, nice 19")}
+    unbounded = _Extractor(settings, qdrant_url=None, unbounded=True)
+    cpu: dict[str, list[float]] = {k: [] for k in ("stopped", "running", "qdrant down", "running unbounded")}
+    own: dict[str, list[float]] = {"running": [], "running unbounded": []}
     sides = [Side("stopped", lambda: _with(None, settings, n, cpu["stopped"])),
-             Side("running", lambda: _with(running, settings, n, cpu["running"])),
+             Side("running", lambda: _with(running, settings, n, cpu["running"], own["running"])),
              Side("qdrant down", lambda: _with(down, settings, n, cpu["qdrant down"]))]
     if nice:
-        sides.append(Side("running, nice 19", lambda: _with(niced, settings, n, cpu["running, nice 19"])))
+        sides += [Side("running unbounded", lambda: _with(unbounded, settings, n, cpu["running unbounded"],
+                                                          own["running unbounded"])),
+                  Side("alone", lambda: _alone(running, settings)),
+                  Side("alone unbounded", lambda: _alone(unbounded, settings))]
     res: dict[str, Any] = interleave(PAIR, sides, rounds=rounds, warmup=0, rotate=True)
     progress(f"{PAIR}: extractor committed {_committed(settings)} of {n} records over all rounds")
     anchor = summarise(res["stopped"])
     note = (f"{n} events; projector rebuilt from nothing per round; extractor = `runjournal memory-extractor` "
-            "(MiniLM int8, embedded Qdrant) in its own process on the same 2 cores")
+            "(MiniLM int8, embedded Qdrant) in its own process on the same 2 cores, bounded by default "
+            "(nice 19, 1 onnxruntime thread, no tokenizer pool)")
     rows = []
     for label, side, goal in (("running", "projector, extractor running", "≥ 0.95"),
                               ("qdrant down", "projector, extractor with Qdrant unreachable", "≥ 0.95"),
-                              ("running, nice 19", "projector, extractor running at nice 19", None)):
+                              ("running unbounded", "projector, extractor unbounded (nice 0, tokenizer pool; "
+                                                    "before)", None)):
         if label not in res:
             continue
         ours = summarise(res[label])
@@ -157,4 +188,13 @@ def run_memory(env: BenchEnv, events: int, rounds: int, *, nice: bool = True) ->
                         "extractor stopped", summarise(cpu["stopped"]),
                         note="same work per event ⇒ a slowdown above is CPU contention, not coupling"
                         if label == "running" else "", ratio_rounds=paired_ratios(cpu[label], cpu["stopped"])))
+    if nice:
+        rows.append(Row(PAIR, "extractor records/s, alone", "bounded (default)", summarise(res["alone"]),
+                        "unbounded (before)", summarise(res["alone unbounded"]),
+                        note="what the bounds cost the extractor with the machine to itself",
+                        ratio_rounds=paired_ratios(res["alone"], res["alone unbounded"])))
+        rows.append(Row(PAIR, "extractor records/s, beside projector", "bounded (default)",
+                        summarise(own["running"]), "unbounded (before)", summarise(own["running unbounded"]),
+                        note="during the projector's rebuild: the lag memory takes so that the projector does not",
+                        ratio_rounds=paired_ratios(own["running"], own["running unbounded"])))
     return rows

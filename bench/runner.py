@@ -26,7 +26,7 @@ def _sizes(quick: bool, rounds: int | None) -> dict[str, Any]:
         "projection_rounds": min(r, 2 if quick else 3),  # the Quix side runs at ~1.5-2k events/s here
         "memory_events": 10_000 if quick else 60_000,
         "memory_rounds": min(r, 2 if quick else 3),
-        "memory_nice": not quick,  # the nice-19 side is informational: full runs only
+        "memory_nice": not quick,  # the unbounded (before) and extractor-alone sides: full runs only
         "footprint_seconds": 4 if quick else 8,
         "footprint_rounds": 1 if quick else 2,
         "console_runs": 10_000,

@@ -122,3 +122,11 @@ def test_the_tokenizer_ships_inside_the_package_with_its_pin_and_notice() -> Non
     assert sha256_file(data / "tokenizer.json") == TOKENIZER_SHA256
     notice = (data / "NOTICE").read_text()
     assert "Apache License, Version 2.0" in notice and TOKENIZER_SHA256 in notice
+
+
+def test_rows_come_back_in_input_order_across_batches(embedder: MiniLMEmbedder) -> None:
+    """Texts are embedded grouped by length (less padding); each row must still be its own text's vector."""
+    texts = [f"note {i}: " + "the tool wrote a file " * ((i * 7) % 11) for i in range(70)]  # 3 batches of 32
+    vecs = embedder.embed(texts)
+    alone = np.stack([embedder.embed([t])[0] for t in texts])
+    assert np.allclose(vecs, alone, atol=1e-5)

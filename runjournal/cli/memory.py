@@ -41,11 +41,13 @@ def memory_extractor_command(
 ) -> None:
     """Run the memory extractor (group ``{prefix}.memory``) until SIGINT/SIGTERM, or until caught up.
 
-    It owns the embedded Qdrant directory and serves memory and knowledge reads to other processes. Exits 1
+    It owns the embedded Qdrant directory and serves memory and knowledge reads to other processes. It runs at
+    niceness ``RUNJOURNAL_MEMORY_NICE`` (default 19: it yields the CPU to the projector and agents). Exits 1
     naming the cause when the stack or topic is missing, or a dependency stays away past the outage budget.
     """
     from runjournal.cli._errors import cli_errors
     from runjournal.consumers.cognition import CognitionOwner
+    from runjournal.consumers.memory._priority import yield_cpu
     from runjournal.consumers.memory.embed import default_embedder
     from runjournal.consumers.memory.service import MemoryExtractor
     from runjournal.consumers.topic_identity import preflight
@@ -53,6 +55,7 @@ def memory_extractor_command(
 
     setup_logging("INFO")
     settings = Settings.load()
+    yield_cpu(settings.memory_nice)  # before any thread starts: they all inherit it (RUNJOURNAL_MEMORY_NICE)
     with cli_errors(as_json):  # a missing stack or topic: named within 5 s
         preflight(settings)
     owner = guarded(lambda: CognitionOwner.open(settings, guarded(default_embedder, as_json=as_json)),

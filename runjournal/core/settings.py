@@ -139,6 +139,10 @@ class Settings(BaseSettings):
     """Log level of every command (DEBUG … CRITICAL); None: INFO for services, WARNING otherwise."""
     console_operator_token: SecretStr | None = None
     """``runjournal console``: operators who sign in with this token may approve and deny; unset: read-only."""
+    memory_nice: int = Field(default=19, ge=0, le=19)
+    """CPU niceness ``runjournal memory-extractor`` gives its process at start (0 … 19, 19 = lowest priority;
+    0 leaves it as started): memory may lag, the projector, recovery and agents on the same host must not
+    wait for CPU behind embeddings (README § Memory)."""
 
     @field_validator("log_level")
     @classmethod
