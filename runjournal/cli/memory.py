@@ -55,9 +55,9 @@ def memory_extractor_command(
 
     setup_logging("INFO")
     settings = Settings.load()
-    yield_cpu(settings.memory_nice)  # before any thread starts: they all inherit it (RUNJOURNAL_MEMORY_NICE)
-    with cli_errors(as_json):  # a missing stack or topic: named within 5 s
+    with cli_errors(as_json):  # a missing stack or topic: named within 5 s (at the priority it was started with)
         preflight(settings)
+    yield_cpu(settings.memory_nice)  # before the consumer, embedder and server start: their threads inherit it
     owner = guarded(lambda: CognitionOwner.open(settings, guarded(default_embedder, as_json=as_json)),
                     as_json=as_json)
     try:

@@ -140,7 +140,7 @@ class Settings(BaseSettings):
     console_operator_token: SecretStr | None = None
     """``runjournal console``: operators who sign in with this token may approve and deny; unset: read-only."""
     memory_nice: int = Field(default=19, ge=0, le=19)
-    """CPU niceness ``runjournal memory-extractor`` gives its process at start (0 … 19, 19 = lowest priority;
+    """CPU niceness ``runjournal memory-extractor`` gives its process after its preflight (0 … 19, 19 = lowest priority;
     0 leaves it as started): memory may lag, the projector, recovery and agents on the same host must not
     wait for CPU behind embeddings (README § Memory)."""
 
