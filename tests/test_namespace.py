@@ -18,9 +18,10 @@ from runjournal.core.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("producers", "consumers", "schemas", "deploy")
-SOURCES = [p for d in (*FOLDERS, "runjournal/core", "runjournal/model", "runjournal/cli", "runjournal/demo", "bench",
-                       "tests") for p in (ROOT / d).rglob("*.py")] + [ROOT / "runjournal" / "__init__.py"] + \
-    list((ROOT / "runjournal" / "stores").rglob("*.py"))
+SOURCES = sorted({p.resolve() for d in (*FOLDERS, "runjournal", "bench", "examples", "tests")
+                  for p in (ROOT / d).rglob("*.py")})
+"""Every Python file a user or the product runs: the whole package (adapters, console … — the symlinked folders
+once each), the bench, the examples a user copies, and the tests."""
 DOCS = [ROOT / "README.md", ROOT / "producers" / "README.md", ROOT / "schemas" / "README.md",
         ROOT / "consumers" / "memory" / "README.md", ROOT / "consumers" / "knowledge" / "README.md",
         ROOT / "bench" / "README.md"]
@@ -45,8 +46,8 @@ def test_no_module_imports_a_folder_as_a_top_level_package() -> None:
 
 def test_kafka_clients_are_configured_in_one_place() -> None:
     """No ``bootstrap.servers`` and no client built from a dict literal outside runjournal.core.kafka and its
-    helper ``_kafka_props`` (product, demo and bench): every configuration comes from ``client_config``, which
-    adds security, pass-through properties and logging."""
+    helper ``_kafka_props`` (product, demo, bench and examples): every configuration comes from ``client_config``,
+    which adds security, pass-through properties and logging."""
     builder = {ROOT / "runjournal" / "core" / "kafka.py", ROOT / "runjournal" / "core" / "_kafka_props.py"}
     pattern = re.compile(r'"bootstrap\.servers"|\b(?:Producer|Consumer|AdminClient)\(\s*(?:\{|$|dict\()')
     offenders = [f"{p.relative_to(ROOT)}:{i}" for p in SOURCES if p not in builder and "tests" not in p.parts
@@ -55,8 +56,8 @@ def test_kafka_clients_are_configured_in_one_place() -> None:
 
 
 def test_redis_clients_are_built_in_one_place() -> None:
-    """No Redis client is constructed outside ``runjournal.core.redis_client`` (product, demo and bench): every
-    client comes from ``redis_client.client(settings)``, which reads a cluster URL, the ACL user and TLS."""
+    """No Redis client is constructed outside ``runjournal.core.redis_client`` (product, demo, bench and examples):
+    every client comes from ``redis_client.client(settings)``, which reads a cluster URL, the ACL user and TLS."""
     builder = ROOT / "runjournal" / "core" / "redis_client.py"
     pattern = re.compile(r"\b(?:Redis|StrictRedis|RedisCluster|ConnectionPool)\(|\bfrom_url\(")
     offenders = [f"{p.relative_to(ROOT)}:{i}" for p in SOURCES if p != builder and "tests" not in p.parts
