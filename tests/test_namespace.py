@@ -141,3 +141,23 @@ def test_an_app_with_its_own_schemas_and_deploy_modules_journals_a_run(topics: S
     Projector(topics).run(until_caught_up=True)
     shown = inspect_run(topics, run_id)
     assert shown is not None and shown["state"]["status"] == "SUCCEEDED"
+
+
+def test_readme_tables_have_no_duplicate_rows_and_name_every_topic() -> None:
+    """The README's keyed tables (commands, settings, roles, installs) list each row once, and where it names the
+    topics of a prefix (``topics create``, the ``RUNJOURNAL_TOPIC_PREFIX`` setting) it names every topic of
+    ``Settings.all_topics``."""
+    text = (ROOT / "README.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("|---")]
+    repeated = []
+    keyed = {"| command", "| variable", "| role", "| install", "| process"}  # tables whose first cell names the row
+    for table in re.findall(r"(?:^\|.*\n)+", text, re.M):
+        firsts = [row.split(" | ")[0] for row in table.splitlines() if not row.startswith("|---")]
+        if firsts[0] in keyed:
+            repeated += sorted({f for f in firsts if firsts.count(f) > 1})
+    assert repeated == []
+    suffixes = [t.removeprefix("runjournal") for t in Settings.load(topic_prefix="runjournal").all_topics]
+    prefix_row = next(r for r in rows if r.startswith("| `RUNJOURNAL_TOPIC_PREFIX` |"))
+    assert [s for s in suffixes if f"{{prefix}}{s}`" not in prefix_row] == []
+    create = next(line for line in text.splitlines() if line.startswith(".venv/bin/runjournal topics create"))
+    assert [s for s in suffixes if s.rsplit(".", 1)[-1] not in create] == []
