@@ -1,19 +1,22 @@
-"""Erase a run: tombstone every event key, delete its Redis state and records, delete its memory.
+"""Erase a run: tombstone every event and framework-record key, delete its Redis state and records, delete its memory.
 
 Order (each step is idempotent, so running ``erase`` again finishes an interrupted one):
 
 1. Read the run's record keys from its partition (``read_committed``; a key whose latest record
-   is already a tombstone is skipped).
+   is already a tombstone is skipped) — of the events topic, and of ``{prefix}.checkpoints`` (the framework
+   adapters' records of the run's thread, keyed ``<run_id><SEP><kind><SEP><field>``:
+   ``runjournal.core.checkpoint_records``; same partition number; a deployment without the topic has none).
 2. Refuse a run that is not finished while its owner holds a live lease (it would write on), unless
    forced — judged from the projected state (a run the projector has not seen yet is not refused).
-3. Produce one tombstone (``value=None``) per key to the run's partition through a plain idempotent
-   producer (``acks=all``), flush, and check every delivery. The events topic is compacted, so the
+3. Produce one tombstone (``value=None``) per key to the run's partition of each topic through a plain
+   idempotent producer (``acks=all``), flush, and check every delivery. Both topics are compacted, so the
    broker drops the erased values at the next cleaning; every consumer follows the tombstones: the
    projector deletes the run's state, the memory extractor deletes the items of each record.
 4. Delete the run's Redis keys directly too (the projector may be down): its projected state
    (``rj:{P.p}:run:<run_id>`` and its entry in ``rj:{P.p}:runs``), recovery plan
    (``rj:{P:r:<run_id>}:plan``), approval inbox (``rj:{P:r:<run_id>}:approvals`` and pending
-   entries), and its entries in instances' owned sets, assignment lists (found by SCAN on every
+   entries), its framework checkpoint projection (``rj:{P:t:<run_id>}:lg:<kind>`` and its entry in
+   ``rj:P:lg:threads``), and its entries in instances' owned sets, assignment lists (found by SCAN on every
    primary of a Redis Cluster) and the parked set. One command per key: the keys live in several slots.
    Results (``rj:P:result:<sha256>``) are content-addressed and may be shared: left alone; so is the
    run-id claim (a run id is used once).
@@ -30,14 +33,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import KafkaError, Message
+from confluent_kafka import KafkaError, Message, TopicPartition
 
-from runjournal.consumers._partitions import run_partition
+from runjournal.consumers._partitions import range_consumer, read_ranges, run_partition
 from runjournal.consumers.inspect import read_run_events
 from runjournal.consumers.projector.store import ProjectionStore
 from runjournal.consumers.recovery.instances import Instances
 from runjournal.core import kafka
 from runjournal.core import redis_client as redis_clients
+from runjournal.core.checkpoint_records import KINDS, thread_key_prefix
 from runjournal.core.errors import RunjournalError
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
@@ -69,15 +73,20 @@ class EraseReport:
     records_seen: int
     """Records of the run read from the topic (tombstones included; 0: the topic never had the run)."""
     tombstones: int
-    """Tombstones written (one per key not already tombstoned)."""
+    """Tombstones written to the events topic (one per key not already tombstoned)."""
     redis_keys_deleted: int
-    """Redis keys deleted (state, plan, approvals inbox)."""
+    """Redis keys deleted (state, plan, approvals inbox, the checkpoint projection's kinds)."""
     redis_entries_removed: int
-    """Set/list entries removed (runs set, pending approvals, owned sets, assignment lists, parked set)."""
+    """Set/list entries removed (runs set and index, pending approvals, owned sets, assignment lists, parked set,
+    the checkpoint thread list)."""
     memory_points_deleted: int | None
     """Memory points deleted; None when the store could not be opened now (see ``memory_note``)."""
     memory_note: str | None
     """Why memory was not (or need not be) erased here, when so."""
+    checkpoint_records_seen: int = 0
+    """Framework records of the run read from ``{prefix}.checkpoints`` (tombstones included)."""
+    checkpoint_tombstones: int = 0
+    """Tombstones written to ``{prefix}.checkpoints`` (one per record key not already tombstoned)."""
 
     def as_dict(self) -> dict[str, Any]:
         """The report as a JSON-able dict."""
@@ -113,13 +122,43 @@ def erase_run(settings: Settings, run_id: str, *, force: bool = False, erase_mem
     rows = [r for r in read_run_events(settings, run_id) if r["key"].rsplit(":", 2)[0] == run_id]  # 1
     latest = {row["key"]: row["type"] for row in rows}
     keys = [k for k, kind in latest.items() if kind != "TOMBSTONE"]
+    cp_seen, cp_keys = _checkpoint_keys(settings, partition, run_id, timeout_s)  # 1, framework records
     _check_not_live(settings, client, partition, run_id, force)  # 2
-    _tombstone(settings, partition, keys, timeout_s)  # 3
+    _tombstone(settings, settings.events_topic, partition, keys, timeout_s)  # 3
+    _tombstone(settings, settings.checkpoints_topic, partition, cp_keys, timeout_s)
     deleted, removed = _delete_redis(settings, client, partition, run_id)  # 4
     points, note = _erase_memory(settings, run_id, embedder, memory_store) if erase_memory else (None, "skipped")  # 5
     return EraseReport(run_id=run_id, partition=partition, records_seen=len(rows), tombstones=len(keys),
                        redis_keys_deleted=deleted, redis_entries_removed=removed, memory_points_deleted=points,
-                       memory_note=note)
+                       memory_note=note, checkpoint_records_seen=cp_seen, checkpoint_tombstones=len(cp_keys))
+
+
+def _checkpoint_keys(settings: Settings, partition: int, run_id: str, timeout_s: float) -> tuple[int, list[str]]:
+    """(records seen, keys whose latest record is not a tombstone) of ``run_id`` on its partition of
+    ``{prefix}.checkpoints``; (0, []) when the topic does not exist (a deployment from before the adapters)."""
+    topic, head = settings.checkpoints_topic, thread_key_prefix(run_id)
+    latest: dict[bytes, bool] = {}
+    seen = 0
+
+    def on_record(msg: Message) -> None:
+        nonlocal seen
+        key = msg.key()
+        if key is not None and key.startswith(head):
+            seen += 1
+            latest[key] = msg.value() is not None
+
+    consumer = range_consumer(settings, "erase-checkpoints")
+    try:
+        meta = consumer.list_topics(timeout=10).topics.get(topic)  # all topics: asking for one may auto-create it
+        if meta is None or meta.error is not None or partition not in meta.partitions:
+            return 0, []
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10, cached=False)
+        if read_ranges(consumer, topic, {partition: (low, high)}, on_record, timeout_s=timeout_s):
+            raise EraseError(f"could not read {topic}[{partition}] to offset {high} within {timeout_s} s "
+                             "(an open transaction?); nothing was erased — run erase again")
+    finally:
+        consumer.close()
+    return seen, [k.decode() for k, live in latest.items() if live]
 
 
 def _check_not_live(settings: Settings, client: Any, partition: int, run_id: str, force: bool) -> None:
@@ -131,7 +170,7 @@ def _check_not_live(settings: Settings, client: Any, partition: int, run_id: str
                                 "it would keep writing — stop it first (or force)")
 
 
-def _tombstone(settings: Settings, partition: int, keys: list[str], timeout_s: float) -> None:
+def _tombstone(settings: Settings, topic: str, partition: int, keys: list[str], timeout_s: float) -> None:
     if not keys:
         return
     errors: list[KafkaError] = []
@@ -145,7 +184,7 @@ def _tombstone(settings: Settings, partition: int, keys: list[str], timeout_s: f
     for key in keys:
         for _ in range(100):  # a full local queue: serve deliveries and retry, bounded
             try:
-                producer.produce(settings.events_topic, key=key.encode(), value=None, partition=partition,
+                producer.produce(topic, key=key.encode(), value=None, partition=partition,
                                  on_delivery=delivered)
                 break
             except BufferError:
@@ -155,7 +194,7 @@ def _tombstone(settings: Settings, partition: int, keys: list[str], timeout_s: f
         producer.poll(0)
     left = producer.flush(timeout_s)
     if left or errors:
-        raise EraseError(f"{left} of {len(keys)} tombstones unacknowledged, delivery errors: {errors[:3]}; "
+        raise EraseError(f"{left} of {len(keys)} tombstones to {topic} unacknowledged, delivery errors: {errors[:3]}; "
                          "run erase again")
 
 
@@ -163,8 +202,11 @@ def _delete_redis(settings: Settings, client: Any, partition: int, run_id: str) 
     keys = RedisKeys(settings.topic_prefix)
     inbox = ApprovalInbox(client, settings.topic_prefix)
     pipe = client.pipeline(transaction=False)  # single-key commands: a cluster pipeline routes each by its slot
-    for key in (keys.run(partition, run_id), keys.plan(run_id), keys.approvals(run_id)):
+    own = [keys.run(partition, run_id), keys.plan(run_id), keys.approvals(run_id),
+           *(keys.checkpoint(run_id, kind) for kind in KINDS)]
+    for key in own:
         pipe.delete(key)
+    pipe.srem(keys.checkpoint_threads(), run_id)
     pipe.srem(keys.runs(partition), run_id)
     pipe.srem(keys.parked(), run_id)
     pipe.hdel(keys.index(partition), run_id)  # the runs list's entry (projector/index.py)
@@ -174,9 +216,10 @@ def _delete_redis(settings: Settings, client: Any, partition: int, run_id: str) 
                 pipe.srem(key, run_id)
             else:
                 pipe.lrem(key, 0, run_id)
-    deleted_run, deleted_plan, deleted_inbox, *entries = pipe.execute()
+    results = pipe.execute()
+    deleted, entries = results[:len(own)], results[len(own):]
     pending_removed = inbox.forget(run_id)  # the inbox hash is gone: only its pending-set entries remain
-    return int(deleted_run) + int(deleted_plan) + int(deleted_inbox), sum(int(n) for n in entries) + pending_removed
+    return sum(int(n) for n in deleted), sum(int(n) for n in entries) + pending_removed
 
 
 def _erase_memory(settings: Settings, run_id: str, embedder: Embedder | None,

@@ -12,8 +12,9 @@ bindings with Kafka's AdminClient, for any cluster with the standard authorizer)
 * ``recovery`` — fences dead instances (``init_transactions`` with *their* transactional ids, so every
   id under ``{prefix}.``), reads partition tails, publishes RUN_RESUMED under ``{prefix}.recovery``.
 * ``memory`` — consumer group ``{prefix}.memory``; writes failures to ``{prefix}.memory.dlq``.
-* ``operator`` — ``topics create/describe``, ``inspect``, ``replay``, ``erase`` (tombstones), reading the
-  DLQs. Not ACL administration: that stays with the cluster's administrator.
+* ``operator`` — ``topics create/describe``, ``inspect``, ``replay``, ``erase`` (tombstones on the events and
+  checkpoints topics), reading the DLQs. Not ACL administration: that stays with the cluster's
+  administrator.
 
 Every role that encodes events (agent, recovery, operator tools) writes its writer schema to
 ``{prefix}.schemas`` before its first event; every reader (projector, recovery, memory, operator) reads
@@ -98,6 +99,8 @@ ROLES: dict[str, tuple[Grant, ...]] = {
         Grant("topic", "{prefix}.", "prefixed", ("CREATE", "DESCRIBE", "DESCRIBE_CONFIGS", "READ"),
               "topics create/describe; inspect, replay and the DLQs"),
         Grant("topic", _EVENTS, "literal", ("WRITE",), "erase: tombstones"),
+        Grant("topic", "{prefix}.checkpoints", "literal", ("WRITE",),
+              "erase: tombstones of the run's framework records (LangGraph checkpoints, Agents SDK sessions)"),
         Grant("topic", _SCHEMAS, "literal", ("WRITE",), "tools that encode events (e.g. the demo's seeding)"),
     ),
 }

@@ -7,7 +7,8 @@ every node of any Redis ≥ 7 (ACLs are per node, also in a cluster). Keys are t
 ``runjournal.core.redis_keys`` (globs exact to one prefix); ``R`` = read only (``%R~``), ``RW`` = read and
 write (``~``; a Lua script's declared keys need ``RW``). Commands: the roles that write get ``+@read +@write``,
 the reader ``+@read`` — minus ``@dangerous`` (no FLUSHALL, KEYS, CONFIG, ACL, DEBUG, MIGRATE …) — plus the
-scripting and cluster-discovery commands the clients use. Nobody but the administrator gets more.
+cluster-discovery commands every client uses, and for the writers the scripting and transaction (MULTI/EXEC/
+DISCARD/WATCH/UNWATCH) commands. Nobody but the administrator gets more.
 
 * ``agent`` — the Journal: its instance's lease, owned set, assignment list and incarnation counter (RW; with
   an agent name, that name's instances only — else every instance: a fleet sharing one user, as agents
@@ -20,7 +21,8 @@ scripting and cluster-discovery commands the clients use. Nobody but the adminis
 * ``memory`` — the projection (R: a run's owner for memory scopes). Read-only on purpose: under Redis ACLs its
   ``/metrics`` endpoint is not announced (the announcement fails quietly); give the console ``--scrape URL``.
 * ``operator`` — everything of the prefix (R); ``erase`` (the projection, plans, approvals, owned sets,
-  assignment lists, the parked set) and ``approve``/``deny`` (approval decisions) (RW). Not leases, run-id
+  assignment lists, the parked set, the framework adapters' checkpoint projection) and ``approve``/``deny``
+  (approval decisions) (RW). Not leases, run-id
   claims, results, the topic identity or the lag samples.
 """
 
@@ -40,6 +42,10 @@ _BASE = ["+ping", "+select", "+cluster|slots", "+cluster|shards", "+cluster|node
 """What every client runs besides data commands: PING, the cluster discovery (redis-py's cluster client asks
 ``CLUSTER SLOTS`` and ``COMMAND``), SELECT (a ``/db`` in the URL). CLIENT SETINFO is optional to redis-py."""
 _SCRIPTS = ["+eval", "+evalsha", "+script|load", "+script|exists"]
+_TRANSACTIONS = ["+multi", "+exec", "+discard", "+watch", "+unwatch"]
+"""A transactional pipeline (redis-py ``pipeline(transaction=True)``: MULTI … EXEC, DISCARD on a failed queue,
+WATCH/UNWATCH for check-and-set): none is in ``@read`` or ``@write`` (they are ``@transaction``), so a role that
+writes gets them by name — the framework adapters' checkpoint projection changes a thread's kinds in one MULTI."""
 ADMIN_RULES = ["~*", "&*", "+@all"]
 """The stack's administrator: every key, channel and command (creates the other users, runs the demo)."""
 
@@ -97,6 +103,7 @@ ROLES: dict[str, tuple[RedisGrant, ...]] = {
         RedisGrant("parked", "RW", "erase"),
         RedisGrant("owned", "RW", "erase: the run's entry in owned sets"),
         RedisGrant("assign", "RW", "erase: the run's entry in assignment lists"),
+        RedisGrant("checkpoints", "RW", "erase: the run's framework checkpoint projection and thread-list entry"),
     ),
 }
 """Role → the key families it may use (see the module docstring)."""
@@ -156,7 +163,7 @@ def rules_for(role: str, prefix: str, *, agent_name: str | None = None) -> list[
         sign = "%R~" if g.access == "R" else "~"
         rules += [sign + glob for glob in family_globs(g.family, prefix, agent_name=agent_name)]
     rules += ["+@read", "+@write"] if role in _WRITERS else ["+@read"]
-    rules += ["-@dangerous", *_BASE, *(_SCRIPTS if role in _WRITERS else [])]
+    rules += ["-@dangerous", *_BASE, *([*_SCRIPTS, *_TRANSACTIONS] if role in _WRITERS else [])]
     return rules
 
 

@@ -12,12 +12,15 @@ from datetime import UTC, datetime
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
+from runjournal.adapters._checkpoints import CheckpointStore, Record
 from runjournal.consumers.erase import RunStillLiveError, erase_run
 from runjournal.consumers.memory import ItemKind, MemoryItem, Provenance, QdrantMemoryStore, Scope
 from runjournal.core import kafka, redis_client
+from runjournal.core.checkpoint_records import KINDS, SEP
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.model.reducer import state_digest
+from runjournal.producers import Journal
 from runjournal.producers.approvals import ApprovalInbox
 from runjournal.producers.partitioner import partition_for
 from tests.support.provider import project
@@ -27,18 +30,20 @@ from tests.test_memory_doubles import HashingEmbedder
 pytestmark = [pytest.mark.integration]
 
 
-def topic_records(settings: Settings) -> list[tuple[str, bytes | None]]:
-    """Every record of the events topic as ``(key, value)``, partition by partition, with a plain consumer."""
+def topic_records(settings: Settings, topic: str | None = None) -> list[tuple[str, bytes | None]]:
+    """Every record of ``topic`` (default the events topic) as ``(key, value)``, partition by partition, with a
+    plain ``read_committed`` consumer."""
+    topic = topic or settings.events_topic
     consumer = kafka.consumer(settings, **{"group.id": f"check-{uuid.uuid4()}",
                          "enable.auto.commit": False, "isolation.level": "read_committed"})
     out: list[tuple[str, bytes | None]] = []
     try:
         for p in range(settings.partitions):
-            tp = TopicPartition(settings.events_topic, p)
+            tp = TopicPartition(topic, p)
             end = consumer.get_watermark_offsets(tp, timeout=10, cached=False)[1]
             if end == 0:
                 continue
-            consumer.assign([TopicPartition(settings.events_topic, p, OFFSET_BEGINNING)])
+            consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING)])
             while consumer.position([tp])[0].offset < end:
                 for msg in consumer.consume(1000, timeout=1):
                     if not msg.error():
@@ -137,3 +142,39 @@ def test_erase_refuses_a_live_run(topics: Settings) -> None:
         erase_run(topics, run_id, erase_memory=False)
     assert all(v is not None for _k, v in topic_records(topics))
     assert erase_run(topics, run_id, erase_memory=False, force=True).tombstones == 6
+
+
+def test_erase_removes_the_runs_framework_checkpoints(topics: Settings) -> None:
+    """A LangGraph / Agents SDK run keeps framework records on ``{prefix}.checkpoints`` and their projection in
+    Redis (``rj:{P:t:<run>}:lg:<kind>``, the thread list): erase tombstones every record key of the run and
+    deletes those keys; another thread's records and keys are untouched."""
+    gone, kept = "lg-erase-me", "lg-keep-me"
+    records = [Record("cp", f"{SEP}cp-1", '{"v": 1}'), Record("cp", f"{SEP}cp-2", '{"v": 2}'),
+               Record("blob", f"{SEP}messages{SEP}1", '"hi"'), Record("w", f"{SEP}cp-2{SEP}task{SEP}0", '"w"'),
+               Record("item", "000000000000", '{"role": "user"}'), Record("state", "paused", '{"s": 1}')]
+    with Journal(topics, producer_id="erase-lg") as journal:
+        store = CheckpointStore(journal)
+        for run_id in (gone, kept):
+            handle = journal.start_run("acme", "lg", {"thread_id": run_id}, run_id=run_id)
+            store.write(run_id, records)
+            store.write(run_id, [Record("cp", f"{SEP}cp-1", None)])  # a tombstone already on the topic
+            handle.succeed({"answer": "done"})
+    r, keys = redis_client.client(topics), RedisKeys(topics.topic_prefix)
+    assert r.exists(*(keys.checkpoint(gone, kind) for kind in KINDS)) == len(KINDS)
+    project(topics)
+
+    report = erase_run(topics, gone, erase_memory=False)
+
+    assert r.exists(*(keys.checkpoint(gone, kind) for kind in KINDS)) == 0
+    assert not r.sismember(keys.checkpoint_threads(), gone) and r.sismember(keys.checkpoint_threads(), kept)
+    assert r.exists(*(keys.checkpoint(kept, kind) for kind in KINDS)) == len(KINDS)
+    latest = dict(topic_records(topics, topics.checkpoints_topic))
+    assert {k for k in latest if k.startswith(gone + SEP)} == {f"{gone}{SEP}{rec.kind}{SEP}{rec.field}"
+                                                              for rec in records}
+    assert all(v is None for k, v in latest.items() if k.startswith(gone + SEP)), "every record key tombstoned"
+    assert sum(1 for k, v in latest.items() if k.startswith(kept + SEP) and v is not None) == len(records) - 1
+    assert report.checkpoint_records_seen == len(records) + 1
+    assert report.checkpoint_tombstones == len(records) - 1  # cp-1 was tombstoned before
+
+    again = erase_run(topics, gone, erase_memory=False)
+    assert again.checkpoint_tombstones == 0 and again.redis_keys_deleted == 0

@@ -234,6 +234,8 @@ def test_acls_show_lists_each_roles_grants_for_the_prefix(tmp_path: Path) -> Non
                      ("topic", "acme.checkpoints", "ALLOW"): {"WRITE", "DESCRIBE"},
                      ("transactional_id", "acme.", "ALLOW"): {"WRITE", "DESCRIBE"},
                      ("transactional_id", "acme.recovery", "DENY"): {"WRITE", "DESCRIBE"}}
+    operator = {(g["resource"], g["name"]): set(g["operations"]) for g in grants["operator"]}
+    assert operator[("topic", "acme.events")] == operator[("topic", "acme.checkpoints")] == {"WRITE"}  # erase
     assert not any("DELETE" in g["operations"] for gs in grants.values() for g in gs)
 
 

@@ -18,9 +18,10 @@ from runjournal.core.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ("producers", "consumers", "schemas", "deploy")
-SOURCES = [p for d in (*FOLDERS, "runjournal/core", "runjournal/model", "runjournal/cli", "runjournal/demo", "bench",
-                       "tests") for p in (ROOT / d).rglob("*.py")] + [ROOT / "runjournal" / "__init__.py"] + \
-    list((ROOT / "runjournal" / "stores").rglob("*.py"))
+SOURCES = sorted({p.resolve() for d in (*FOLDERS, "runjournal", "bench", "examples", "tests")
+                  for p in (ROOT / d).rglob("*.py")})
+"""Every Python file a user or the product runs: the whole package (adapters, console … — the symlinked folders
+once each), the bench, the examples a user copies, and the tests."""
 DOCS = [ROOT / "README.md", ROOT / "producers" / "README.md", ROOT / "schemas" / "README.md",
         ROOT / "consumers" / "memory" / "README.md", ROOT / "consumers" / "knowledge" / "README.md",
         ROOT / "bench" / "README.md"]
@@ -45,8 +46,8 @@ def test_no_module_imports_a_folder_as_a_top_level_package() -> None:
 
 def test_kafka_clients_are_configured_in_one_place() -> None:
     """No ``bootstrap.servers`` and no client built from a dict literal outside runjournal.core.kafka and its
-    helper ``_kafka_props`` (product, demo and bench): every configuration comes from ``client_config``, which
-    adds security, pass-through properties and logging."""
+    helper ``_kafka_props`` (product, demo, bench and examples): every configuration comes from ``client_config``,
+    which adds security, pass-through properties and logging."""
     builder = {ROOT / "runjournal" / "core" / "kafka.py", ROOT / "runjournal" / "core" / "_kafka_props.py"}
     pattern = re.compile(r'"bootstrap\.servers"|\b(?:Producer|Consumer|AdminClient)\(\s*(?:\{|$|dict\()')
     offenders = [f"{p.relative_to(ROOT)}:{i}" for p in SOURCES if p not in builder and "tests" not in p.parts
@@ -55,8 +56,8 @@ def test_kafka_clients_are_configured_in_one_place() -> None:
 
 
 def test_redis_clients_are_built_in_one_place() -> None:
-    """No Redis client is constructed outside ``runjournal.core.redis_client`` (product, demo and bench): every
-    client comes from ``redis_client.client(settings)``, which reads a cluster URL, the ACL user and TLS."""
+    """No Redis client is constructed outside ``runjournal.core.redis_client`` (product, demo, bench and examples):
+    every client comes from ``redis_client.client(settings)``, which reads a cluster URL, the ACL user and TLS."""
     builder = ROOT / "runjournal" / "core" / "redis_client.py"
     pattern = re.compile(r"\b(?:Redis|StrictRedis|RedisCluster|ConnectionPool)\(|\bfrom_url\(")
     offenders = [f"{p.relative_to(ROOT)}:{i}" for p in SOURCES if p != builder and "tests" not in p.parts
@@ -140,3 +141,23 @@ def test_an_app_with_its_own_schemas_and_deploy_modules_journals_a_run(topics: S
     Projector(topics).run(until_caught_up=True)
     shown = inspect_run(topics, run_id)
     assert shown is not None and shown["state"]["status"] == "SUCCEEDED"
+
+
+def test_readme_tables_have_no_duplicate_rows_and_name_every_topic() -> None:
+    """The README's keyed tables (commands, settings, roles, installs) list each row once, and where it names the
+    topics of a prefix (``topics create``, the ``RUNJOURNAL_TOPIC_PREFIX`` setting) it names every topic of
+    ``Settings.all_topics``."""
+    text = (ROOT / "README.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("|---")]
+    repeated = []
+    keyed = {"| command", "| variable", "| role", "| install", "| process"}  # tables whose first cell names the row
+    for table in re.findall(r"(?:^\|.*\n)+", text, re.M):
+        firsts = [row.split(" | ")[0] for row in table.splitlines() if not row.startswith("|---")]
+        if firsts[0] in keyed:
+            repeated += sorted({f for f in firsts if firsts.count(f) > 1})
+    assert repeated == []
+    suffixes = [t.removeprefix("runjournal") for t in Settings.load(topic_prefix="runjournal").all_topics]
+    prefix_row = next(r for r in rows if r.startswith("| `RUNJOURNAL_TOPIC_PREFIX` |"))
+    assert [s for s in suffixes if f"{{prefix}}{s}`" not in prefix_row] == []
+    create = next(line for line in text.splitlines() if line.startswith(".venv/bin/runjournal topics create"))
+    assert [s for s in suffixes if s.rsplit(".", 1)[-1] not in create] == []

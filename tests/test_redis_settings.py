@@ -136,3 +136,17 @@ def test_acls_show_redis_lists_each_roles_rules(tmp_path: Path) -> None:
     table = subprocess.run([sys.executable, "-m", "runjournal", "acls", "show", "--redis", "--role", "projector"],
                            capture_output=True, text=True, env=env, timeout=60, check=False)
     assert table.returncode == 0 and "projection" in table.stdout, table.stderr
+
+
+@pytest.mark.parametrize("name", ["*", "a?[b]*"])
+def test_an_explicit_agent_name_is_matched_literally(name: str) -> None:
+    """``acls show --redis --agent-name NAME``: the name is a literal, glob characters included — ``*`` is an agent
+    called ``*``, never every instance (the fleet-wide rule is the one without ``--agent-name``)."""
+    env = {**os.environ, "RUNJOURNAL_TOPIC_PREFIX": "acme"}
+    out = subprocess.run([sys.executable, "-m", "runjournal", "acls", "show", "--redis", "--agent-name", name,
+                          "--json"], capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    escaped = "".join("\\" + c if c in "*?[]\\" else c for c in name)
+    rules = json.loads(out.stdout)["agent"]["rules"]
+    assert rules[:2] == [f"~rj:{{acme:i:{escaped}}}:*", f"~rj:{{acme:i:{escaped}#*}}:*"]
+    assert "~rj:{acme:i:*}:*" not in rules

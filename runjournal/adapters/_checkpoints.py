@@ -11,10 +11,11 @@ Reads. A projection in Redis (one hash tag per thread, so one MULTI covers a thr
 the writer right after the broker's ack — so a reader sees its own writes at once — and rebuilt from the
 topic by :meth:`CheckpointStore.rebuild` (a resumed run, a wiped Redis): the topic is the authority.
 
-Record: key ``{thread}\\x1f{kind}\\x1f{field}``, value JSON ``{"kind", "field", "data"}``, kinds ``cp`` (a
-checkpoint: ``field`` = ``ns\\x1fid``), ``blob`` (``ns\\x1fchannel\\x1fversion``), ``w`` (a pending write:
-``ns\\x1fid\\x1ftask_id\\x1fidx``), and for the Agents SDK adapter ``item`` (a session item, field = its
-12-digit index) and ``state`` (a paused ``RunState``). A tombstone (``delete_thread``, ``pop_item``) removes its key.
+Record: key ``{thread}\\x1f{kind}\\x1f{field}`` (``runjournal.core.checkpoint_records``, shared with ``erase``),
+value JSON ``{"kind", "field", "data"}``, kinds ``cp`` (a checkpoint: ``field`` = ``ns\\x1fid``), ``blob``
+(``ns\\x1fchannel\\x1fversion``), ``w`` (a pending write: ``ns\\x1fid\\x1ftask_id\\x1fidx``), and for the
+Agents SDK adapter ``item`` (a session item, field = its 12-digit index) and ``state`` (a paused ``RunState``).
+A tombstone (``delete_thread``, ``pop_item``) removes its key.
 """
 
 from __future__ import annotations
@@ -25,17 +26,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from runjournal.core import kafka
+from runjournal.core.checkpoint_records import KINDS, SEP, record_key, thread_key_prefix
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.producers import Journal
 from runjournal.producers.partitioner import partition_for
 
-__all__ = ["CheckpointStore", "Record", "checkpoints_topic"]
+__all__ = ["KINDS", "SEP", "CheckpointStore", "Record", "checkpoints_topic"]
 
 log = logging.getLogger("runjournal.adapters.checkpoints")
 
-SEP = "\x1f"
-KINDS = ("cp", "blob", "w", "item", "state")
 
 
 def checkpoints_topic(settings: Settings) -> str:
@@ -99,7 +99,7 @@ class CheckpointStore:
         for i, rec in enumerate(records):
             value = None if rec.data is None else json.dumps(
                 {"kind": rec.kind, "field": rec.field, "data": rec.data}).encode()
-            self.journal.publish_record(self.topic, f"{thread_id}{SEP}{rec.kind}{SEP}{rec.field}", value,
+            self.journal.publish_record(self.topic, record_key(thread_id, rec.kind, rec.field), value,
                                         run_id=thread_id, durable=i == len(records) - 1)
         self.project(thread_id, records)
 
@@ -159,7 +159,7 @@ class CheckpointStore:
 
         self.journal.flush()
         partition = partition_for(thread_id, self.journal.partitions)
-        head = f"{thread_id}{SEP}".encode()
+        head = thread_key_prefix(thread_id)
         latest: dict[bytes, bytes | None] = {}
 
         def on_record(msg: Any) -> None:

@@ -22,7 +22,7 @@ def erase_command(
     = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object.")] = False,
 ) -> None:
-    """Erase a run: a tombstone for every event key, its Redis state and records, its memory points.
+    """Erase a run: a tombstone for every event key and framework-record key, its Redis state and records, its memory.
 
     Exits 1 when the run is live (without --force), a tombstone was not acknowledged, or the topic
     never held the run. A local Qdrant held by a running memory extractor is reported, not an error:
@@ -45,7 +45,8 @@ def erase_command(
     else:
         memory = "?" if report.memory_points_deleted is None else str(report.memory_points_deleted)
         console.print(f"erased run {run_id}: {report.tombstones} tombstone(s) written to partition {report.partition} "
-                      f"({report.records_seen} record(s) read), {report.redis_keys_deleted} Redis key(s) and "
+                      f"({report.records_seen} record(s) read), {report.checkpoint_tombstones} to its framework "
+                      f"records ({report.checkpoint_records_seen} read), {report.redis_keys_deleted} Redis key(s) and "
                       f"{report.redis_entries_removed} entr(ies) deleted, {memory} memory point(s) deleted")
         if report.memory_note:
             console.print(f"memory: {report.memory_note}")

@@ -158,9 +158,11 @@ class RedisKeys:
         """``rj:{P.p[0-9]}:*`` … (1 to 5 digits): every projection key of this prefix and of no other."""
         return [f"rj:{{{self.prefix}.p{'[0-9]' * n}}}:*" for n in range(1, MAX_PARTITION_DIGITS + 1)]
 
-    def instance_glob(self, family: str = "*", instance: str = "*") -> str:
-        """``rj:{P:i:<instance>}:<family>``; ``*`` is a wildcard, any other value is escaped (matched literally)."""
-        inst = instance if instance == "*" else glob_escape(instance)
+    def instance_glob(self, family: str = "*", instance: str | None = None) -> str:
+        """``rj:{P:i:<instance>}:<family>``: ``instance`` None (default) matches every instance; a given instance
+        name is always escaped and matched literally (``*`` too: it comes from a user, e.g. ``--agent-name``).
+        ``family`` ``*`` (default) matches every family (families are code constants); another is escaped."""
+        inst = "*" if instance is None else glob_escape(instance)
         fam = family if family == "*" else glob_escape(family)
         return f"rj:{{{self.prefix}:i:{inst}}}:{fam}"
 

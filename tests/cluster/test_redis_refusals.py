@@ -73,6 +73,8 @@ def _actions(keys: RedisKeys, other: RedisKeys) -> dict[str, Callable[[Any], Any
         "claim a run id": lambda r: r.set(keys.claim("probe"), "x", px=1000),
         "write a result": lambda r: r.set(keys.result("0" * 64), "x", px=1000),
         "write the parked set": lambda r: r.srem(keys.parked(), "probe"),
+        "write a checkpoint projection": lambda r: r.hdel(keys.checkpoint("probe", "cp"), "f"),
+        "a MULTI on a thread's checkpoints": lambda r: _multi(r, keys.checkpoint("probe", "cp")),
         "write another prefix's plan": lambda r: r.set(other.plan("probe"), "{}"),
         "FLUSHALL": lambda r: r.flushall(),
         "KEYS": lambda r: r.keys("*"),
@@ -81,16 +83,31 @@ def _actions(keys: RedisKeys, other: RedisKeys) -> dict[str, Callable[[Any], Any
     }
 
 
+def _multi(r: Any, key: str) -> None:
+    """A transactional pipeline as the adapters send it (MULTI, HDEL, EXEC; one slot). A refusal is reported as
+    NoPermissionError however the cluster pipeline wraps it (a refused MULTI, or EXECABORT after a refused HDEL)."""
+    pipe = r.pipeline(transaction=True)
+    pipe.hdel(key, "f")
+    try:
+        pipe.execute()
+    except redis.exceptions.RedisError as exc:
+        if "noperm" in str(exc).lower() or "permission" in str(exc).lower():
+            raise redis.exceptions.NoPermissionError(str(exc)) from exc
+        raise
+
+
 _READS = {"read the projection", "read a lease", "read a plan", "read an approval"}
 ALLOWED = {
     "agent": {"read the projection", "read a lease", "write a lease", "write an owned set", "write an assignment list",
-              "read a plan", "read an approval", "claim a run id", "write a result"},
+              "read a plan", "read an approval", "claim a run id", "write a result", "write a checkpoint projection",
+              "a MULTI on a thread's checkpoints"},
     "projector": {"read the projection", "write the projection", "write the topic identity", "write lag samples"},
     "recovery": {"read the projection", "read a lease", "write an owned set", "write an assignment list",
                  "read a plan", "write a plan", "claim a run id", "write the parked set"},
     "memory": {"read the projection"},
     "operator": _READS | {"write the projection", "write an owned set", "write an assignment list", "write a plan",
-                          "write an approval", "write the parked set"},
+                          "write an approval", "write the parked set", "write a checkpoint projection",
+                          "a MULTI on a thread's checkpoints"},
 }
 
 
