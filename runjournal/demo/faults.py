@@ -39,6 +39,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import redis
+
 from runjournal.core.errors import RunjournalError
 from runjournal.core.settings import Settings
 from runjournal.demo.fleet import RECOVERY_FAILPOINTS, Fleet
@@ -255,16 +257,25 @@ class Campaign:
         point = f"{self.rng.choice(RECOVERY_FAILPOINTS)}=1"
         self.fleet.kill_recoverer(point)
         self.fleet.note("fault", "recovery", f"fault recovery: armed {point}")
-        victim = self.fleet.kill_random_agent()  # gives the armed pass a run to recover
-        if victim:
-            self.fleet.note("fault", victim, "killed to give the armed recovery pass work")
-        deadline = time.monotonic() + 90
+        victim = self._busy_agent()
+        if victim and self.fleet.kill_agent(victim, "fault recovery: killed to give the armed pass a run"):
+            self.injected["agents"] = self.injected.get("agents", 0)  # counted as a crash, not as a planned kill
+        deadline = time.monotonic() + 60
         kills = self.fleet.recoverer_kills
         while self.fleet.recoverer_kills == kills and time.monotonic() < deadline:
             self.fleet.reap_services()
             time.sleep(0.2)
         self.fleet.note("fault_end", "recovery", "the armed recovery service died at its failpoint"
-                        if self.fleet.recoverer_kills > kills else "the armed failpoint was not reached in 90 s")
+                        if self.fleet.recoverer_kills > kills else "the armed failpoint was not reached in 60 s")
+
+    def _busy_agent(self) -> str | None:
+        """A running agent that owns a run now (so recovery has work once it dies), else any running agent."""
+        r = redis.Redis.from_url(self.settings.redis_url, socket_timeout=5)
+        with self.fleet.lock:
+            names = sorted(n for n in self.fleet.agents if n not in self.fleet.stalled)
+        busy = [n for n in names if any(r.scard(k) for k in r.scan_iter(match=f"{self.settings.topic_prefix}:owned:"
+                                                                           f"{n}*"))]
+        return self.rng.choice(busy) if busy else self.fleet.pick_agent()
 
     def _memory(self) -> None:
         if self.restart_memory is None:
