@@ -258,8 +258,8 @@ class Campaign:
         self.fleet.kill_recoverer(point)
         self.fleet.note("fault", "recovery", f"fault recovery: armed {point}")
         victim = self._busy_agent()
-        if victim and self.fleet.kill_agent(victim, "fault recovery: killed to give the armed pass a run"):
-            self.injected["agents"] = self.injected.get("agents", 0)  # counted as a crash, not as a planned kill
+        if victim:
+            self.fleet.kill_agent(victim, "fault recovery: killed to give the armed pass a run")
         deadline = time.monotonic() + 60
         kills = self.fleet.recoverer_kills
         while self.fleet.recoverer_kills == kills and time.monotonic() < deadline:
