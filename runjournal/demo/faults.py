@@ -175,10 +175,11 @@ class Campaign:
         self._worker.join(timeout_s)
 
     def counts(self) -> dict[str, int]:
-        """Faults injected by kind (recovery: every SIGKILL of the recovery service, failpoint deaths included)."""
+        """Faults injected by kind (recovery: armed recovery services that died at their failpoint inside a pass —
+        the SIGKILL that armed them does not count, so a pass that never reached the step is not reported as one)."""
         out = dict(self.injected)
         if "recovery" in out:
-            out["recovery"] = self.fleet.recoverer_kills
+            out["recovery"] = self.fleet.recoverer_failpoint_deaths
         return out
 
     # -- the worker ----------------------------------------------------------------------------------
@@ -261,12 +262,15 @@ class Campaign:
         if victim:
             self.fleet.kill_agent(victim, "fault recovery: killed to give the armed pass a run")
         deadline = time.monotonic() + 60
-        kills = self.fleet.recoverer_kills
-        while self.fleet.recoverer_kills == kills and time.monotonic() < deadline:
+        deaths = self.fleet.recoverer_failpoint_deaths
+        while self.fleet.recoverer_failpoint_deaths == deaths and time.monotonic() < deadline:
             self.fleet.reap_services()
             time.sleep(0.2)
-        self.fleet.note("fault_end", "recovery", "the armed recovery service died at its failpoint"
-                        if self.fleet.recoverer_kills > kills else "the armed failpoint was not reached in 60 s")
+        if self.fleet.recoverer_failpoint_deaths == deaths:  # not counted: faults_ok says so
+            self.fleet.kill_recoverer(None)  # disarm, so a later pass does not die unplanned
+            self.fleet.note("fault_end", "recovery", f"the armed failpoint {point} was not reached in 60 s")
+        else:
+            self.fleet.note("fault_end", "recovery", f"the armed recovery service died at {point}; restarted")
 
     def _busy_agent(self) -> str | None:
         """A running agent that owns a run now (so recovery has work once it dies), else any running agent."""

@@ -64,6 +64,10 @@ class Fleet:
     recoverer: subprocess.Popen[bytes] | None = None
     recoverer_kills: int = 0
     """Recovery-service processes that died by SIGKILL (a failpoint at a step of a pass, or the chaos)."""
+    recoverer_failpoint_deaths: int = 0
+    """Of those, the armed ones that died at their failpoint, inside a pass (what the ``recovery`` fault is)."""
+    recoverer_armed: str | None = None
+    """The failpoint the running recovery service is armed with (None: unarmed)."""
     service_exits: int = 0
     """Projector or memory-extractor processes that exited by themselves (restarted; each one is on the timeline)."""
     advice: bool = True
@@ -223,6 +227,7 @@ class Fleet:
                 env["RJ_FAILPOINTS"] = failpoint
             self.recoverer = self._spawn([sys.executable, "-m", "runjournal.demo.recoverer", "--reports",
                                           str(self.workdir / "recovery.jsonl")], "recovery", env)
+            self.recoverer_armed = failpoint
             self.note("spawn", "recovery", f"armed {failpoint}" if failpoint else "")
 
     def reap_services(self) -> None:
@@ -231,7 +236,8 @@ class Fleet:
             if self.recoverer is not None and (rc := self.recoverer.poll()) is not None:
                 if rc == -signal.SIGKILL:
                     self.recoverer_kills += 1
-                    self.note("kill", "recovery", "SIGKILL at a failpoint of a pass")
+                    self.recoverer_failpoint_deaths += self.recoverer_armed is not None
+                    self.note("kill", "recovery", f"fault recovery: SIGKILL at {self.recoverer_armed}, inside a pass")
                 else:
                     self.note("exit", "recovery", f"rc={rc}")
                 self.start_recoverer()
@@ -244,8 +250,8 @@ class Fleet:
                 self.service_exits += 1
                 self.start_memory()
 
-    def kill_recoverer(self, failpoint: str) -> None:
-        """SIGKILL the recovery service wherever it is and start one armed to die at ``failpoint``."""
+    def kill_recoverer(self, failpoint: str | None) -> None:
+        """SIGKILL the recovery service wherever it is and start one armed to die at ``failpoint`` (None: unarmed)."""
         with self.lock:
             if self.recoverer is not None and self.recoverer.poll() is None:
                 os.kill(self.recoverer.pid, signal.SIGKILL)
