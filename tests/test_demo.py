@@ -67,7 +67,7 @@ def test_demo_generated_workload_under_chaos(own_stack: dict[str, str], tmp_path
     assert summary["approvals_granted"] > 0  # the generated workload has approvals
     html = report.read_text()
     assert html.startswith("<!doctype html>") and "Fleet timeline" in html and "<script" not in html
-    for marker in ("fault redis: SIGKILL", "fault zombies", "fault same_id", "fault recovery"):
+    for marker in ("fault redis: SIGKILL", "fault zombies", "fault same_id", "fault recovery: SIGKILL at"):
         assert marker in html, marker  # each fault is on the timeline, with its time
     # every model turn built its context: facts first, advice labelled; the report shows one run's
     contexts = {k: v for k, v in summary.items() if k.startswith("contexts_")}

@@ -208,7 +208,8 @@ class Campaign:
 
     def _zombies(self) -> None:
         name = self._agent()
-        self.fleet.stall_agent(name, f"fault zombies: SIGSTOP past its {AGENT_LEASE_S:.0f} s lease")
+        while not self.fleet.stall_agent(name, f"fault zombies: SIGSTOP past its {AGENT_LEASE_S:.0f} s lease"):
+            name = self._agent()  # it exited between the pick and the signal: another one
         held = self._sleep(AGENT_LEASE_S + 2, AGENT_LEASE_S + 5)
         self.fleet.resume_agent(name)
         self.fleet.note("fault_end", name, f"zombies: stopped {held} s")
@@ -284,7 +285,8 @@ class Campaign:
     def _memory(self) -> None:
         if self.restart_memory is None:
             raise RuntimeError("the demo runs without memory")
-        self.fleet.kill_memory("fault memory: SIGKILL")
+        if not self.fleet.kill_memory("fault memory: SIGKILL"):
+            raise RuntimeError("the memory extractor was not running")
         down = self._sleep(0.5, 2)
         self.restart_memory()
         self.fleet.note("fault_end", "memory", f"restarted after {down} s")

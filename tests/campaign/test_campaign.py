@@ -77,5 +77,6 @@ def test_the_main_job_holds_under_every_fault(stack_env: dict[str, str], tmp_pat
     assert set(summary["faults_injected"]) == KINDS and all(n >= 1 for n in summary["faults_injected"].values())
     html = report.read_text()
     for marker in ("fault broker: SIGKILL", "fault redis: SIGKILL", "fault registry: SIGKILL", "fault qdrant",
-                   "fault zombies", "fault same_id", "fault projector_stall", "fault recovery"):
+                   "fault zombies", "fault same_id", "fault projector_stall", "fault recovery: SIGKILL at",
+                   "fault memory: SIGKILL"):
         assert marker in html, marker  # every fault is on the report's timeline
