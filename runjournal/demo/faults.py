@@ -147,7 +147,7 @@ class Campaign:
         while self.pending and self.pending[0].at <= frac:
             due = self.pending[0]
             if due.kind == "agents":
-                if self.fleet.kill_random_agent() is None:
+                if not self.kill_agent():
                     return  # no agent alive right now: the kill waits for the next tick
                 self.injected["agents"] += 1
             else:
@@ -273,13 +273,22 @@ class Campaign:
         else:
             self.fleet.note("fault_end", "recovery", f"the armed recovery service died at {point}; restarted")
 
+    def kill_agent(self, why: str = "fault agents: SIGKILL") -> bool:
+        """SIGKILL an agent that owns a run now (a kill between runs tests nothing), else any running one; True
+        when one was killed."""
+        name = self._busy_agent()
+        return name is not None and self.fleet.kill_agent(name, why)
+
     def _busy_agent(self) -> str | None:
         """A running agent that owns a run now (so recovery has work once it dies), else any running agent."""
-        r = redis.Redis.from_url(self.settings.redis_url, socket_timeout=5)
         with self.fleet.lock:
             names = sorted(n for n in self.fleet.agents if n not in self.fleet.stalled)
-        busy = [n for n in names if any(r.scard(k) for k in r.scan_iter(match=f"{self.settings.topic_prefix}:owned:"
-                                                                           f"{n}*"))]
+        try:
+            r = redis.Redis.from_url(self.settings.redis_url, socket_timeout=2)
+            busy = [n for n in names if any(r.scard(k) for k in r.scan_iter(
+                match=f"{self.settings.topic_prefix}:owned:{n}*"))]
+        except redis.RedisError:  # Redis is a fault too: any running agent
+            busy = []
         return self.rng.choice(busy) if busy else self.fleet.pick_agent()
 
     def _memory(self) -> None:

@@ -149,11 +149,6 @@ class Fleet:
             self.note("kill", name, why)
             return True
 
-    def kill_random_agent(self) -> str | None:
-        """SIGKILL one live agent instance chosen at random."""
-        name = self.pick_agent()
-        return name if name is not None and self.kill_agent(name) else None
-
     def stall_agent(self, name: str, detail: str) -> bool:
         """SIGSTOP agent ``name`` (a paused zombie); True when it was stopped."""
         with self.lock:

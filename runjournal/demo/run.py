@@ -258,7 +258,7 @@ def _chaos_loop(opts: DemoOptions, settings: Settings, scripts: list[RunScript],
             if campaign.settled:
                 return True
         if opts.kill_every_s and time.monotonic() >= next_clock_kill:
-            if fleet.kill_random_agent():
+            if campaign.kill_agent("SIGKILL by chaos (--kill-every)"):
                 campaign.injected["agents"] = campaign.injected.get("agents", 0) + 1
             next_clock_kill = time.monotonic() + opts.kill_every_s
         fleet.reap()
