@@ -65,6 +65,8 @@ KINDS: dict[str, str] = {
 }
 AGENT_LEASE_S = 3.0
 """The demo agents' lease TTL (``runjournal.demo.agent --lease-ttl-ms`` default), seconds."""
+AGENT_KILL_WAIT_S = 10.0
+"""How long a due agent kill waits for an agent that owns a run before it takes any running agent, seconds."""
 
 
 class FaultSpecError(RunjournalError):
@@ -137,19 +139,27 @@ class Campaign:
         self.injected: dict[str, int] = dict.fromkeys(sorted({s.kind for s in plan}), 0)
         self.errors: list[str] = []
         self._work: queue.Queue[Scheduled | None] = queue.Queue()
+        self._kill_due_since: float | None = None
         self._busy = threading.Event()
         self._worker = threading.Thread(target=self._run, name="fault-campaign", daemon=True)
         self._worker.start()
 
     # -- driving ------------------------------------------------------------------------------------
     def tick(self, frac: float) -> None:
-        """Start every fault due at ``frac`` of runs completed (agent kills at once, the rest in order)."""
+        """Start every fault due at ``frac`` of runs completed: at most one agent kill a tick, of an agent that owns
+        a run (waiting up to :data:`AGENT_KILL_WAIT_S` for one: a burst of kills after a stall would otherwise hit
+        replacements still starting, which tests nothing); the other kinds are queued for the worker, in order."""
         while self.pending and self.pending[0].at <= frac:
             due = self.pending[0]
             if due.kind == "agents":
-                if not self.kill_agent():
-                    return  # no agent alive right now: the kill waits for the next tick
+                now = time.monotonic()
+                self._kill_due_since = self._kill_due_since or now
+                if not self.kill_agent(busy_only=now - self._kill_due_since < AGENT_KILL_WAIT_S):
+                    return  # no agent to kill right now: the kill waits for a later tick
+                self._kill_due_since = None
                 self.injected["agents"] += 1
+                self.pending.pop(0)
+                return
             else:
                 self._busy.set()
                 self._work.put(due)
@@ -240,11 +250,33 @@ class Campaign:
         self.stack.wait_isr()  # never two replicas short at once
         node, parts = self.stack.kill_leader(self.rng.choice)
         self.fleet.note("kill", f"broker-{node}", f"fault broker: SIGKILL, leader of events partitions {parts}")
-        down = self._sleep(2, 6)
+        started = time.monotonic()
+        moved = self._leaders_moved(node, parts)
+        if moved:
+            self.fleet.note("fault", f"broker-{node}", f"fault broker: leaders moved after "
+                            f"{time.monotonic() - started:.1f} s: {moved}")
+        down = round(time.monotonic() - started + self._sleep(1, 4), 1)  # the fleet runs a broker short
         report = self.stack.restart()
+        if not moved:  # the controller never noticed: the fault did not happen (not counted)
+            raise RuntimeError(f"the leadership of partitions {parts} did not leave the killed broker {node} in 20 s")
         self.fleet.note("spawn", f"broker-{node}", f"restarted after {down} s down: {report['kafka'].get('action')}")
         isr_s = self.stack.wait_isr()
         self.fleet.note("fault_end", f"broker-{node}", f"broker: back in every ISR after {isr_s:.1f} s")
+
+    def _leaders_moved(self, node: int, parts: list[int], timeout_s: float = 20.0) -> dict[int, int]:
+        """The new leaders of ``parts`` once none is ``node`` any more (the controller fenced it after its
+        session timeout), or {} when that did not happen within ``timeout_s``."""
+        assert self.stack is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                leaders = self.stack.events_leaders()
+            except Exception:  # noqa: BLE001 - metadata unavailable for a moment: ask again
+                leaders = {}
+            if leaders and all(leaders.get(p, -1) not in (node, -1) for p in parts):
+                return {p: leaders[p] for p in parts}
+            time.sleep(0.25)
+        return {}
 
     def _redis(self) -> None:
         assert self.stack is not None
@@ -273,14 +305,15 @@ class Campaign:
         else:
             self.fleet.note("fault_end", "recovery", f"the armed recovery service died at {point}; restarted")
 
-    def kill_agent(self, why: str = "fault agents: SIGKILL") -> bool:
-        """SIGKILL an agent that owns a run now (a kill between runs tests nothing), else any running one; True
-        when one was killed."""
-        name = self._busy_agent()
+    def kill_agent(self, why: str = "fault agents: SIGKILL", *, busy_only: bool = False) -> bool:
+        """SIGKILL an agent that owns a run now (a kill between runs tests nothing), else (unless ``busy_only``)
+        any running one; True when one was killed."""
+        name = self._busy_agent(fallback=not busy_only)
         return name is not None and self.fleet.kill_agent(name, why)
 
-    def _busy_agent(self) -> str | None:
-        """A running agent that owns a run now (so recovery has work once it dies), else any running agent."""
+    def _busy_agent(self, *, fallback: bool = True) -> str | None:
+        """A running agent that owns a run now (so recovery has work once it dies), else (``fallback``) any
+        running agent."""
         with self.fleet.lock:
             names = sorted(n for n in self.fleet.agents if n not in self.fleet.stalled)
         try:
@@ -289,7 +322,9 @@ class Campaign:
                 match=f"{self.settings.topic_prefix}:owned:{n}*"))]
         except redis.RedisError:  # Redis is a fault too: any running agent
             busy = []
-        return self.rng.choice(busy) if busy else self.fleet.pick_agent()
+        if busy:
+            return self.rng.choice(busy)
+        return self.fleet.pick_agent() if fallback else None
 
     def _memory(self) -> None:
         if self.restart_memory is None:
