@@ -230,8 +230,9 @@ class Campaign:
         self.fleet.spawn_agent(arm_failpoint=False, name=name, why="fault same_id: a new incarnation")
 
     def _agent(self) -> str:
+        """An agent for a zombie or a same-id restart: one that owns a run when there is one."""
         deadline = time.monotonic() + 60
-        while (name := self.fleet.pick_agent()) is None:
+        while (name := self._busy_agent()) is None:
             if time.monotonic() > deadline:
                 raise RuntimeError("no live agent for 60 s")
             time.sleep(0.2)
