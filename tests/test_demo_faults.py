@@ -42,6 +42,6 @@ def test_a_fault_the_stack_cannot_take_is_a_json_error_before_anything_starts(se
                                                                               spec: str, named: str) -> None:
     """An unknown kind, or ``broker`` on the session's 1-broker stack: a named error (JSON on stderr, exit != 0)
     before any topic, process or progress bar."""
-    proc, _ = rj(service_env, "demo", "--runs", "2", "--faults", spec, "--json", timeout=120)
+    proc, _ = rj(service_env, "demo", "--runs", "2", "--faults", spec, "--fault-times", "2", "--json", timeout=120)
     doc = json_error(proc)
     assert doc["error"] == "FaultSpecError" and named in doc["message"], doc
