@@ -37,7 +37,9 @@ from runjournal.core.settings import Settings
 from runjournal.demo.tools import ProviderTool, RecordedTool
 from runjournal.demo.workload import RunScript, Step
 from runjournal.producers import Journal, OutcomeUnknownError, RunHandle
+from runjournal.producers._lease import owned_key
 from runjournal.producers.approvals import ApprovalInbox, await_approval
+from runjournal.producers.plan import PlanStore
 
 __all__ = ["DemoKeys", "TurnContexts", "execute", "load_scripts", "main"]
 
@@ -60,6 +62,24 @@ class DemoKeys:
     def claimed(self, producer_id: str) -> str:
         """Runs an instance took from the queue (moved atomically, so a crash never loses one)."""
         return f"{self.prefix}:demo:claimed:{producer_id}"
+
+    def claimed_glob(self) -> str:
+        """Every instance's claimed list (a SCAN pattern)."""
+        return self.claimed("*")
+
+    def owner_of_claimed(self, key: bytes | str) -> str:
+        """The instance whose claimed list ``key`` is."""
+        text = key.decode() if isinstance(key, bytes) else key
+        return text[len(self.claimed("")):]
+
+    def owned_glob(self, instance: str = "*") -> str:
+        """SCAN pattern of the instances' owned-run sets — the journal's own key function
+        (``runjournal.producers._lease.owned_key``), so it follows the journal's key layout."""
+        return owned_key(self.prefix, instance)
+
+    def assign_glob(self) -> str:
+        """SCAN pattern of the instances' assignment lists (``PlanStore.assign_key``)."""
+        return PlanStore(None, self.prefix).assign_key("*")
 
 
 _redis_waits = retry(retry=retry_if_exception_type((redis.ConnectionError, redis.TimeoutError,

@@ -43,6 +43,7 @@ import redis
 
 from runjournal.core.errors import RunjournalError
 from runjournal.core.settings import Settings
+from runjournal.demo.agent import DemoKeys
 from runjournal.demo.fleet import RECOVERY_FAILPOINTS, Fleet
 from runjournal.demo.stackctl import StackControl
 
@@ -320,7 +321,7 @@ class Campaign:
         try:
             r = redis.Redis.from_url(self.settings.redis_url, socket_timeout=2)
             busy = [n for n in names if any(r.scard(k) for k in r.scan_iter(
-                match=f"{self.settings.topic_prefix}:owned:{n}*"))]
+                match=DemoKeys(self.settings.topic_prefix).owned_glob(f"{n}*")))]
         except redis.RedisError:  # Redis is a fault too: any running agent
             busy = []
         if busy:

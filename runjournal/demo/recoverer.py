@@ -69,10 +69,10 @@ class DemoRecovery:
         has no fact of them (a run in an owned set is the stale pass's)."""
         live = self.job.instances.live()
         owned: set[str] = set()
-        for okey in self.r.scan_iter(match=f"{self.keys.prefix}:owned:*"):
+        for okey in self.r.scan_iter(match=self.keys.owned_glob()):
             owned |= {m.decode() for m in self.r.smembers(okey)}
-        for key in self.r.scan_iter(match=f"{self.keys.prefix}:demo:claimed:*"):
-            owner = key.decode().split(":demo:claimed:", 1)[1]
+        for key in self.r.scan_iter(match=self.keys.claimed_glob()):
+            owner = self.keys.owner_of_claimed(key)
             if owner in live:
                 continue
             orphans = [x.decode() for x in self.r.lrange(key, 0, -1) if x.decode() not in owned]

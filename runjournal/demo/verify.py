@@ -26,6 +26,7 @@ import redis
 from runjournal.consumers.inspect import read_all_events
 from runjournal.consumers.projector.store import ProjectionStore
 from runjournal.core.settings import Settings
+from runjournal.demo.agent import DemoKeys
 from runjournal.demo.provider import ledger_stats
 from runjournal.demo.workload import RunScript
 from runjournal.model.reducer import RunStatus, fold, state_digest
@@ -160,11 +161,11 @@ def acked_events(acks_dir: Path, by_run: dict[str, list[tuple[Any, int, int]]]) 
 def _bookkeeping(client: redis.Redis, prefix: str, states: dict[str, Any]) -> dict[str, int]:
     """``runs_unfinished`` (not terminal), ``runs_parked`` (GAP / BLOCKED, or in ``{prefix}:parked``) and
     ``runs_orphaned`` (not terminal and in no owned set, assignment list, claimed list or the queue)."""
+    keys = DemoKeys(prefix)  # the journal's and the demo's own key functions: they follow the key layout
     held: set[str] = set()
-    for pattern in (f"{prefix}:owned:*",):
-        for key in client.scan_iter(match=pattern):
-            held |= {m.decode() for m in client.smembers(key)}
-    for pattern in (f"{prefix}:assign:*", f"{prefix}:demo:claimed:*", f"{prefix}:demo:queue"):
+    for key in client.scan_iter(match=keys.owned_glob()):
+        held |= {m.decode() for m in client.smembers(key)}
+    for pattern in (keys.assign_glob(), keys.claimed_glob(), keys.queue):
         for key in client.scan_iter(match=pattern):
             if client.type(key) == b"list":
                 held |= {m.decode() for m in client.lrange(key, 0, -1)}
