@@ -7,7 +7,7 @@ INPUT ?=
 DEMO_ARGS ?=
 KNOWLEDGE ?= ../shared/data/knowledge/tau-bench-airline-policy.md
 
-.PHONY: help deps deps-test venv install test test-slow test-cluster test-fast lint schemas-check demo stack-up stack-down stack-status topics bench clean
+.PHONY: help deps deps-test venv install test test-slow test-cluster test-campaign campaign-acceptance test-fast lint schemas-check demo stack-up stack-down stack-status topics bench clean
 
 help: ## List targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
@@ -76,6 +76,17 @@ test-slow: install deps-test ## The slow tests left out of `make test` (crash ma
 # --redis-cluster`).
 test-cluster: install ## The 3-broker secure-cluster tests (left out of `make test`; ~4 min)
 	$(BIN)/pytest -q -m cluster tests/cluster
+
+# The fault campaign (tests/campaign, marker `campaign`): the main job on the real input (200 runs) with --faults all
+# on a 3-broker stack with a registry that the test starts. One cell (seed 1, provider idempotency off) by default;
+# campaign-acceptance runs the acceptance matrix (3 seeds x idempotency off/on, ~25-45 min) and keeps each cell's summary.
+CAMPAIGN_MATRIX ?= 1:off
+test-campaign: install ## The fault campaign on the real input, one cell (~4-8 min)
+	RJ_CAMPAIGN_MATRIX=$(CAMPAIGN_MATRIX) $(BIN)/pytest -q -m campaign --timeout=2400 tests/campaign
+
+campaign-acceptance: install ## The acceptance matrix: 3 seeds x provider idempotency off/on (~25-45 min)
+	RJ_CAMPAIGN_MATRIX=1:off,2:off,3:off,1:on,2:on,3:on RJ_CAMPAIGN_RESULTS=campaign-results.jsonl \
+	  $(BIN)/pytest -q -m campaign --timeout=2400 tests/campaign
 
 demo: install ## The main job end to end (INPUT=path/to/trajectories.json for real runs)
 	$(BIN)/runjournal stack up

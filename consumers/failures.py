@@ -61,7 +61,10 @@ _KAFKA_TRANSIENT = {getattr(_E, n) for n in (
     "_TRANSPORT", "_ALL_BROKERS_DOWN", "_TIMED_OUT", "_MSG_TIMED_OUT", "_WAIT_COORD", "_RESOLVE", "_TIMED_OUT_QUEUE",
     "LEADER_NOT_AVAILABLE", "NOT_LEADER_FOR_PARTITION", "REQUEST_TIMED_OUT", "NOT_ENOUGH_REPLICAS",
     "NOT_ENOUGH_REPLICAS_AFTER_APPEND", "NETWORK_EXCEPTION", "COORDINATOR_NOT_AVAILABLE", "NOT_COORDINATOR",
-    "COORDINATOR_LOAD_IN_PROGRESS", "BROKER_NOT_AVAILABLE", "CONCURRENT_TRANSACTIONS")}
+    "COORDINATOR_LOAD_IN_PROGRESS", "BROKER_NOT_AVAILABLE", "CONCURRENT_TRANSACTIONS",
+    # a broker handle torn down or moved while requests were in flight (the broker left the metadata: killed,
+    # restarting) — the request is answered by the next broker, not a reason to stop
+    "_DESTROY_BROKER", "_NODE_UPDATE")}
 _SAME_ID = "another member runs with the same --instance-id: stop it, or give this one another id"
 _TOPICS = "create the topics: `runjournal topics create`"
 _REPAIR = {getattr(_E, n): fix for n, fix in (("_FENCED", _SAME_ID), ("FENCED_INSTANCE_ID", _SAME_ID),

@@ -50,6 +50,10 @@ class TxnPublisher(FailureHandling):
         on_fenced: called (under the lock) when the producer is found fenced.
         still_leased: asked before rebuilding after a non-fencing fatal error; False is treated as fenced.
         settle_ms: see :meth:`_settle` (0 disables).
+        on_acked: called (under the lock) after each successful commit with ``[(key, partition, offset)]`` of
+            every record the committed transaction held, in produce order; the offset comes from the record's
+            delivery report (-1 when none was served). The broker's acknowledgement as the caller's witness
+            (the demo's ack log); it must not raise or block.
     """
 
     def __init__(
@@ -63,6 +67,7 @@ class TxnPublisher(FailureHandling):
         on_fenced: Callable[[], None],
         still_leased: Callable[[], bool],
         settle_ms: float = 0.0,
+        on_acked: Callable[[list[tuple[str, int, int]]], None] | None = None,
     ) -> None:
         self._config = {**config, "error_cb": self._on_error}
         self._deliver = self._on_delivery
@@ -78,6 +83,8 @@ class TxnPublisher(FailureHandling):
         self._resolved = 0
         self._failed: dict[int, Failure] = {}
         self._delivery_errors: dict[str, KafkaError] = {}
+        self._offsets: dict[str, int] = {}
+        self._on_acked = on_acked
         self._txn_open = False
         self._txn_opened_at = 0.0
         self._items: list[Item] = []
@@ -282,8 +289,21 @@ class TxnPublisher(FailureHandling):
                 return
             self.commits += 1
             self._committed_at = time.monotonic()
+            self._report_acked()
             self._resolve(None)
             return
+
+    def _report_acked(self) -> None:
+        """Hand the committed transaction's records to ``on_acked`` (see the constructor)."""
+        if self._on_acked is None or not self._items:
+            return
+        self._producer.poll(0)  # serve any delivery report not yet served
+        acked = [(i.key, i.partition, self._offsets.get(i.key, -1)) for i in self._items]
+        self._offsets.clear()
+        try:
+            self._on_acked(acked)
+        except Exception:  # noqa: BLE001 - a witness must never fail the journal
+            log.exception("on_acked raised")
 
     def _raise_if_failed(self, gen: int) -> None:
         failure = self._failed.get(gen)
@@ -301,5 +321,8 @@ class TxnPublisher(FailureHandling):
             key = msg.key().decode("utf-8", "replace") if msg.key() else "?"
             self._delivery_errors[key] = err
             log.warning("delivery failed %s[%s] key=%s: %s", msg.topic(), msg.partition(), key, err)
-        elif log.isEnabledFor(logging.DEBUG):
+            return
+        if self._on_acked is not None:
+            self._offsets[msg.key().decode("utf-8", "replace")] = msg.offset()
+        if log.isEnabledFor(logging.DEBUG):
             log.debug("delivered %s[%s]@%s", msg.topic(), msg.partition(), msg.offset())

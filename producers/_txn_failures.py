@@ -79,6 +79,7 @@ class FailureHandling:
     _resolved: int
     _failed: dict[int, Failure]
     _delivery_errors: dict[str, KafkaError]
+    _offsets: dict[str, int]
     _txn_open: bool
     _items: list[Item]
     _on_fenced: Callable[[], None]
@@ -201,6 +202,7 @@ class FailureHandling:
         self._txn_open = False
         self._items = []
         self._delivery_errors.clear()
+        self._offsets.clear()
 
     def _drop_producer(self) -> None:
         old, self._producer = self._producer, None

@@ -104,6 +104,10 @@ class Journal(InstanceLife):
         producer_config: extra librdkafka settings (override the defaults above).
         metrics: opt-in Prometheus metrics (``runjournal.producers.metrics.JournalMetrics``: the host
             application's registry, or a port of its own); default None exports nothing.
+        on_acked: called after every committed transaction with ``[(key, partition, offset)]`` of the records
+            it held (offsets from the delivery reports, -1 when none was served): what the broker acknowledged
+            to this instance, e.g. for an independent witness (``runjournal demo`` writes it to an ack log).
+            Runs on the publishing thread under the publisher's lock: it must be quick and must not raise.
 
     Raises:
         TopicNotFoundError: the events topic does not exist.
@@ -133,6 +137,7 @@ class Journal(InstanceLife):
         txn_settle_ms: float = 0.0,
         producer_config: dict[str, Any] | None = None,
         metrics: JournalMetrics | None = None,
+        on_acked: Callable[[list[tuple[str, int, int]]], None] | None = None,
     ) -> None:
         if codec is None:
             from runjournal.schemas import codec_from_settings
@@ -189,6 +194,7 @@ class Journal(InstanceLife):
             on_fenced=self._fenced,
             still_leased=self._lease.still_ours,
             settle_ms=txn_settle_ms,
+            on_acked=on_acked,
         )
         self.partitions = 0
         """The events topic's partition count, read at start."""

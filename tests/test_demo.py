@@ -1,14 +1,22 @@
-"""The main job end to end, small: generated workload with approvals, SIGKILL chaos, every check must hold."""
+"""The main job end to end, small: generated workload with approvals, a small fault campaign (agents, the projector,
+zombies, a restart under the same producer_id, Redis, the recovery service) on a private stack, every check must
+hold. The full campaign (200 real runs, every fault kind, 3 brokers) is ``tests/campaign`` (``make test-campaign``)."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from runjournal.core.settings import default_cache_dir
+from runjournal.deploy.procs import free_port
+from runjournal.deploy.stack import Stack, StackPorts
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash]
 POLICY = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "knowledge" / "tau-bench-airline-policy.md"
@@ -17,26 +25,50 @@ REQUIRED = {"runs_total", "runs_completed", "runs_outcome_matches_input", "event
             "crashes_injected", "projector_kills", "runs_recovered", "side_effects_expected",
             "side_effects_executed", "side_effect_duplicates", "outcome_unknown_reconciled", "projection_mismatches",
             "memory_items_written", "memory_items_without_provenance", "projector_lag_ms_p50", "projector_lag_ms_p99",
-            "elapsed_s", "ok"}
+            "elapsed_s", "ok", "faults_injected", "acked_events", "acked_events_missing", "runs_unfinished",
+            "runs_parked", "runs_orphaned"}
+SMALL_CAMPAIGN = ("agents", "projector", "zombies", "same_id", "redis", "recovery")
+
+
+@pytest.fixture(scope="module")
+def own_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A private 1-broker stack (the campaign SIGKILLs its Redis: never the session's), as ``stack up`` starts it;
+    the environment of a process that uses it through its state file."""
+    stack_dir = tmp_path_factory.mktemp("demo-stack")
+    cache = Path(os.environ.get("RUNJOURNAL_CACHE_DIR") or default_cache_dir())
+    stack = Stack(stack_dir, cache, ports=StackPorts(free_port(), free_port(), free_port()))
+    try:
+        stack.up()
+        yield {**{k: v for k, v in os.environ.items() if not k.startswith("RUNJOURNAL_")},
+               "RUNJOURNAL_STACK_DIR": str(stack_dir), "RUNJOURNAL_REPLICATION_FACTOR": "1"}
+    finally:
+        stack.down()
 
 
 @pytest.mark.parametrize("idempotency", ["off"])
-def test_demo_generated_workload_under_chaos(service_env: dict[str, str], tmp_path: Path, idempotency: str) -> None:
+def test_demo_generated_workload_under_chaos(own_stack: dict[str, str], tmp_path: Path, idempotency: str) -> None:
     report = tmp_path / "report.html"
     proc = subprocess.run(
         [sys.executable, "-m", "runjournal", "demo", "--runs", "16", "--agents", "3", "--kills", "4", "--seed", "3",
-         "--provider-idempotency", idempotency, "--json", "--report", str(report), "--knowledge", str(POLICY)],
-        env=service_env, capture_output=True, text=True, timeout=600, check=False)
+         "--faults", ",".join(SMALL_CAMPAIGN), "--provider-idempotency", idempotency, "--json", "--report",
+         str(report), "--knowledge", str(POLICY)],
+        env=own_stack, capture_output=True, text=True, timeout=600, check=False)
     summary = json.loads(proc.stdout)  # --json: stdout is one JSON document and nothing else
     raw_librdkafka = [line for line in proc.stderr.splitlines() if re.match(r"^%\d+\|", line)]
     assert raw_librdkafka == []  # librdkafka's lines go through Python logging (runjournal.core.kafka)
     assert REQUIRED <= set(summary)
     assert summary["ok"] is True and proc.returncode == 0, {k: summary[k] for k in REQUIRED}
     assert summary["crashes_injected"] >= 4 and summary["projector_kills"] == 1
+    assert set(summary["faults_injected"]) == set(SMALL_CAMPAIGN), summary["faults_injected"]
+    assert summary["faults_injected"]["agents"] >= 4 and min(summary["faults_injected"].values()) >= 1
+    assert summary["acked_events_missing"] == 0 < summary["acked_events"]
+    assert summary["runs_unfinished"] == summary["runs_parked"] == summary["runs_orphaned"] == 0
     assert summary["side_effects_executed"] == summary["side_effects_expected"] > 0
     assert summary["approvals_granted"] > 0  # the generated workload has approvals
     html = report.read_text()
     assert html.startswith("<!doctype html>") and "Fleet timeline" in html and "<script" not in html
+    for marker in ("fault redis: SIGKILL", "fault zombies", "fault same_id", "fault recovery: SIGKILL at"):
+        assert marker in html, marker  # each fault is on the timeline, with its time
     # every model turn built its context: facts first, advice labelled; the report shows one run's
     contexts = {k: v for k, v in summary.items() if k.startswith("contexts_")}
     assert summary["contexts_built"] > 0 and summary["contexts_with_knowledge"] > 0, contexts
@@ -46,7 +78,7 @@ def test_demo_generated_workload_under_chaos(service_env: dict[str, str], tmp_pa
     # issue 14 (g): without --keep the demo removes what it created
     prefix = summary["topic_prefix"]
     assert summary["cleanup"]["cleanup_errors"] == [], summary["cleanup"]
-    assert leftovers(service_env, prefix) == ([], 0), "topics or Redis keys of the demo were left behind"
+    assert leftovers(own_stack, prefix) == ([], 0), "topics or Redis keys of the demo were left behind"
     assert summary["cleanup"]["qdrant_collections_deleted"] and not Path(summary["workdir"]).exists()
 
 
@@ -56,7 +88,8 @@ def leftovers(env: dict[str, str], prefix: str) -> tuple[list[str], int]:
     from runjournal.core.redis_keys import RedisKeys
     from runjournal.core.settings import Settings
 
-    settings = Settings.load(bootstrap=env["RUNJOURNAL_BOOTSTRAP"], redis_url=env["RUNJOURNAL_REDIS_URL"])
+    settings = Settings.load(stack_dir=Path(env["RUNJOURNAL_STACK_DIR"])) if "RUNJOURNAL_BOOTSTRAP" not in env else \
+        Settings.load(bootstrap=env["RUNJOURNAL_BOOTSTRAP"], redis_url=env["RUNJOURNAL_REDIS_URL"])
     names = [t for t in kafka.admin_client(settings).list_topics(timeout=10).topics if t.startswith(f"{prefix}.")]
     r = redis_client.client(settings)
     keys = sum(1 for pattern in RedisKeys(prefix).patterns() for _ in redis_client.scan_keys(r, pattern))

@@ -39,6 +39,11 @@ TABLE = [
     (KafkaException(KafkaError(KafkaError._ALL_BROKERS_DOWN)), TRANSIENT, "kafka"),  # noqa: SLF001
     (KafkaException(KafkaError(KafkaError._TRANSPORT)), TRANSIENT, "kafka"),  # noqa: SLF001
     (KafkaException(KafkaError(KafkaError.LEADER_NOT_AVAILABLE)), TRANSIENT, "kafka"),
+    # issue 17 (the fault campaign, broker SIGKILL + restart): a broker leaving and rejoining the metadata makes
+    # librdkafka fail the requests it had in flight with these; the recovery job called that fatal and
+    # `recover --watch` stopped
+    (KafkaException(KafkaError(KafkaError._DESTROY_BROKER)), TRANSIENT, "kafka"),  # noqa: SLF001
+    (KafkaException(KafkaError(KafkaError._NODE_UPDATE)), TRANSIENT, "kafka"),  # noqa: SLF001
     (KafkaException(KafkaError(KafkaError.NOT_ENOUGH_REPLICAS)), TRANSIENT, "kafka"),
     (KafkaException(KafkaError(KafkaError.PRODUCER_FENCED)), FATAL, "kafka"),
     (KafkaException(KafkaError(KafkaError._FENCED)), FATAL, "kafka"),  # noqa: SLF001

@@ -263,3 +263,18 @@ def test_missing_topic_is_refused_and_a_reused_producer_id_is_a_new_incarnation(
         first.start_run("tenant-a", "agent", {}).succeed()  # the first was not fenced by the twin
     with pytest.raises(ValueError, match="#"):
         Journal(topics, producer_id="bad#name")
+
+
+def test_on_acked_reports_every_committed_record_at_its_partition_and_offset(topics: Settings) -> None:
+    """Issue 17: the broker's acknowledgements as a caller's witness (the demo's ack log) — every record of every
+    committed transaction, with the partition and offset of its delivery report, exactly as the topic holds it."""
+    acked: list[tuple[str, int, int]] = []
+    with Journal(topics, producer_id=f"p-{uuid.uuid4().hex[:8]}", on_acked=acked.extend) as journal:
+        for i in range(3):
+            run = journal.start_run("tenant-a", "agent", {"i": i})
+            run.message("user", "hello")
+            assert run.call(Echo(), {"n": i}) == {"echo": {"n": i}}
+            run.succeed({})
+    records = read_committed(topics)
+    assert sorted(acked) == sorted((r.key, r.partition, r.offset) for r in records)
+    assert len(acked) == len({k for k, _, _ in acked}) == 3 * 5  # each record once (5 per run)

@@ -18,7 +18,8 @@ console = Console(stderr=True)
 _SUMMARY_KEYS = ("runs_total", "runs_completed", "runs_outcome_matches_input", "events_published", "agents",
                  "crashes_injected", "projector_kills", "runs_recovered", "side_effects_expected",
                  "side_effects_executed", "side_effect_duplicates", "outcome_unknown_reconciled",
-                 "projection_mismatches", "memory_items_written", "memory_items_without_provenance",
+                 "projection_mismatches", "acked_events", "acked_events_missing", "runs_unfinished", "runs_parked",
+                 "runs_orphaned", "faults_injected", "memory_items_written", "memory_items_without_provenance",
                  "projector_lag_ms_p50", "projector_lag_ms_p99", "contexts_built", "contexts_with_memory",
                  "contexts_with_knowledge", "elapsed_s", "ok")
 
@@ -40,10 +41,15 @@ def demo_command(
                                        "and work folder (default: removed at the end).")] = False,
     knowledge: Annotated[list[Path] | None, typer.Option(
         "--knowledge", help="Markdown document to ingest as the agents' knowledge corpus (repeatable).")] = None,
+    faults: Annotated[str, typer.Option(help="Fault kinds to inject while the fleet runs: all, none, or a comma "
+                                        "list of agents, zombies, same_id, projector, projector_stall, broker, redis, "
+                                        "recovery, memory, qdrant, registry.")] = "agents,projector",
+    fault_times: Annotated[int, typer.Option(help="Inject each fault kind at least this many times.")] = 1,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object.")] = False,
     report: Annotated[Path | None, typer.Option(help="Write a self-contained HTML report here.")] = None,
 ) -> None:
-    """The main job: an agent fleet runs real (or generated) runs under SIGKILL chaos; every run is verified."""
+    """The main job: an agent fleet runs real (or generated) runs under a seeded fault campaign; every run is
+    verified against independent witnesses (topic, ledger, ack logs, input, Qdrant)."""
     from runjournal.cli._errors import cli_errors, fail
     from runjournal.consumers.topic_identity import preflight
     from runjournal.core.settings import Settings
@@ -55,7 +61,8 @@ def demo_command(
         preflight(Settings.load(), need_topic=False)
     opts = DemoOptions(inputs=list(input or []), agents=agents, kills=kills, kill_every_s=kill_every, seed=seed,
                        provider_idempotency=provider_idempotency == "on", generated_runs=runs, partitions=partitions,
-                       memory=memory, knowledge=list(knowledge or []), keep=keep)
+                       memory=memory, knowledge=list(knowledge or []), keep=keep, faults=faults,
+                       fault_times=fault_times)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=console,
                   transient=as_json) as bar:
@@ -66,7 +73,14 @@ def demo_command(
                        detail=f"agents {len(fleet.agents)} · crashes {fleet.crashes_injected} · "
                               f"projector kills {fleet.projector_kills}")
 
-        summary = run_demo(opts, progress=progress)
+        def on_plan(plan: list[Any], skipped: dict[str, str]) -> None:
+            console.print(f"[bold]fault schedule[/bold] (seed {seed}): " + (", ".join(
+                f"{s.kind}@{s.at:.0%}" for s in plan) or "none"))
+            for kind, why in skipped.items():
+                console.print(f"  not in 'all' here: {kind} ({why})")
+
+        with cli_errors(as_json):  # FaultSpecError: a fault this stack cannot take, named before anything starts
+            summary = run_demo(opts, progress=progress, on_plan=on_plan)
     if report:
         from runjournal.demo.report import write_report
 

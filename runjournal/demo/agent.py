@@ -8,8 +8,14 @@ knowledge labelled advisory — for the user's latest message. The recorded scri
 does (there is no model here); the context is what a model would be given, and the last one of each run
 is kept in ``rj:{P:demo}:context`` for the report (counters in ``rj:{P:demo}:contexts``).
 
-Run as a process: ``python -m runjournal.demo.agent --producer-id ID --workload FILE --provider URL``.
-It exits when the queue is empty and ``rj:{P:demo}:done`` is set, or on SIGTERM.
+Run as a process: ``python -m runjournal.demo.agent --producer-id ID --workload FILE --provider URL
+[--acks FILE]``. It exits when the queue is empty and ``rj:{P:demo}:done`` is set, or on SIGTERM.
+
+With ``--acks`` every transaction the broker acknowledged to this instance is appended to FILE as one JSON
+line per record (``{"k": key, "p": partition, "o": offset}``, from the Journal's ``on_acked``: the delivery
+reports of a committed transaction): the verifier's independent witness that every acknowledged event is in
+the topic. A file, not Redis — the campaign kills Redis too. Short Redis outages of the demo's own queue
+calls are waited out (tenacity, up to 20 s); a longer one ends the process (its runs are recovered).
 """
 
 from __future__ import annotations
@@ -17,10 +23,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import time
 from pathlib import Path
 from typing import Any
+
+import redis
+from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from runjournal.consumers.context import Context, ContextManager
 from runjournal.core import redis_client
@@ -64,6 +74,31 @@ class DemoKeys:
         text = key.decode() if isinstance(key, bytes) else key
         return text[len(self._keys.demo("claimed:")):]
 
+    def owned_glob(self) -> str:
+        """SCAN pattern of the instances' owned-run sets (``RedisKeys.instance_glob``, the journal's layout)."""
+        return self._keys.instance_glob("owned")
+
+    def assign_glob(self) -> str:
+        """SCAN pattern of the instances' assignment lists (``RedisKeys.instance_glob``)."""
+        return self._keys.instance_glob("assign")
+
+
+_redis_waits = retry(retry=retry_if_exception_type((redis.ConnectionError, redis.TimeoutError,
+                                                     redis.exceptions.BusyLoadingError)),
+                     wait=wait_exponential(multiplier=0.05, max=1.0), stop=stop_after_delay(20), reraise=True)
+
+
+class AckLog:
+    """Appends the broker's acknowledgements of this instance to a JSON-lines file (see the module docstring)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def __call__(self, acked: list[tuple[str, int, int]]) -> None:
+        """Journal ``on_acked`` hook: one ``write(2)`` per transaction (a SIGKILL leaves whole lines)."""
+        os.write(self._fd, "".join(json.dumps({"k": k, "p": p, "o": o}) + "\n" for k, p, o in acked).encode())
+
 
 def load_scripts(path: Path) -> dict[str, RunScript]:
     """The workload file the orchestrator wrote: run_id -> script."""
@@ -87,8 +122,16 @@ class TurnContexts:
     def __init__(self, manager: ContextManager, r: Any, keys: DemoKeys) -> None:
         self.manager, self.r, self.keys = manager, r, keys
 
-    def build(self, run_id: str, query: str) -> Context:
-        """The context of one turn of ``run_id`` for ``query``; counted and kept as the run's latest."""
+    def build(self, run_id: str, query: str) -> Context | None:
+        """The context of one turn of ``run_id`` for ``query``; counted and kept as the run's latest. None while
+        Redis (the facts' store) is away: the turn goes on from the script, the run's facts are unchanged."""
+        try:
+            return self._build(run_id, query)
+        except redis.RedisError as exc:
+            log.warning("no context for this turn: Redis unavailable (%s)", exc)
+            return None
+
+    def _build(self, run_id: str, query: str) -> Context:
         ctx = self.manager.build_context(run_id, query)
         pipe = self.r.pipeline(transaction=False)
         pipe.hincrby(self.keys.contexts, "built", 1)
@@ -144,6 +187,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lease-ttl-ms", type=int, default=3000)
     ap.add_argument("--advice", choices=("on", "off"), default="on",
                     help="memory and knowledge in each turn's context (off: execution facts only)")
+    ap.add_argument("--acks", type=Path, default=None, help="append the broker's acknowledgements here")
     args = ap.parse_args(argv)
     settings = Settings.load()
     scripts = load_scripts(args.workload)
@@ -154,15 +198,17 @@ def main(argv: list[str] | None = None) -> None:
     contexts = TurnContexts(ContextManager.open(settings, memory=advice, knowledge=advice), r, keys)
     stop = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
-    with Journal(settings, producer_id=args.producer_id, lease_ttl_ms=args.lease_ttl_ms) as journal:
+    acks = AckLog(args.acks) if args.acks else None
+    with Journal(settings, producer_id=args.producer_id, lease_ttl_ms=args.lease_ttl_ms, on_acked=acks) as journal:
+        claimed = keys.claimed(journal.producer_id)  # per incarnation: a restart under the same name is another
         while not stop["now"]:
-            run_id = journal.claim_assignment(timeout_s=0)
+            run_id = _redis_waits(journal.claim_assignment)(timeout_s=0)
             if run_id:
                 handle = journal.resume(run_id)
             else:
-                raw = r.lmove(keys.queue, keys.claimed(args.producer_id), "LEFT", "RIGHT")
+                raw = _redis_waits(r.lmove)(keys.queue, claimed, "LEFT", "RIGHT")
                 if raw is None:
-                    if r.exists(keys.done):
+                    if _redis_waits(r.exists)(keys.done):
                         break
                     time.sleep(0.1)
                     continue
@@ -170,8 +216,7 @@ def main(argv: list[str] | None = None) -> None:
                 handle = journal.start_run(script.tenant_id, script.agent, {"instruction": script.instruction},
                                            run_id=script.run_id, user_id=script.user_id)
             execute(handle, scripts[handle.run_id], provider_url=args.provider, inbox=inbox, contexts=contexts)
-            r.lrem(keys.claimed(args.producer_id), 0, handle.run_id)
-
+            _redis_waits(r.lrem)(claimed, 0, handle.run_id)
 
 if __name__ == "__main__":
     main()

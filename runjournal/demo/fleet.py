@@ -1,7 +1,9 @@
-"""The demo's processes: provider, projector, memory extractor and agent instances, with chaos.
+"""The demo's processes: projector, recovery service, memory extractor and agent instances, with chaos.
 
 Every process is a real OS process started with the same environment (``RUNJOURNAL_*`` of the
-demo's own topic prefix). Kills are SIGKILL: no cleanup, no flush, like an OOM kill.
+demo's own topic prefix). Kills are SIGKILL: no cleanup, no flush, like an OOM kill. Stalls are
+SIGSTOP … SIGCONT: a long GC pause, a VM freeze. Every method is thread-safe (the fault campaign's
+injectors run in threads of their own), and every fault is noted on the timeline.
 """
 
 from __future__ import annotations
@@ -12,34 +14,39 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-__all__ = ["Fleet", "FleetEvent"]
+__all__ = ["CALL_FAILPOINTS", "RECOVERY_FAILPOINTS", "Fleet", "FleetEvent", "write_workload"]
 
 #: Failpoints an agent may be armed with, so some kills land exactly inside a tool call.
 CALL_FAILPOINTS = ("producers.call.before_intent_commit", "producers.call.after_intent",
                    "producers.call.after_tool", "producers.call.after_outcome")
+#: Steps of a recovery pass the recovery service may be armed to die at (``consumers/recovery/job.py``).
+RECOVERY_FAILPOINTS = ("recovery.after_fence", "recovery.after_read", "recovery.after_commit",
+                       "recovery.inside_handover")
 
 
 @dataclass
 class FleetEvent:
-    """One thing that happened to the fleet (for the report's timeline)."""
+    """One thing that happened to the fleet or the stack (for the report's timeline)."""
 
     t_s: float
     """Seconds since the demo started."""
     kind: str
-    """``spawn``, ``kill``, ``exit``, ``projector_kill``, ``recovery``."""
+    """``spawn``, ``kill``, ``exit``, ``stop``, ``cont``, ``fault``, ``fault_end``, ``recovery`` …"""
     who: str
-    """Process name (producer_id for agents)."""
+    """Process or component name (producer_id for agents, ``broker-2``, ``redis`` …)."""
     detail: str = ""
-    """Free text (e.g. the failpoint armed)."""
+    """Free text (e.g. the failpoint armed, the fault kind)."""
 
 
 @dataclass
 class Fleet:
-    """Starts and kills the demo's processes."""
+    """Starts, stalls and kills the demo's processes (see the module docstring)."""
 
     env: dict[str, str]
     workdir: Path
@@ -47,91 +54,215 @@ class Fleet:
     provider_url: str
     rng: random.Random
     started: float = field(default_factory=time.monotonic)
-    agents: dict[str, subprocess.Popen] = field(default_factory=dict)
+    agents: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     events: list[FleetEvent] = field(default_factory=list)
     generation: int = 0
     crashes_injected: int = 0
-    projector: subprocess.Popen | None = None
+    projector: subprocess.Popen[bytes] | None = None
     projector_kills: int = 0
+    memory: subprocess.Popen[bytes] | None = None
+    recoverer: subprocess.Popen[bytes] | None = None
+    recoverer_kills: int = 0
+    """Recovery-service processes that died by SIGKILL (a failpoint at a step of a pass, or the chaos)."""
+    recoverer_failpoint_deaths: int = 0
+    """Of those, the armed ones that died at their failpoint, inside a pass (what the ``recovery`` fault is)."""
+    recoverer_armed: str | None = None
+    """The failpoint the running recovery service is armed with (None: unarmed)."""
+    service_exits: int = 0
+    """Projector or memory-extractor processes that exited by themselves (restarted; each one is on the timeline)."""
     advice: bool = True
     """Agents put memory and knowledge in each turn's context (``--advice on``)."""
+    lock: threading.RLock = field(default_factory=threading.RLock)
+    stalled: set[str] = field(default_factory=set)
+    """Agents SIGSTOPped right now (never chosen for another fault until continued)."""
 
     def note(self, kind: str, who: str, detail: str = "") -> None:
         """Append a timeline entry (seconds since start)."""
-        self.events.append(FleetEvent(round(time.monotonic() - self.started, 3), kind, who, detail))
+        with self.lock:
+            self.events.append(FleetEvent(round(time.monotonic() - self.started, 3), kind, who, detail))
 
-    def _spawn(self, argv: list[str], name: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-        log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
+    def note_at(self, t_s: float, kind: str, who: str, detail: str = "") -> None:
+        """Append a timeline entry at ``t_s`` seconds since start (events another process reported)."""
+        with self.lock:
+            self.events.append(FleetEvent(t_s, kind, who, detail))
+
+    def _spawn(self, argv: list[str], name: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        log = open(self.workdir / f"{name.replace('#', '_')}.log", "ab")  # noqa: SIM115 - owned by the child
         return subprocess.Popen(argv, env=env or self.env, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL)
 
-    def spawn_agent(self, *, arm_failpoint: bool) -> str:
-        """Start one agent instance; maybe armed to SIGKILL itself at a random tool-call point."""
-        self.generation += 1
-        pid = f"agent-{self.generation:03d}"
-        env = dict(self.env)
-        detail = ""
-        if arm_failpoint:
-            point = self.rng.choice(CALL_FAILPOINTS)
-            env["RJ_FAILPOINTS"] = f"{point}={self.rng.randint(1, 6)}"
-            detail = env["RJ_FAILPOINTS"]
-        self.agents[pid] = self._spawn([sys.executable, "-m", "runjournal.demo.agent", "--producer-id", pid,
-                                        "--workload", str(self.workload_path), "--provider", self.provider_url,
-                                        "--advice", "on" if self.advice else "off"],
-                                       pid, env)
-        self.note("spawn", pid, detail)
-        return pid
+    # -- agents ------------------------------------------------------------------------------------
+    def spawn_agent(self, *, arm_failpoint: bool, name: str | None = None, why: str = "") -> str:
+        """Start one agent instance (a new name, or ``name`` again: a restart under the same producer_id);
+        maybe armed to SIGKILL itself at a random tool-call point."""
+        with self.lock:
+            if name is None:
+                self.generation += 1
+                name = f"agent-{self.generation:03d}"
+            env = dict(self.env)
+            detail = why
+            if arm_failpoint:
+                point = self.rng.choice(CALL_FAILPOINTS)
+                env["RJ_FAILPOINTS"] = f"{point}={self.rng.randint(1, 6)}"
+                detail = f"{detail} {env['RJ_FAILPOINTS']}".strip()
+            self.agents[name] = self._spawn(
+                [sys.executable, "-m", "runjournal.demo.agent", "--producer-id", name, "--workload",
+                 str(self.workload_path), "--provider", self.provider_url, "--advice", "on" if self.advice else "off",
+                 "--acks", str(self.workdir / "acks" / f"{name}.jsonl")], name, env)
+            self.note("spawn", name, detail)
+            return name
 
     def reap(self) -> list[str]:
         """Agents that exited since the last call; self-inflicted SIGKILLs (failpoints) count as crashes."""
         gone = []
-        for pid, proc in list(self.agents.items()):
-            rc = proc.poll()
-            if rc is None:
-                continue
-            del self.agents[pid]
-            gone.append(pid)
-            if rc == -signal.SIGKILL:
-                self.crashes_injected += 1
-                self.note("kill", pid, "failpoint inside a tool call")
-            else:
-                self.note("exit", pid, f"rc={rc}")
+        with self.lock:
+            for name, proc in list(self.agents.items()):
+                rc = proc.poll()
+                if rc is None:
+                    continue
+                del self.agents[name]
+                gone.append(name)
+                if rc == -signal.SIGKILL:
+                    self.crashes_injected += 1
+                    self.note("kill", name, "failpoint inside a tool call")
+                else:
+                    self.note("exit", name, f"rc={rc}")
         return gone
 
-    def kill_random_agent(self) -> str | None:
-        """SIGKILL one live agent instance chosen at random."""
-        live = [p for p, proc in self.agents.items() if proc.poll() is None]
-        if not live:
-            return None
-        pid = self.rng.choice(live)
-        os.kill(self.agents[pid].pid, signal.SIGKILL)
-        self.agents[pid].wait()
-        del self.agents[pid]
-        self.crashes_injected += 1
-        self.note("kill", pid, "SIGKILL by chaos")
-        return pid
+    def pick_agent(self) -> str | None:
+        """A live, running (not stalled) agent chosen at random, or None."""
+        with self.lock:
+            live = sorted(p for p, proc in self.agents.items() if proc.poll() is None and p not in self.stalled)
+            return self.rng.choice(live) if live else None
 
+    def kill_agent(self, name: str, why: str = "SIGKILL by chaos") -> bool:
+        """SIGKILL agent ``name`` (if it still runs); True when it was killed."""
+        with self.lock:
+            proc = self.agents.get(name)
+            if proc is None or proc.poll() is not None:
+                return False
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            del self.agents[name]
+            self.stalled.discard(name)
+            self.crashes_injected += 1
+            self.note("kill", name, why)
+            return True
+
+    def stall_agent(self, name: str, detail: str) -> bool:
+        """SIGSTOP agent ``name`` (a paused zombie); True when it was stopped."""
+        with self.lock:
+            proc = self.agents.get(name)
+            if proc is None or proc.poll() is not None:
+                return False
+            os.kill(proc.pid, signal.SIGSTOP)
+            self.stalled.add(name)
+            self.note("stop", name, detail)
+            return True
+
+    def resume_agent(self, name: str) -> None:
+        """SIGCONT agent ``name`` (the zombie wakes up: its lease is gone, its producer fenced)."""
+        with self.lock:
+            proc = self.agents.get(name)
+            self.stalled.discard(name)
+            if proc is not None and proc.poll() is None:
+                os.kill(proc.pid, signal.SIGCONT)
+                self.note("cont", name, "SIGCONT: the zombie wakes up")
+
+    # -- services ----------------------------------------------------------------------------------
     def start_projector(self) -> None:
         """Start (or restart) the projector service."""
-        self.projector = self._spawn([sys.executable, "-m", "runjournal", "projector", "--instance-id",
-                                      "demo-projector"], "projector")
-        self.note("spawn", "projector")
+        with self.lock:
+            self.projector = self._spawn([sys.executable, "-m", "runjournal", "projector", "--instance-id",
+                                          "demo-projector"], "projector")
+            self.note("spawn", "projector")
 
     def kill_projector(self) -> None:
         """SIGKILL the projector and start a replacement."""
-        if self.projector and self.projector.poll() is None:
-            os.kill(self.projector.pid, signal.SIGKILL)
-            self.projector.wait()
-            self.projector_kills += 1
-            self.note("projector_kill", "projector", "SIGKILL by chaos")
-        self.start_projector()
+        with self.lock:
+            if self.projector and self.projector.poll() is None:
+                os.kill(self.projector.pid, signal.SIGKILL)
+                self.projector.wait()
+                self.projector_kills += 1
+                self.note("kill", "projector", "SIGKILL by chaos")
+            self.start_projector()
+
+    def signal_service(self, which: str, sig: signal.Signals, detail: str) -> bool:
+        """Send ``sig`` to the projector, memory extractor or recovery service; True when it was running."""
+        with self.lock:
+            proc = {"projector": self.projector, "memory": self.memory, "recovery": self.recoverer}[which]
+            if proc is None or proc.poll() is not None:
+                return False
+            os.kill(proc.pid, sig)
+            self.note({signal.SIGSTOP: "stop", signal.SIGCONT: "cont"}.get(sig, "kill"), which, detail)
+            return True
+
+    def start_memory(self) -> subprocess.Popen[bytes]:
+        """Start (or restart) the memory extractor; it owns the Qdrant directory and serves others' reads."""
+        with self.lock:
+            self.memory = self._spawn([sys.executable, "-m", "runjournal", "memory-extractor"], "memory")
+            self.note("spawn", "memory")
+            return self.memory
+
+    def kill_memory(self, why: str = "SIGKILL by chaos") -> bool:
+        """SIGKILL the memory extractor (not restarted here); True when it was running."""
+        with self.lock:
+            if self.memory is None or self.memory.poll() is not None:
+                return False
+            os.kill(self.memory.pid, signal.SIGKILL)
+            self.memory.wait()
+            self.note("kill", "memory", why)
+            return True
+
+    def start_recoverer(self, failpoint: str | None = None) -> None:
+        """Start the recovery service (``runjournal.demo.recoverer``), maybe armed to SIGKILL itself at a step."""
+        with self.lock:
+            env = dict(self.env)
+            if failpoint:
+                env["RJ_FAILPOINTS"] = failpoint
+            self.recoverer = self._spawn([sys.executable, "-m", "runjournal.demo.recoverer", "--reports",
+                                          str(self.workdir / "recovery.jsonl")], "recovery", env)
+            self.recoverer_armed = failpoint
+            self.note("spawn", "recovery", f"armed {failpoint}" if failpoint else "")
+
+    def reap_services(self) -> None:
+        """Restart a recovery service that died (counting a SIGKILL) and a projector that exited by itself."""
+        with self.lock:
+            if self.recoverer is not None and (rc := self.recoverer.poll()) is not None:
+                if rc == -signal.SIGKILL:
+                    self.recoverer_kills += 1
+                    self.recoverer_failpoint_deaths += self.recoverer_armed is not None
+                    self.note("kill", "recovery", f"fault recovery: SIGKILL at {self.recoverer_armed}, inside a pass")
+                else:
+                    self.note("exit", "recovery", f"rc={rc}")
+                self.start_recoverer()
+            if self.projector is not None and (rc := self.projector.poll()) is not None:
+                self.note("exit", "projector", f"rc={rc}")
+                self.service_exits += 1
+                self.start_projector()
+            if self.memory is not None and (rc := self.memory.poll()) is not None and rc != -signal.SIGKILL:
+                self.note("exit", "memory", f"rc={rc}")
+                self.service_exits += 1
+                self.start_memory()
+
+    def kill_recoverer(self, failpoint: str | None) -> None:
+        """SIGKILL the recovery service wherever it is and start one armed to die at ``failpoint`` (None: unarmed)."""
+        with self.lock:
+            if self.recoverer is not None and self.recoverer.poll() is None:
+                os.kill(self.recoverer.pid, signal.SIGKILL)
+                self.recoverer.wait()
+                self.recoverer_kills += 1
+                self.note("kill", "recovery", "SIGKILL by chaos")
+            self.start_recoverer(failpoint)
 
     def stop_all(self, grace_s: float = 20.0) -> None:
-        """SIGTERM every process still running, then SIGKILL stragglers."""
-        procs = [*self.agents.values(), *([self.projector] if self.projector else [])]
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
+        """SIGCONT anything stalled, SIGTERM every process still running, then SIGKILL stragglers."""
+        with self.lock:
+            procs = [*self.agents.values(), *(p for p in (self.projector, self.recoverer, self.memory) if p)]
+            for p in procs:
+                if p.poll() is None:
+                    os.kill(p.pid, signal.SIGCONT)
+                    p.terminate()
         deadline = time.monotonic() + grace_s
         for p in procs:
             try:
@@ -140,12 +271,13 @@ class Fleet:
                 p.kill()
                 p.wait()
 
-    def timeline(self) -> list[dict[str, object]]:
-        """Fleet events as JSON-able dicts."""
-        return [vars(e) for e in self.events]
+    def timeline(self) -> list[dict[str, Any]]:
+        """Fleet events as JSON-able dicts, in time order."""
+        with self.lock:
+            return sorted((vars(e) for e in self.events), key=lambda e: e["t_s"])
 
 
-def write_workload(path: Path, scripts: list) -> None:  # type: ignore[type-arg]
+def write_workload(path: Path, scripts: list[Any]) -> None:
     """Write scripts as JSON for the agent processes (``runjournal.demo.agent.load_scripts``)."""
     from dataclasses import asdict
 

@@ -19,7 +19,9 @@ table{border-collapse:collapse}td,th{padding:3px 10px;border-bottom:1px solid #e
 .chip{display:inline-block;padding:1px 6px;margin:1px;border-radius:3px;font-size:12px}
 svg text{font-size:10px;fill:#444}
 """
-_COLORS = {"spawn": "#4a8", "kill": "#c33", "exit": "#888", "projector_kill": "#c0c", "recovery": "#36c"}
+_COLORS = {"spawn": "#4a8", "kill": "#c33", "exit": "#888", "projector_kill": "#c0c", "recovery": "#36c",
+           "stop": "#e90", "cont": "#0aa", "fault": "#f60", "fault_end": "#096", "fault_error": "#000"}
+_INFRA = ("broker", "redis", "registry", "qdrant", "projector", "memory", "recovery")
 
 
 def _esc(x: Any) -> str:
@@ -49,18 +51,21 @@ def _series_svg(points: list[tuple[float, float]], title: str, unit: str, w: int
 
 
 def _fleet_svg(timeline: list[dict[str, Any]], w: int = 900) -> str:
+    """One lane per process or component (the stack's and services' first), one mark per event; hover for
+    its time and detail."""
     lanes: list[str] = []
     for e in timeline:
         if e["kind"] != "recovery" and e["who"] not in lanes:
             lanes.append(e["who"])
-    lanes.append("recovery")
+    lanes.sort(key=lambda lane: (not lane.startswith(_INFRA), lane))
+    lanes.append("recovered runs")
     t_max = max([e["t_s"] for e in timeline] + [1])
     h = 14 * len(lanes) + 20
     parts = [f"<svg width='{w}' height='{h}'>"]
     for i, lane in enumerate(lanes):
         parts.append(f"<text x='0' y='{14 * i + 12}'>{_esc(lane)}</text>")
     for e in timeline:
-        lane = "recovery" if e["kind"] == "recovery" else e["who"]
+        lane = "recovered runs" if e["kind"] == "recovery" else e["who"]
         x = 110 + e["t_s"] / t_max * (w - 120)
         y = 14 * lanes.index(lane) + 3
         title = _esc(f"{e['t_s']} s {e['kind']} {e['who']} {e.get('detail', '')}")
@@ -68,6 +73,22 @@ def _fleet_svg(timeline: list[dict[str, Any]], w: int = 900) -> str:
                      f"<title>{title}</title></rect>")
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _faults(summary: dict[str, Any]) -> str:
+    """The fault schedule, what was injected by kind, and every fault event with its time."""
+    injected = summary.get("faults_injected", {})
+    wanted = summary.get("faults_requested", {})
+    counts = "".join(f"<tr><td>{_esc(k)}</td><td>{injected.get(k, 0)}</td><td>{wanted.get(k, '')}</td></tr>"
+                     for k in sorted(set(injected) | set(wanted)))
+    events = [e for e in summary.get("timeline", []) if e["kind"].startswith("fault") or "fault" in e.get("detail", "")
+              or (e["who"].startswith(_INFRA) and e["kind"] in ("kill", "stop", "cont", "spawn", "exit"))]
+    rows = "".join(f"<tr><td>{e['t_s']:.1f} s</td><td>{_esc(e['kind'])}</td><td>{_esc(e['who'])}</td>"
+                   f"<td>{_esc(e.get('detail', ''))}</td></tr>" for e in events)
+    plan = ", ".join(f"{s['kind']}@{s['at']:.0%}" for s in summary.get("fault_schedule", []))
+    return (f"<p>seeded schedule (fraction of runs completed): {_esc(plan) or 'none'}</p>"
+            "<table><tr><th>kind</th><th>injected</th><th>requested at least</th></tr>" + counts + "</table>"
+            "<table><tr><th>time</th><th>event</th><th>who</th><th>detail</th></tr>" + rows + "</table>")
 
 
 def _runs(per_run: dict[str, Any], limit: int = 400) -> str:
@@ -119,8 +140,10 @@ def write_report(path: Path, summary: dict[str, Any]) -> None:
     body = [
         f"<h1>runjournal demo · {_esc(summary.get('topic_prefix'))}</h1>",
         "<h2>Summary</h2>", _summary(summary),
-        "<h2>Fleet timeline</h2><p>green: spawn · red: SIGKILL · magenta: projector kill · blue: recovery</p>",
+        "<h2>Fleet timeline</h2><p>green: spawn · red: SIGKILL · orange: SIGSTOP · teal: SIGCONT · "
+        "dark orange: fault injected · dark green: fault over · grey: exit · blue: recovery of a run</p>",
         _fleet_svg(summary.get("timeline", [])),
+        "<h2>Faults</h2>", _faults(summary),
         "<h2>Throughput and projector lag</h2>",
         _series_svg([(float(t - t0), float(n)) for t, n in eps], "events/s (by occurred_at)", "events/s"),
         _series_svg(lag_pts, "projector lag per poll", "ms"),

@@ -1,64 +1,65 @@
-"""``runjournal demo``: the agent fleet, chaos, recovery and verification in one command.
+"""``runjournal demo``: the agent fleet, the fault campaign, recovery and verification in one command.
 
 Numbered as in :func:`run_demo`:
 
-1. A fresh topic prefix (``demo-<utc time>``): its own topics, Redis keys and Qdrant collection.
+1. A fresh topic prefix (``demo-<utc time>-<seed>``): its own topics, Redis keys, Qdrant collection and,
+   with a schema registry, its own subject (registered like ``schemas publish`` does).
 2. The workload (tau-bench JSON files, or a generated one with approvals) is written for the agents.
-3. Services: the provider (its ledger is the witness), the projector, the memory extractor.
+3. Services: the provider (its ledger is the witness), the projector, the memory extractor, the recovery
+   service (``runjournal.demo.recoverer``, a process of its own: stale passes every 0.5 s), the approver.
 4. The work queue is filled; N agent instances start taking runs.
-5. Until every run is terminal in the projection: chaos kills agents by progress (``--kills``) or
-   by clock (``--kill-every``), replacements start (some armed to die inside a tool call), the
-   projector is killed once at half way, the recovery job sweeps stale leases, an approver
-   grants pending approvals.
+5. Until every run is terminal in the projection: the fault campaign (``runjournal.demo.faults``) injects
+   its seeded schedule by progress — agent SIGKILLs (``--kills``, or ``--kill-every`` by clock), zombies,
+   restarts under the same producer_id, projector kills and stalls, the events leader broker, Redis,
+   the recovery service at a step of a pass, the memory extractor, Qdrant and the registry away for a
+   window — and replacements start (some armed to die inside a tool call).
 6. Quiesce: agents finish, the projector and the memory extractor catch up.
-7. Verify from independent sources (topic, projection, ledger, Qdrant) and report.
-8. Unless ``--keep``: remove what step 1 created — topics, consumer groups, Redis keys, the Qdrant
-   collection and the work folder (``runjournal.demo.cleanup``).
+7. Verify from independent sources (topic, projection, ledger, the agents' ack logs, Qdrant) and report.
+8. Unless ``--keep``: remove what step 1 created (``runjournal.demo.cleanup``).
 
 Before step 1 the stack is checked (``preflight``): no broker or no Redis is reported within 5 s with the
-command that fixes it (``runjournal stack up``), not a 30 s hang and a raw KafkaException.
+command that fixes it (``runjournal stack up``), not a 30 s hang and a raw KafkaException; a fault the stack
+cannot take (``broker`` on one node, ``registry`` without one) is refused before anything starts.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import random
 import subprocess
 import sys
-import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
+import redis
 
 from runjournal.consumers.projector import Projector
 from runjournal.consumers.projector.store import ProjectionStore
-from runjournal.consumers.recovery.job import RecoveryError, RecoveryJob
 from runjournal.consumers.topic_identity import preflight
 from runjournal.core import redis_client
-from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
+from runjournal.demo import services
 from runjournal.demo.agent import DemoKeys
 from runjournal.demo.cleanup import remove_demo
+from runjournal.demo.faults import KINDS, Campaign, Scheduled, parse_faults, schedule
 from runjournal.demo.fleet import Fleet, write_workload
+from runjournal.demo.stackctl import StackControl, StackControlError
 from runjournal.demo.verify import verify
 from runjournal.demo.workload import RunScript, generated_workload, load_tau_bench
 from runjournal.deploy.procs import free_port
 from runjournal.deploy.topics import create_topics
 from runjournal.model.reducer import RunStatus
-from runjournal.producers.approvals import ApprovalInbox
-from runjournal.producers.fencing import fence_producer
 from runjournal.producers.partitioner import partition_for
 
-__all__ = ["DemoOptions", "run_demo"]
+__all__ = ["DemoOptions", "plan_faults", "run_demo"]
 
 log = logging.getLogger("runjournal.demo")
 _TERMINAL = {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED}
+_STACK_KINDS = {"broker", "redis", "registry"}
 
 
 @dataclass
@@ -79,6 +80,10 @@ class DemoOptions:
     timeout_s: float = 900.0
     arm_fraction: float = 0.3
     keep: bool = False
+    faults: str = "agents,projector"
+    """``--faults``: ``all``, ``none`` or kinds (``runjournal.demo.faults.KINDS``)."""
+    fault_times: int = 1
+    """``--fault-times``: each kind at least this many times (agent kills: ``max(kills, fault_times)``)."""
 
 
 def _load(opts: DemoOptions) -> list[RunScript]:
@@ -87,197 +92,194 @@ def _load(opts: DemoOptions) -> list[RunScript]:
     return [s for path in opts.inputs for s in load_tau_bench(path)]
 
 
-def _env(settings: Settings) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNJOURNAL_")}
-    env.update(settings.as_env())  # Kafka security and pass-through included: children connect like the parent
-    return env
+def plan_faults(opts: DemoOptions, settings: Settings) -> tuple[list[Scheduled], dict[str, str], StackControl | None]:
+    """The seeded fault schedule for ``opts`` on this stack: ``(plan, kinds left out of all with why, stack)``.
+
+    Raises:
+        FaultSpecError: ``--faults`` names an unknown kind or one this stack cannot take.
+    """
+    try:
+        stack: StackControl | None = StackControl(settings)
+        no_stack = None
+    except StackControlError as exc:
+        stack, no_stack = None, str(exc)
+    allowed: dict[str, str | None] = dict.fromkeys(KINDS)
+    for kind in _STACK_KINDS:
+        allowed[kind] = no_stack
+    if stack is not None:
+        allowed["broker"] = None if stack.brokers >= 3 else \
+            "needs a replicated cluster: `runjournal stack up --brokers 3`"
+        allowed["registry"] = None if stack.has_registry else \
+            "no schema registry in use (`runjournal stack up --registry`)"
+    if not opts.memory:
+        allowed["memory"] = allowed["qdrant"] = "the demo runs without memory (--no-memory)"
+    elif settings.qdrant_url:
+        allowed["qdrant"] = "a Qdrant server (RUNJOURNAL_QDRANT_URL) is not the demo's to stop"
+    kinds, skipped = parse_faults(opts.faults, allowed=allowed)
+    plan = schedule(kinds, times=max(1, opts.fault_times), kills=0 if opts.kill_every_s else opts.kills,
+                    rng=random.Random(opts.seed))
+    return plan, skipped, stack
 
 
-class _Background:
-    """Recovery sweeps and the approver, in threads of the demo process."""
-
-    def __init__(self, settings: Settings, fleet: Fleet, keys: DemoKeys) -> None:
-        self.settings, self.fleet, self.keys = settings, fleet, keys
-        self.stop = threading.Event()
-        self.r = redis_client.client(settings)
-        self.inbox = ApprovalInbox(self.r, settings.topic_prefix)
-        self.reports: list[dict[str, Any]] = []
-        self.approvals = 0
-        self.errors: list[str] = []
-
-    def recovery_loop(self) -> None:
-        job = RecoveryJob(self.settings, max_wait_s=10)
-        while not self.stop.wait(0.5):
-            try:
-                report = job.recover(stale=True).as_dict()
-                if report["runs"]:
-                    self.reports.append(report)
-                    for r in report["runs"]:
-                        self.fleet.note("recovery", r["run_id"], f"{r['action']} {r.get('previous_epoch')}→"
-                                         f"{r.get('epoch')} to {r.get('assigned_to')} {r['calls']}")
-                        self._settle(r["run_id"], r["owner"], r["action"])
-                self._sweep_claimed(job)
-            except Exception as exc:  # noqa: BLE001 - keep sweeping; reported at the end
-                self.errors.append(repr(exc))
-                log.exception("recovery pass failed")
-        job.close()
-
-    def _sweep_claimed(self, job: RecoveryJob) -> None:
-        """Runs a dead agent took from the queue but never durably started go back to the queue.
-
-        A run in some instance's owned set is the recovery job's (it was started: RUN_STARTED follows
-        the SADD); only a run in no owned set can have been lost between the queue and ``start_run``.
-        Such a run is checked against the journal (recover without force: its folded state decides)
-        and requeued only when the journal has no fact of it.
-        """
-        live = job.instances.live()
-        owned: set[str] = set()
-        for okey in redis_client.scan_keys(self.r, RedisKeys(self.keys.prefix).instance_glob("owned")):
-            owned |= {m.decode() for m in self.r.smembers(okey)}
-        for key in redis_client.scan_keys(self.r, self.keys.claimed_glob()):
-            owner = self.keys.owner_of_claimed(key)
-            if owner in live or owner in self.fleet.agents:
-                continue
-            # Runs still in an owned set are left to the stale pass (it settles them, see _settle).
-            orphans = [x.decode() for x in self.r.lrange(key, 0, -1) if x.decode() not in owned]
-            if not orphans:
-                continue
-            fence_producer(self.settings, owner)
-            for run_id in orphans:
-                try:
-                    (outcome,) = job.recover(runs=[run_id]).runs
-                except RecoveryError:  # the projection shows a live owner: it is running, not lost
-                    self.r.lrem(key, 0, run_id)
-                    continue
-                self._settle(run_id, owner, outcome.action)
-
-    def _settle(self, run_id: str, owner: str | None, action: str) -> None:
-        """After recovery decided a run: a run with no fact at all goes back to the queue (it never durably
-        started); any decided run leaves its dead owner's claimed list."""
-        if action in {"deferred", "no_live_instance", "retry_later"}:
-            return  # undecided: the next pass takes it again
-        if action == "no_facts":
-            self.r.rpush(self.keys.queue, run_id)
-        if owner:
-            self.r.lrem(self.keys.claimed(owner), 0, run_id)
-
-    def approver_loop(self) -> None:
-        while not self.stop.wait(0.2):
-            for run_id, call_id in self.inbox.pending():
-                self.inbox.decide(run_id, call_id, granted=True, approver="demo-approver")
-                self.approvals += 1
-
-
-def _completed(store: ProjectionStore, scripts: list[RunScript], partitions: int) -> int:
+def _completed(store: ProjectionStore, scripts: list[RunScript], partitions: int) -> int | None:
+    """Runs terminal in the projection; None while Redis is away (the campaign may have killed it)."""
     by_p: dict[int, list[str]] = {}
     for s in scripts:
         by_p.setdefault(partition_for(s.run_id, partitions), []).append(s.run_id)
-    return sum(1 for p, ids in by_p.items() for st in store.load(p, ids).values() if st.status in _TERMINAL)
+    try:
+        return sum(1 for p, ids in by_p.items() for st in store.load(p, ids).values() if st.status in _TERMINAL)
+    except redis.RedisError:
+        return None
 
 
-def run_demo(opts: DemoOptions, *, progress: Any = None) -> dict[str, Any]:
+def run_demo(opts: DemoOptions, *, progress: Any = None,
+             on_plan: Callable[[list[Scheduled], dict[str, str]], None] | None = None) -> dict[str, Any]:
     """Run the demo end to end; returns the summary dict (``ok`` says whether every check held).
+
+    Args:
+        opts: the options.
+        progress: called ``(done, total, fleet)`` about every 0.2 s.
+        on_plan: called once with the fault schedule (and the kinds ``all`` left out, with why) before the
+            fleet starts — the CLI prints it.
 
     Raises:
         StackUnavailableError: no broker or no Redis answers (within 5 s; the message says ``runjournal stack up``).
+        FaultSpecError: ``--faults`` names an unknown kind or one this stack cannot take.
     """
-    started = time.monotonic()
+    started, started_wall = time.monotonic(), time.time()
     rng = random.Random(opts.seed)
     base = Settings.load()
     preflight(base, need_topic=False)
     prefix = f"demo-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}-{opts.seed}"
     settings = base.model_copy(update={"topic_prefix": prefix, "partitions": opts.partitions})  # 1
+    plan, skipped, stack = plan_faults(opts, settings)
+    if on_plan:
+        on_plan(plan, skipped)
     create_topics(settings, opts.partitions)
+    registered = services.register_subject(settings)
     scripts = _load(opts)  # 2
     workdir = settings.stack_dir / "demo" / prefix
     workdir.mkdir(parents=True, exist_ok=True)
     write_workload(workdir / "workload.json", scripts)
-    env = _env(settings)
+    env = services.child_env(settings)
     port = free_port()  # 3
     provider = subprocess.Popen([sys.executable, "-m", "runjournal.demo.provider", "--db", str(workdir / "ledger.db"),
                                  "--port", str(port), "--idempotency", "on" if opts.provider_idempotency else "off",
                                  "--latency-ms", str(opts.provider_latency_ms)], env=env)
-    _wait_http(f"http://127.0.0.1:{port}/health")
+    services.wait_http(f"http://127.0.0.1:{port}/health")
     fleet = Fleet(env=env, workdir=workdir, workload_path=workdir / "workload.json",
                   provider_url=f"http://127.0.0.1:{port}", rng=rng)
     fleet.start_projector()
-    knowledge = _ingest_knowledge(settings, opts.knowledge) if opts.memory else []
-    memory = _start_memory(env, workdir, settings) if opts.memory else None
-    fleet.advice = memory is not None
+    knowledge = services.ingest_knowledge(settings, opts.knowledge) if opts.memory else []
+    fleet.advice = opts.memory and services.start_memory(fleet, settings)
+    fleet.start_recoverer()
+    approver = services.Approver(settings)
     keys = DemoKeys(prefix)
-    r = redis_client.client(settings)
+    r = redis_client.client(settings, socket_timeout=10)
     r.rpush(keys.queue, *[s.run_id for s in scripts])  # 4
     for _ in range(opts.agents):
         fleet.spawn_agent(arm_failpoint=False)
-    bg = _Background(settings, fleet, keys)
-    threads = [threading.Thread(target=bg.recovery_loop, daemon=True),
-               threading.Thread(target=bg.approver_loop, daemon=True)]
-    for t in threads:
-        t.start()
+    campaign = Campaign(fleet, settings, plan, rng, stack=stack,
+                        restart_memory=fleet.start_memory if fleet.memory is not None else None)
     try:
-        done = _chaos_loop(opts, settings, scripts, fleet, rng, progress)  # 5
+        done = _chaos_loop(opts, settings, scripts, fleet, campaign, rng, progress)  # 5
+        campaign.close()
+        _wait_redis(r)
         r.set(keys.done, "1")  # 6
         _quiesce(fleet)
-        bg.stop.set()
-        for t in threads:
-            t.join(30)
+        fleet.stop_all()
+        approver.close()
         Projector(settings).run(until_caught_up=True, idle_timeout_s=120)
-        memory_report = _finish_memory(memory, env) if memory else {}
+        memory_report = services.finish_memory(fleet, env) if fleet.memory is not None else {}
     finally:
-        bg.stop.set()
+        approver.stop.set()
         fleet.stop_all()
         provider.terminate()
         provider.wait(10)
-    summary = verify(settings, scripts, workdir / "ledger.db", opts.partitions)  # 7
-    summary.update(_contexts(r, keys, summary), knowledge_documents=knowledge)
+    summary = verify(settings, scripts, workdir, opts.partitions)  # 7
+    recoveries, recovery_errors = services.read_recoveries(workdir / "recovery.jsonl", fleet, started_wall)
+    summary.update(services.contexts_summary(r, keys, summary["per_run"]), knowledge_documents=knowledge)
+    requested = {s.kind for s in plan}
+    faults = campaign.counts()
     summary.update(
         agents=fleet.generation, crashes_injected=fleet.crashes_injected, projector_kills=fleet.projector_kills,
-        recovery_passes=len(bg.reports), approvals_granted=bg.approvals, recovery_errors=bg.errors[:5],
+        recovery_passes=len(recoveries), approvals_granted=approver.granted, recovery_errors=recovery_errors[:5],
+        faults_injected=faults, faults_requested={k: _wanted(k, opts) for k in sorted(requested)},
+        faults_skipped=skipped, fault_errors=campaign.errors, fault_schedule=[vars(s) for s in plan],
+        service_exits=fleet.service_exits, registry_subject=registered,
         elapsed_s=round(time.monotonic() - started, 1), topic_prefix=prefix, finished_in_time=done,
         provider_idempotency="on" if opts.provider_idempotency else "off", workdir=str(workdir), **memory_report)
-    summary["ok"] = bool(
-        done and summary["runs_completed"] == summary["runs_total"]
-        and summary["runs_outcome_matches_input"] == summary["runs_total"]
-        and summary["side_effects_executed"] == summary["side_effects_expected"]
-        and summary["side_effect_duplicates"] == 0 and summary["projection_mismatches"] == 0
-        and summary.get("memory_items_without_provenance", 0) == 0
-        and summary.get("knowledge_passages_without_provenance", 0) == 0)
+    summary["faults_ok"] = all(faults.get(k, 0) >= _wanted(k, opts) for k in requested)
+    summary["ok"] = _ok(summary, memory=fleet.memory is not None)
     summary["timeline"] = fleet.timeline()
-    summary["recoveries"] = bg.reports
+    summary["recoveries"] = recoveries
     summary["kept"] = opts.keep
     if not opts.keep:  # 8
         summary["cleanup"] = remove_demo(settings, workdir)
     return summary
 
 
-def _chaos_loop(opts: DemoOptions, settings: Settings, scripts: list[RunScript], fleet: Fleet,
+def _wanted(kind: str, opts: DemoOptions) -> int:
+    times = max(1, opts.fault_times)
+    return max(0 if opts.kill_every_s else opts.kills, times) if kind == "agents" else times
+
+
+def _ok(summary: dict[str, Any], *, memory: bool) -> bool:
+    """Every check held (see README "The fault campaign")."""
+    total = summary["runs_total"]
+    return bool(
+        summary["finished_in_time"] and summary["runs_completed"] == total
+        and summary["runs_outcome_matches_input"] == total
+        and summary["side_effects_executed"] == summary["side_effects_expected"]
+        and summary["side_effect_duplicates"] == 0 and summary["projection_mismatches"] == 0
+        and summary["acked_events_missing"] == 0 and summary["acked_events"] > 0
+        and summary["runs_unfinished"] == 0 and summary["runs_parked"] == 0 and summary["runs_orphaned"] == 0
+        and summary["faults_ok"]
+        and (not memory or summary.get("memory_items_written", 0) > 0)
+        and summary.get("memory_items_without_provenance", 0) == 0
+        and summary.get("knowledge_passages_without_provenance", 0) == 0)
+
+
+def _chaos_loop(opts: DemoOptions, settings: Settings, scripts: list[RunScript], fleet: Fleet, campaign: Campaign,
                 rng: random.Random, progress: Any) -> bool:
-    store = ProjectionStore(redis_client.client(settings), settings.topic_prefix)
+    """Step 5: until every run is terminal and every planned fault was injected (or the timeout)."""
+    store = ProjectionStore(redis_client.client(settings, socket_timeout=5), settings.topic_prefix)
     total = len(scripts)
-    kill_at = sorted(rng.uniform(0.05, 0.8) for _ in range(opts.kills)) if not opts.kill_every_s else []
     next_clock_kill = time.monotonic() + (opts.kill_every_s or 0)
-    projector_killed = False
     deadline = time.monotonic() + opts.timeout_s
+    done = 0
     while time.monotonic() < deadline:
-        done = _completed(store, scripts, opts.partitions)
-        frac = done / total
+        now_done = _completed(store, scripts, opts.partitions)
+        done = done if now_done is None else now_done
         if progress:
             progress(done, total, fleet)
-        while kill_at and frac >= kill_at[0] and fleet.kill_random_agent():
-            kill_at.pop(0)  # a kill due while no agent is alive waits for the next tick
+        campaign.tick(done / total)
         if done >= total:
-            return True
+            campaign.drain()  # faults the runs outpaced still happen (and are checked)
+            if campaign.settled:
+                return True
         if opts.kill_every_s and time.monotonic() >= next_clock_kill:
-            fleet.kill_random_agent()
+            if campaign.kill_agent("SIGKILL by chaos (--kill-every)"):
+                campaign.injected["agents"] = campaign.injected.get("agents", 0) + 1
             next_clock_kill = time.monotonic() + opts.kill_every_s
-        if not projector_killed and frac >= 0.5:
-            fleet.kill_projector()
-            projector_killed = True
         fleet.reap()
+        fleet.reap_services()
         while len(fleet.agents) < opts.agents:
             fleet.spawn_agent(arm_failpoint=rng.random() < opts.arm_fraction)
         time.sleep(0.2)
     return False
+
+
+def _wait_redis(r: redis.Redis, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            r.ping()
+            return
+        except redis.RedisError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def _quiesce(fleet: Fleet, timeout_s: float = 60.0) -> None:
@@ -285,78 +287,3 @@ def _quiesce(fleet: Fleet, timeout_s: float = 60.0) -> None:
     while fleet.agents and time.monotonic() < deadline:
         fleet.reap()
         time.sleep(0.2)
-    fleet.stop_all()
-
-
-def _wait_http(url: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"provider did not answer at {url}")
-
-
-def _start_memory(env: dict[str, str], workdir: Path, settings: Settings) -> subprocess.Popen | None:
-    """Start the memory extractor; it owns the Qdrant directory and serves the agents' memory and knowledge
-    reads, so agents start only once it serves (or after 60 s, reading facts only if it never does)."""
-    import importlib.util
-
-    if importlib.util.find_spec("qdrant_client") is None:  # installed without the [memory] extra
-        return None
-    from runjournal.consumers.cognition import read_discovery
-
-    log_file = open(workdir / "memory.log", "ab")  # noqa: SIM115 - owned by the child
-    proc = subprocess.Popen([sys.executable, "-m", "runjournal", "memory-extractor"], env=env, stdout=log_file,
-                            stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while settings.qdrant_url is None and read_discovery(settings.effective_qdrant_path) is None:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            log.warning("the memory extractor does not serve reads; agents build contexts from facts only")
-            return None if proc.poll() is not None else proc
-        time.sleep(0.1)
-    return proc
-
-
-def _ingest_knowledge(settings: Settings, paths: list[Path]) -> list[dict[str, Any]]:
-    """Ingest the knowledge documents before the fleet starts (the agents' contexts retrieve from them)."""
-    if not paths:
-        return []
-    from runjournal.consumers.cognition import open_retriever
-
-    reader = open_retriever(settings)
-    try:
-        return [reader.ingest(p) for p in paths]
-    finally:
-        reader.close()
-
-
-def _contexts(r: Any, keys: DemoKeys, summary: dict[str, Any]) -> dict[str, Any]:
-    """Counters of the agents' turn contexts, and one run's last context for the report: a recovered run
-    with advice if there is one."""
-    counts = {k.decode(): int(v) for k, v in r.hgetall(keys.contexts).items()}
-    stored = {k.decode(): v for k, v in r.hgetall(keys.context).items()}
-    recovered = {run_id for run_id, info in summary.get("per_run", {}).items() if info.get("epoch", 1) > 1}
-    def rank(run_id: str) -> tuple[bool, int]:
-        ctx = json.loads(stored[run_id])
-        return run_id in recovered, len(ctx["memory"]) + len(ctx["knowledge"])
-    example = json.loads(stored[max(sorted(stored), key=rank)]) if stored else None
-    return {"contexts_built": counts.get("built", 0), "contexts_with_memory": counts.get("with_memory", 0),
-            "contexts_with_knowledge": counts.get("with_knowledge", 0),
-            "contexts_advice_unavailable": counts.get("advice_unavailable", 0),
-            "contexts_facts_pending": counts.get("facts_pending", 0), "context_example": example}
-
-
-def _finish_memory(proc: subprocess.Popen | None, env: dict[str, str]) -> dict[str, Any]:
-    if proc is None:
-        return {"memory_items_written": 0, "memory_items_without_provenance": 0, "memory": "not built"}
-    proc.terminate()
-    proc.wait(60)
-    final = subprocess.run([sys.executable, "-m", "runjournal", "memory-extractor", "--until-caught-up", "--json"],
-                           env=env, capture_output=True, text=True, timeout=600, check=False)
-    from runjournal.demo.memory_check import memory_counts
-
-    return memory_counts(env, final)

@@ -1,0 +1,82 @@
+"""The full fault campaign (marker ``campaign``; ``make test-campaign``): the main job on the real input (200 tau-bench
+runs) on a 3-broker stack with a schema registry, ``--faults all``, checked by its own independent witnesses.
+
+The stack is started the way a user starts it — ``runjournal stack up --brokers 3 --registry`` — in a temp directory
+on free ports, and stopped at the end (``RJ_CAMPAIGN_STACK_DIR`` names a running one instead). Each cell of
+``RJ_CAMPAIGN_MATRIX`` (``seed:idempotency`` pairs, default ``1:off``; the acceptance matrix is
+``1:off,2:off,3:off,1:on,2:on,3:on``, ``make campaign-acceptance``) is one demo run that must end ``ok`` with no
+duplicate, no acknowledged event missing, no projection mismatch, every run terminal and matching its input, and
+every fault kind injected. Each cell's summary is appended to ``RJ_CAMPAIGN_RESULTS`` (JSON lines) when set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.conftest import RUNJOURNAL, base_env, cli, free_port_block
+
+pytestmark = [pytest.mark.campaign, pytest.mark.integration, pytest.mark.crash]
+
+DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+INPUT = DATA / "trajectories" / "tau-bench-gpt-4o-airline.json"
+POLICY = DATA / "knowledge" / "tau-bench-airline-policy.md"
+CELLS = [tuple(c.split(":")) for c in os.environ.get("RJ_CAMPAIGN_MATRIX", "1:off").split(",") if c]
+KINDS = {"agents", "zombies", "same_id", "projector", "projector_stall", "broker", "redis", "recovery", "memory",
+         "qdrant", "registry"}
+
+
+@pytest.fixture(scope="module")
+def stack_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A 3-broker stack with a registry (see the module docstring)."""
+    given = os.environ.get("RJ_CAMPAIGN_STACK_DIR")
+    if given:
+        yield {**base_env(), "RUNJOURNAL_STACK_DIR": given}
+        return
+    env = {**base_env(), "RUNJOURNAL_STACK_DIR": str(tmp_path_factory.mktemp("campaign-stack"))}
+    base = free_port_block(9)
+    up = cli(env, "stack", "up", "--brokers", "3", "--registry", "--json", "--kafka-port", str(base),
+             "--controller-port", str(base + 1), "--redis-port", str(base + 6), "--registry-port", str(base + 7),
+             timeout_s=900)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        yield env
+    finally:
+        down = cli(env, "stack", "down", "--json")
+        assert down.returncode == 0, down.stderr
+
+
+@pytest.mark.skipif(not INPUT.exists(), reason=f"the real input is not here: {INPUT}")
+@pytest.mark.parametrize(("seed", "idempotency"), CELLS, ids=[f"seed{s}-idem-{i}" for s, i in CELLS])
+def test_the_main_job_holds_under_every_fault(stack_env: dict[str, str], tmp_path: Path, seed: str,
+                                               idempotency: str) -> None:
+    report = tmp_path / "report.html"
+    started = time.monotonic()
+    proc = subprocess.run(
+        [RUNJOURNAL, "demo", "--input", str(INPUT), "--knowledge", str(POLICY), "--agents", "4", "--kills", "20",
+         "--faults", "all", "--seed", seed, "--provider-idempotency", idempotency, "--json", "--report", str(report)],
+        env=stack_env, capture_output=True, text=True, timeout=1800, check=False)
+    elapsed = time.monotonic() - started
+    summary = json.loads(proc.stdout)
+    brief = {k: v for k, v in summary.items() if not isinstance(v, dict | list) or k == "faults_injected"}
+    if results := os.environ.get("RJ_CAMPAIGN_RESULTS"):
+        with open(results, "a") as f:
+            f.write(json.dumps({"seed": seed, "idempotency": idempotency, "wall_s": round(elapsed, 1),
+                                "loadavg": os.getloadavg(), **brief}, default=str) + "\n")
+    assert summary["ok"] is True and proc.returncode == 0, (brief, proc.stderr[-3000:])
+    assert summary["runs_total"] == summary["runs_completed"] == summary["runs_outcome_matches_input"] == 200
+    assert summary["side_effect_duplicates"] == 0 and summary["acked_events_missing"] == 0 < summary["acked_events"]
+    assert summary["projection_mismatches"] == 0
+    assert summary["runs_unfinished"] == summary["runs_parked"] == summary["runs_orphaned"] == 0
+    assert set(summary["faults_injected"]) == KINDS and all(n >= 1 for n in summary["faults_injected"].values())
+    html = report.read_text()
+    for marker in ("fault broker: SIGKILL", "fault redis: SIGKILL", "fault registry: SIGKILL", "fault qdrant",
+                   "fault zombies", "fault same_id", "fault projector_stall", "fault recovery: SIGKILL at",
+                   "fault memory: SIGKILL"):
+        assert marker in html, marker  # every fault is on the report's timeline
