@@ -9,13 +9,12 @@ ContextManagers answer while it writes. ``memory serve`` is the same owner witho
 from __future__ import annotations
 
 import json
-import signal
-import threading
 from typing import Annotated, Any
 
 import typer
 
 from runjournal.cli._advisory import console, fail, guarded
+from runjournal.cli._signals import stop_on_signals
 from runjournal.core.settings import Settings
 from runjournal.stores import MemoryHit, Scope, ScopeError
 
@@ -23,13 +22,6 @@ __all__ = ["memory_app", "memory_extractor_command"]
 
 memory_app = typer.Typer(name="memory", help="Search advisory memory (never execution state).",
                          no_args_is_help=True)
-
-
-def _stop_on_signals() -> threading.Event:
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    return stop
 
 
 def memory_extractor_command(
@@ -61,10 +53,11 @@ def memory_extractor_command(
         extractor = guarded(lambda: MemoryExtractor(settings, store=owner.memory, batch_size=batch_size),
                             as_json=as_json)
         if metrics_port is not None:
-            _serve_metrics(extractor.metrics, metrics_port, metrics_addr, settings)
+            with cli_errors(as_json):  # the port taken: one line naming it (JSON under --json), exit 1
+                _serve_metrics(extractor.metrics, metrics_port, metrics_addr, settings)
         try:
             with cli_errors(as_json):  # an outage past the budget, fenced, unauthorised: exit 1 naming it
-                stats = extractor.run(until_caught_up=until_caught_up, stop=_stop_on_signals()).as_dict()
+                stats = extractor.run(until_caught_up=until_caught_up, stop=stop_on_signals()).as_dict()
         finally:
             if extractor.metrics.server is not None:
                 extractor.metrics.server.close()  # withdraws its announcement for the console
@@ -93,7 +86,7 @@ def serve_command() -> None:
 
     setup_logging("INFO")
     settings = Settings.load()
-    stop = _stop_on_signals()
+    stop = stop_on_signals()
     with guarded(lambda: CognitionOwner.open(settings, default_embedder()), as_json=False) as owner:
         console.print(f"serving {settings.effective_qdrant_path} at {owner.url or settings.qdrant_url}")
         stop.wait()
