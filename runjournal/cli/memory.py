@@ -100,7 +100,8 @@ def search_command(
     agent: Annotated[str | None, typer.Option("--agent", help="Only items from this agent's runs.")] = None,
     limit: Annotated[int, typer.Option(help="Maximum hits.")] = 10,
     all_statuses: Annotated[bool, typer.Option("--all-statuses", help="Include superseded items.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per hit, one per line.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the hits as one JSON array (best first; [] when "
+                                                         "none).")] = False,
 ) -> None:
     """Search one tenant's advisory memory; hits show text, score, scope and provenance."""
     from runjournal.consumers.cognition import open_memory_reader
@@ -112,15 +113,15 @@ def search_command(
                                         as_json=as_json)
     finally:
         reader.close()
+    if as_json:  # one JSON document: the hits, best first ([] when none)
+        print(json.dumps([hit.as_dict() for hit in hits]))
+        return
     for hit in hits:
-        if as_json:
-            print(json.dumps(hit.as_dict()))
-        else:
-            p = hit.provenance
-            print(f"{hit.score:.3f}  [{hit.status}] {hit.kind}/{hit.subject or '-'}  {hit.text}  "
-                  f"(user {hit.scope.get('user_id') or '-'}, run {p['run_id']}, "
-                  f"{p['topic']}[{p['partition']}]@{p['offset']}, {hit.freshness['created_at']})")
-    if not hits and not as_json:
+        p = hit.provenance
+        print(f"{hit.score:.3f}  [{hit.status}] {hit.kind}/{hit.subject or '-'}  {hit.text}  "
+              f"(user {hit.scope.get('user_id') or '-'}, run {p['run_id']}, "
+              f"{p['topic']}[{p['partition']}]@{p['offset']}, {hit.freshness['created_at']})")
+    if not hits:
         console.print("no memory found")
 
 
