@@ -26,15 +26,17 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 from confluent_kafka import KafkaError, KafkaException
-from prometheus_client import CollectorRegistry, Counter, Gauge
 from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential
 
 from runjournal.core.errors import RunjournalError
 from runjournal.schemas.errors import RegistryError, SchemaError
+
+if TYPE_CHECKING:  # prometheus-client is the [cli] extra's: an agent continuing a run (core install) runs a policy
+    from prometheus_client import CollectorRegistry
 
 __all__ = ["TRANSIENT", "RECORD", "FATAL", "DependencyUnavailableError", "FailurePolicy", "FatalDependencyError",
            "Verdict", "classify", "kafka_error_verdict", "stops_consumer"]
@@ -163,13 +165,35 @@ def classify(exc: BaseException) -> Verdict:
 
 
 class _Metrics:
+    """The policy's families in ``registry`` (prometheus-client imported here, only when a registry is given)."""
+
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.retries = Counter("runjournal_dependency_retries", "Waits on a transient dependency failure",
-                               ["service", "dependency"], registry=registry)
-        self.waiting = Gauge("runjournal_dependency_waiting", "1 while the service waits out a dependency outage",
-                             ["service", "dependency"], registry=registry)
-        self.failures = Counter("runjournal_dependency_failures", "Failures by kind (transient, record, fatal)",
-                                ["service", "dependency", "kind"], registry=registry)
+        from runjournal.core import metrics as m
+
+        labels = ("service", "dependency")
+        self.retries = m.counter(registry, "runjournal_dependency_retries", "Waits on a transient dependency failure",
+                                 labels)
+        self.waiting = m.gauge(registry, "runjournal_dependency_waiting",
+                               "1 while the service waits out a dependency outage", labels)
+        self.failures = m.counter(registry, "runjournal_dependency_failures",
+                                  "Failures by kind (transient, record, fatal)", (*labels, "kind"))
+
+
+class _NoMetrics:
+    """Stands in for :class:`_Metrics` when no registry is given: nothing is exported, nothing is imported."""
+
+    class _Child:
+        def inc(self, amount: float = 1) -> None:
+            """Count nothing."""
+
+        def set(self, value: float) -> None:
+            """Hold nothing."""
+
+    class _Family:
+        def labels(self, *values: str) -> _NoMetrics._Child:
+            return _NoMetrics._Child()
+
+    retries = waiting = failures = _Family()
 
 
 class FailurePolicy:
@@ -178,7 +202,8 @@ class FailurePolicy:
     Args:
         service: ``projector``, ``recovery`` or ``memory`` (log field and metric label).
         log: the service's logger (each wait is one WARNING line with ``dependency``, ``attempt``, ``error``).
-        registry: Prometheus registry for the metrics (default: a private one).
+        registry: Prometheus registry for the metrics (default: none — no metrics, and prometheus-client, the
+            ``[cli]`` extra's, is not needed: ``continue_run`` runs a policy inside an agent on a core install).
         max_wait_s: longest one outage is waited out before :class:`DependencyUnavailableError`, seconds
             (default 240: below Kafka's ``max.poll.interval.ms`` of 300 s, so a consumer keeps its partitions).
         backoff_base_s, backoff_cap_s: exponential backoff start and cap, seconds (0.1, 5.0).
@@ -196,8 +221,8 @@ class FailurePolicy:
         self.backoff_base_s = backoff_base_s
         self.backoff_cap_s = backoff_cap_s
         self.stop = stop or threading.Event()
-        self.registry = registry or CollectorRegistry()
-        self.metrics = _Metrics(self.registry)
+        self.registry = registry
+        self.metrics: Any = _Metrics(registry) if registry is not None else _NoMetrics()
         self.retries = 0
         """Waits so far (all dependencies)."""
 

@@ -110,7 +110,7 @@ class JournalMetrics:
         """A registry of its own, with the process collector, served on ``addr:port`` ``/metrics``.
 
         Raises:
-            OSError: the port is taken.
+            PortInUseError: the port is taken (runjournal.core.errors).
         """
         out = cls()
         out.server = m.serve(out.registry, port, service="journal", addr=addr)

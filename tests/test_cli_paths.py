@@ -85,6 +85,47 @@ def test_case9_missing_topic_is_named_with_the_fix(settings: Settings, service_e
     assert elapsed < 5 + STARTUP_S
 
 
+SETTINGS_ERRORS = {"unknown_variable": ("RUNJOURNAL_BOOTSTRAPP", "x"),
+                   "invalid_redis_url": ("RUNJOURNAL_REDIS_URL", "http://x")}
+JSON_COMMANDS = [["topics", "describe", "--json"], ["recover", "--stale", "--json"], ["inspect", "r1", "--json"],
+                 ["memory", "search", "--tenant", "t", "hello", "--json"], ["acls", "show", "--json"],
+                 ["projector", "--until-caught-up", "--json"], ["stack", "status", "--json"]]
+
+
+@pytest.mark.parametrize("bad", list(SETTINGS_ERRORS), ids=str)
+@pytest.mark.parametrize("argv", JSON_COMMANDS, ids=lambda a: "-".join(a[:2]))
+def test_a_settings_error_under_json_is_json_on_stderr(service_env: dict[str, str], argv: list[str],
+                                                       bad: str) -> None:
+    """Settings are loaded by every command the same way; a bad RUNJOURNAL_* variable under --json is one JSON
+    document on stderr naming the variable, stdout empty, exit 2 (runjournal/cli/_app.py)."""
+    name, value = SETTINGS_ERRORS[bad]
+    proc, _ = rj({**service_env, name: value}, *argv, timeout=120)
+    doc = json_error(proc)
+    assert proc.returncode == 2 and doc["error"] == "ConfigError" and name in doc["message"], doc
+    assert proc.stderr.strip().count("\n") == 0, proc.stderr  # one line: no traceback, no text beside it
+    plain, _ = rj({**service_env, name: value}, *[a for a in argv if a != "--json"], timeout=120)
+    assert plain.returncode == 2 and plain.stderr.startswith("error: ") and name in plain.stderr
+
+
+def test_usage_errors_under_json_are_json_on_stderr(service_env: dict[str, str]) -> None:
+    """A bad option value (click's BadParameter) and a bad --agent-name under --json: JSON on stderr, exit 2."""
+    proc, _ = rj(service_env, "acls", "show", "--redis", "--agent-name", "a b", "--json")
+    doc = json_error(proc)
+    assert proc.returncode == 2 and doc["error"] == "UsageError" and "--agent-name" in doc["message"], doc
+    plain, _ = rj(service_env, "acls", "show", "--redis", "--agent-name", "a b")
+    assert plain.returncode == 2 and "Traceback" not in plain.stderr and "--agent-name" in plain.stderr
+    proc, _ = rj(service_env, "recover", "--stale", "--watch", "abc", "--json")
+    doc = json_error(proc)
+    assert proc.returncode == 2 and doc["error"] == "BadParameter" and "--watch" in doc["message"], doc
+
+
+def test_memory_search_json_with_no_hits_prints_an_empty_array(topics: Settings,
+                                                               service_env: dict[str, str]) -> None:
+    proc, _ = rj(service_env, "memory", "search", "--tenant", "nobody-" + uuid.uuid4().hex[:6], "hello", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout) == []
+
+
 def test_case9_recover_json_refusal_is_json_on_stderr(topics: Settings, service_env: dict[str, str]) -> None:
     publish(topics, run_events("live-run", finish=False))
     owns(topics, "alive-1", "live-run")
@@ -153,9 +194,9 @@ def test_every_readme_command_and_option(topics: Settings, service_env: dict[str
     extracted = json.loads(ok("memory-extractor", "--until-caught-up", "--batch-size", "100", "--json").stdout)
     assert extracted["events"] > 0
     ok("memory-extractor", "--until-caught-up")
-    for line in ok("memory", "search", "--tenant", "acme", "--user", "u1", "--agent", "airline", "--limit", "3",
-                   "--all-statuses", "--json", "thanks").stdout.splitlines():
-        assert json.loads(line)["scope"]["tenant_id"] == "acme"
+    for hit in json.loads(ok("memory", "search", "--tenant", "acme", "--user", "u1", "--agent", "airline", "--limit",
+                             "3", "--all-statuses", "--json", "thanks").stdout):
+        assert hit["scope"]["tenant_id"] == "acme"
     ok("memory", "search", "--tenant", "acme", "anything")
     assert "active" in json.loads(ok("memory", "stats", "--tenant", "acme", "--json").stdout)
     ok("memory", "stats")

@@ -38,7 +38,7 @@ def memory_hits(env: dict[str, str], query: str, *, want: str, timeout_s: float 
     while True:
         done = cli(env, "memory", "search", "--tenant", "acme", "--user", "u1", "--json", query)
         assert done.returncode == 0, done.stderr[-2000:]
-        hits = [json.loads(line) for line in done.stdout.splitlines()]
+        hits = json.loads(done.stdout)
         if any(want in h["text"] for h in hits) or time.monotonic() > deadline:
             return hits
         time.sleep(0.5)

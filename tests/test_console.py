@@ -162,6 +162,37 @@ def test_console_pages_answer_over_http(consoles: dict[str, str]) -> None:
     assert missing.status_code == 404 and "no state for run no-such-run" in missing.text
 
 
+def test_bad_queries_are_400_and_api_errors_are_json(consoles: dict[str, str]) -> None:
+    """A page number that is not one is the client's error (400, not a 503 naming a ValueError); every /api/
+    answer — a run not found, an unknown endpoint, a bad query — is JSON."""
+    base = consoles["plain"]
+    for path in ("/runs?page=abc", "/api/runs?page=abc", "/runs?page=-1", "/api/runs?page=1.5"):
+        res = httpx.get(f"{base}{path}", timeout=30)
+        assert res.status_code == 400 and "page must be a positive whole number" in res.text, (path, res.text)
+        if path.startswith("/api/"):
+            assert res.json()["error"] == "BadRequest"
+    assert httpx.get(f"{base}/api/runs?page=99", timeout=30).json()["page"] == 1  # past the end: the last page
+    missing = httpx.get(f"{base}/api/runs/doesnotexist", timeout=30)
+    assert missing.status_code == 404 and missing.headers["content-type"].startswith("application/json")
+    assert missing.json()["error"] == "RunNotFound" and "doesnotexist" in missing.json()["message"]
+    unknown = httpx.get(f"{base}/api/nothing-here", timeout=30)
+    assert unknown.status_code == 404 and unknown.json()["error"] == "NotFound"
+    assert httpx.get(f"{base}/runs/doesnotexist", timeout=30).headers["content-type"].startswith("text/html")
+
+
+def test_status_counts_follow_the_tenant_and_agent_filters(consoles: dict[str, str]) -> None:
+    """by_status counts the runs the tenant/agent filters select (each status tab's count), not every run."""
+    base = consoles["plain"]
+    assert httpx.get(f"{base}/api/runs?tenant=nonexistent", timeout=30).json() | {"runs": []} == {
+        "runs": [], "total": 0, "page": 1, "pages": 1, "by_status": {}}
+    globex = httpx.get(f"{base}/api/runs?tenant=globex", timeout=30).json()
+    assert globex["total"] == sum(globex["by_status"].values()) == 1
+    mailer = httpx.get(f"{base}/api/runs?agent=mailer&status=SUCCEEDED", timeout=30).json()
+    assert mailer["total"] == 0 and mailer["by_status"] == {"WAITING_APPROVAL": 1}
+    every = httpx.get(f"{base}/api/runs", timeout=30).json()
+    assert sum(every["by_status"].values()) == every["total"] == len(shapes())
+
+
 def test_decisions_only_with_the_operator_token(consoles: dict[str, str], projected: Settings) -> None:
     inbox = ApprovalInbox(redis.Redis.from_url(projected.redis_url), projected.topic_prefix)
     route = "/runs/r-approval/approvals/send"

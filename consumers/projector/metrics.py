@@ -60,7 +60,7 @@ class ProjectorMetrics:
         """Expose ``/metrics`` on ``addr:port`` in a daemon thread (announced for the console when given Redis).
 
         Raises:
-            OSError: the port is taken.
+            PortInUseError: the port is taken (runjournal.core.errors).
         """
         self.server = m.serve(self.registry, port, service="projector", addr=addr, redis_client=redis_client,
                               prefix=prefix)

@@ -114,7 +114,8 @@ class RecoveryMetrics:
 
     def serve(self, port: int, *, addr: str = "0.0.0.0", redis_client: Any = None,
               prefix: str | None = None) -> m.MetricsServer:
-        """Expose ``/metrics`` on ``addr:port`` (announced for the console when given Redis). Raises OSError."""
+        """Expose ``/metrics`` on ``addr:port`` (announced for the console when given Redis).
+        Raises PortInUseError (the port is taken)."""
         self.server = m.serve(self.registry, port, service="recovery", addr=addr, redis_client=redis_client,
                               prefix=prefix)
         return self.server

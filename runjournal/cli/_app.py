@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from typing import Annotated
 
 import typer
@@ -83,9 +84,49 @@ def show_settings() -> None:
 
 
 def run() -> None:
-    """Run the typer app; a ConfigError exits 2 with its message."""
+    """Run the typer app. A ConfigError (how every command's ``Settings.load()`` fails) exits 2 with its message.
+
+    Under ``--json`` (anywhere before a ``--``) every failure is one JSON document on stderr,
+    ``{"error": <class>, "message": <text>}``, and stdout holds only a result: settings errors, usage errors
+    (a bad option value: click's ``BadParameter`` …, exit 2) and any error no command named (exit 1) alike.
+    """
+    argv = sys.argv[1:]
+    as_json = "--json" in (argv[:argv.index("--")] if "--" in argv else argv)
+    if as_json:
+        raise SystemExit(_run_json())
     try:
         app()
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise SystemExit(2) from exc
+
+
+def _run_json() -> int:
+    """``app()`` with click's own error printing off (it prints usage text): each failure printed as JSON."""
+    try:
+        code = app(standalone_mode=False)
+    except ConfigError as exc:
+        return _json_error(type(exc).__name__, str(exc), 2)
+    except typer.Abort:
+        return _json_error("Aborted", "aborted", 1)
+    except typer.TyperException as exc:  # click's usage errors (BadParameter, NoSuchOption …), as typer raises them
+        return _json_error(type(exc).__name__, _usage_message(exc), int(getattr(exc, "exit_code", 2)))
+    except Exception as exc:  # a failure no command turned into a named error: still JSON, with its class
+        return _json_error(type(exc).__name__, str(exc), 1)
+    return code if isinstance(code, int) else 0
+
+
+def _usage_message(exc: Exception) -> str:
+    """A usage error's message with the option it is about (``Invalid value for '--watch': …``)."""
+    message = str(exc.format_message()) if hasattr(exc, "format_message") else str(exc)
+    param = getattr(exc, "param", None)
+    hint = getattr(exc, "param_hint", None) or (getattr(param, "opts", None) or [None])[0]
+    if hint and "Invalid value" not in message:
+        hints = hint if isinstance(hint, str) else " / ".join(hint)
+        message = f"Invalid value for {hints}: {message}"
+    return message
+
+
+def _json_error(kind: str, message: str, code: int) -> int:
+    print(json.dumps({"error": kind, "message": message}), file=sys.stderr)
+    return code

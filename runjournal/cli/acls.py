@@ -58,6 +58,7 @@ def acls_show(
 def _show_redis(roles: list[str], prefix: str, agent_name: str | None, as_json: bool) -> None:
     from runjournal.deploy import redis_acls
 
+    _check_agent_name(agent_name, as_json)
     out = {r: {"grants": redis_acls.grants_for(r, prefix, agent_name=agent_name),
                "rules": redis_acls.rules_for(r, prefix, agent_name=agent_name)} for r in roles}
     if as_json:
@@ -70,6 +71,19 @@ def _show_redis(roles: list[str], prefix: str, agent_name: str | None, as_json: 
     console.print(table)
     console.print("ACL SETUSER <user> on ><password> " + "; ".join(
         f"{r}: {' '.join(i['rules'])}" for r, i in out.items()), soft_wrap=True)
+
+
+def _check_agent_name(agent_name: str | None, as_json: bool) -> None:
+    """A bad ``--agent-name`` (empty, whitespace, ``#``: the rules' own check) is a usage error, exit 2."""
+    from runjournal.cli._errors import fail
+    from runjournal.deploy import redis_acls
+
+    if agent_name is None:
+        return
+    try:
+        redis_acls.rules_for("agent", "probe", agent_name=agent_name)
+    except ValueError as exc:
+        raise fail(f"--agent-name: {exc}", as_json=as_json, code=2, kind="UsageError") from exc
 
 
 @acls_app.command("create")
@@ -119,6 +133,7 @@ def _create_redis(settings: Settings, users: dict[str, str], agent_name: str | N
     from runjournal.core import redis_client
     from runjournal.deploy import redis_acls
 
+    _check_agent_name(agent_name, as_json)
     with cli_errors(as_json):  # a refused login or ACL names the settings to check (ConfigError)
         redis_client.check_access(settings)
         admin = redis_client.client(settings)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import socket
 from typing import Annotated
 
 import typer
 
+from runjournal.core.errors import bind_error
 from runjournal.core.settings import Settings
 
 __all__ = ["console_command"]
@@ -42,5 +44,26 @@ def console_command(
     app = build_app(ConsoleConfig(settings=settings, operator_token=token, scrape_urls=tuple(scrape or ()),
                                   per_page=per_page))
     mode = "operator token set: approve/deny enabled" if token else "read-only (no operator token)"
+    with cli_errors(as_json=False):  # the port taken: one line naming it and the fix, exit 1
+        sock = _bind(host, port)
     typer.echo(f"runjournal console on http://{host}:{port}/runs (prefix {settings.topic_prefix}; {mode})", err=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    # uvicorn serves the bound socket and stops on SIGINT and SIGTERM alike
+    uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False)).run(sockets=[sock])
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port``.
+
+    Raises:
+        PortInUseError: the port is taken or not allowed (names ``--port`` and the fix).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise bind_error(exc, port, host, "--port") from exc
+    return sock

@@ -9,13 +9,12 @@ ContextManagers answer while it writes. ``memory serve`` is the same owner witho
 from __future__ import annotations
 
 import json
-import signal
-import threading
 from typing import Annotated, Any
 
 import typer
 
 from runjournal.cli._advisory import console, fail, guarded
+from runjournal.cli._signals import stop_on_signals
 from runjournal.core.settings import Settings
 from runjournal.stores import MemoryHit, Scope, ScopeError
 
@@ -23,13 +22,6 @@ __all__ = ["memory_app", "memory_extractor_command"]
 
 memory_app = typer.Typer(name="memory", help="Search advisory memory (never execution state).",
                          no_args_is_help=True)
-
-
-def _stop_on_signals() -> threading.Event:
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    return stop
 
 
 def memory_extractor_command(
@@ -64,10 +56,11 @@ def memory_extractor_command(
         extractor = guarded(lambda: MemoryExtractor(settings, store=owner.memory, batch_size=batch_size),
                             as_json=as_json)
         if metrics_port is not None:
-            _serve_metrics(extractor.metrics, metrics_port, metrics_addr, settings)
+            with cli_errors(as_json):  # the port taken: one line naming it (JSON under --json), exit 1
+                _serve_metrics(extractor.metrics, metrics_port, metrics_addr, settings)
         try:
             with cli_errors(as_json):  # an outage past the budget, fenced, unauthorised: exit 1 naming it
-                stats = extractor.run(until_caught_up=until_caught_up, stop=_stop_on_signals()).as_dict()
+                stats = extractor.run(until_caught_up=until_caught_up, stop=stop_on_signals()).as_dict()
         finally:
             if extractor.metrics.server is not None:
                 extractor.metrics.server.close()  # withdraws its announcement for the console
@@ -96,7 +89,7 @@ def serve_command() -> None:
 
     setup_logging("INFO")
     settings = Settings.load()
-    stop = _stop_on_signals()
+    stop = stop_on_signals()
     with guarded(lambda: CognitionOwner.open(settings, default_embedder()), as_json=False) as owner:
         console.print(f"serving {settings.effective_qdrant_path} at {owner.url or settings.qdrant_url}")
         stop.wait()
@@ -110,7 +103,8 @@ def search_command(
     agent: Annotated[str | None, typer.Option("--agent", help="Only items from this agent's runs.")] = None,
     limit: Annotated[int, typer.Option(help="Maximum hits.")] = 10,
     all_statuses: Annotated[bool, typer.Option("--all-statuses", help="Include superseded items.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per hit, one per line.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the hits as one JSON array (best first; [] when "
+                                                         "none).")] = False,
 ) -> None:
     """Search one tenant's advisory memory; hits show text, score, scope and provenance."""
     from runjournal.consumers.cognition import open_memory_reader
@@ -122,15 +116,15 @@ def search_command(
                                         as_json=as_json)
     finally:
         reader.close()
+    if as_json:  # one JSON document: the hits, best first ([] when none)
+        print(json.dumps([hit.as_dict() for hit in hits]))
+        return
     for hit in hits:
-        if as_json:
-            print(json.dumps(hit.as_dict()))
-        else:
-            p = hit.provenance
-            print(f"{hit.score:.3f}  [{hit.status}] {hit.kind}/{hit.subject or '-'}  {hit.text}  "
-                  f"(user {hit.scope.get('user_id') or '-'}, run {p['run_id']}, "
-                  f"{p['topic']}[{p['partition']}]@{p['offset']}, {hit.freshness['created_at']})")
-    if not hits and not as_json:
+        p = hit.provenance
+        print(f"{hit.score:.3f}  [{hit.status}] {hit.kind}/{hit.subject or '-'}  {hit.text}  "
+              f"(user {hit.scope.get('user_id') or '-'}, run {p['run_id']}, "
+              f"{p['topic']}[{p['partition']}]@{p['offset']}, {hit.freshness['created_at']})")
+    if not hits:
         console.print("no memory found")
 
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
-import threading
 from typing import Annotated
 
 import typer
@@ -12,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from runjournal.cli._errors import cli_errors
+from runjournal.cli._signals import stop_on_signals
 from runjournal.cli.replay import timeline_type
 from runjournal.core.settings import Settings
 
@@ -54,9 +53,7 @@ def projector_command(
         if metrics_port is not None:
             projector.metrics.serve(metrics_port, addr=metrics_addr, redis_client=projector.redis,
                                     prefix=settings.topic_prefix)
-        stop = threading.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda *_: stop.set())
+        stop = stop_on_signals()
         try:
             stats = projector.run(until_caught_up=until_caught_up, stop=stop)
         finally:

@@ -36,6 +36,7 @@ def recover_command(
     Under --json the report is the only thing on stdout; an error is JSON on stderr.
     """
     from runjournal.cli._errors import cli_errors, fail
+    from runjournal.cli._signals import stop_on_signals
     from runjournal.consumers.recovery.job import RecoveryJob
     from runjournal.consumers.topic_identity import preflight
     from runjournal.core.logs import setup_logging
@@ -48,9 +49,15 @@ def recover_command(
     with cli_errors(as_json):
         preflight(settings)
         job = RecoveryJob(settings)
-    observed = _Observed(job, metrics_port, metrics_addr)
     try:
-        while True:
+        with cli_errors(as_json):  # the metrics port taken: one line naming it (JSON under --json), exit 1
+            observed = _Observed(job, metrics_port, metrics_addr)
+    except BaseException:
+        job.close()
+        raise
+    stop = stop_on_signals()  # SIGTERM as Ctrl-C: the pass ends, the finally below withdraws the announcement
+    try:
+        while not stop.is_set():
             with cli_errors(as_json):  # RecoveryError (a live owner, no --force) included: exit 1
                 started = time.monotonic()
                 try:
@@ -62,7 +69,7 @@ def recover_command(
             _print(report.as_dict(), as_json)
             if watch is None:
                 break
-            time.sleep(watch)
+            stop.wait(watch)
     finally:
         observed.close()
         job.close()

@@ -127,16 +127,25 @@ class _Console:
                 "csrf": self.auth.csrf() if operator else None, "approver": self.auth.approver(request)}
         return self.templates.TemplateResponse(request, name, {**base, **context}, status_code=status_code)
 
-    def _error(self, request: Request, exc: Exception, status_code: int = 503) -> Response:
-        return self._page(request, "error.html", {"error": f"{type(exc).__name__}: {exc}"}, status_code)
+    def _error(self, request: Request, exc: Exception | str, status_code: int = 503, kind: str = "Error") -> Response:
+        """The error page; under ``/api/`` JSON ``{"error": <class or kind>, "message": <text>}`` (same status)."""
+        if request.url.path.startswith("/api/"):
+            name, text = (type(exc).__name__, str(exc)) if isinstance(exc, Exception) else (kind, exc)
+            return JSONResponse({"error": name, "message": text}, status_code=status_code)
+        shown = f"{type(exc).__name__}: {exc}" if isinstance(exc, Exception) else exc
+        return self._page(request, "error.html", {"error": shown}, status_code)
 
     # -- pages -----------------------------------------------------------------------------------
     def runs(self, request: Request) -> Response:
         q = request.query_params
         filters = {k: q.get(k) or None for k in ("status", "tenant", "agent")}
+        number = q.get("page") or "1"
+        if not number.isdecimal():  # a bad query is the client's: 400, not a 503 naming a ValueError
+            return self._error(request, f"page must be a positive whole number, not {number!r}", 400,
+                               kind="BadRequest")
         try:
-            page = self.data.runs(**filters, page=int(q.get("page") or 1), per_page=self.config.per_page)
-        except (*_UNAVAILABLE, ValueError) as exc:
+            page = self.data.runs(**filters, page=int(number), per_page=self.config.per_page)
+        except _UNAVAILABLE as exc:
             return self._error(request, exc)
         self.metrics.runs_listed.set(page.runs_in_projection)
         if request.url.path.startswith("/api/"):
@@ -155,9 +164,9 @@ class _Console:
         except _UNAVAILABLE as exc:
             return self._error(request, exc)
         if page is None:
-            return self._page(request, "error.html", {
-                "error": f"no state for run {run_id} in the projection of prefix {self.config.settings.topic_prefix}"
-                         " (is the projector running?)"}, 404)
+            return self._error(request, f"no state for run {run_id} in the projection of prefix "
+                                        f"{self.config.settings.topic_prefix} (is the projector running?)", 404,
+                               kind="RunNotFound")
         if request.url.path.startswith("/api/"):
             return JSONResponse({"run_id": run_id, "partition": page.partition, "status": page.state.status.value,
                                  "epoch": page.state.epoch, "timeline": page.timeline, "epochs": page.epochs,
@@ -256,5 +265,10 @@ def build_app(config: ConsoleConfig, *, data: ConsoleData | None = None,
         console.lag.close()
         data.close()
 
+    async def not_found(request: Request, exc: Exception) -> Response:  # an unknown /api/ path: JSON too
+        if request.url.path.startswith("/api/"):
+            return JSONResponse({"error": "NotFound", "message": f"no such endpoint: {request.url.path}"}, 404)
+        return PlainTextResponse("Not Found", status_code=404)
+
     return Starlette(routes=routes, middleware=[Middleware(_Timing, metrics=metrics, routes=routes)],
-                     lifespan=lifespan)
+                     lifespan=lifespan, exception_handlers={404: not_found})

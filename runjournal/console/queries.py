@@ -45,7 +45,8 @@ class RunsPage:
     runs_in_projection: int
     """Runs in the projection (no filter)."""
     by_status: dict[str, int]
-    """Status → runs, over the whole projection."""
+    """Status → runs of the tenant and agent filters (every run when neither is given); the status filter is
+    not applied, so the counts are those of each status tab."""
     tenants: list[str]
     """Every tenant seen (for the filter)."""
     agents: list[str]
@@ -131,14 +132,14 @@ class ConsoleData:
         started = time.perf_counter()
         every = read_entries(self.redis, self.store, range(self.partitions))  # dicts: objects only for the page
         statuses = STATUS_GROUPS.get(status or "", {status} if status else None)
-        rows = [e for e in every if (statuses is None or e["s"] in statuses)
-                and (tenant is None or e["t"] == tenant) and (agent is None or e["a"] == agent)]
+        scoped = [e for e in every if (tenant is None or e["t"] == tenant) and (agent is None or e["a"] == agent)]
+        rows = [e for e in scoped if statuses is None or e["s"] in statuses]
         rows.sort(key=lambda e: (attention(e), -(e["m"] or 0), e["id"]))
         pages = max(1, -(-len(rows) // per_page))
         page = min(max(1, page), pages)
         return RunsPage(rows=[RunSummary.from_dict(e["pt"], e) for e in rows[(page - 1) * per_page:page * per_page]],
                         total=len(rows), runs_in_projection=len(every),
-                        by_status=dict(sorted(Counter(e["s"] for e in every).items())),
+                        by_status=dict(sorted(Counter(e["s"] for e in scoped).items())),
                         tenants=sorted({e["t"] for e in every if e["t"]}),
                         agents=sorted({e["a"] for e in every if e["a"]}), page=page, pages=pages,
                         elapsed_ms=(time.perf_counter() - started) * 1000)

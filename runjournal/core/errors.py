@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "RunjournalError"]
+__all__ = ["ConfigError", "PortInUseError", "RunjournalError", "bind_error"]
 
 
 class RunjournalError(Exception):
@@ -11,3 +11,30 @@ class RunjournalError(Exception):
 
 class ConfigError(RunjournalError):
     """A setting is missing or invalid; the message names the ``RUNJOURNAL_*`` variable."""
+
+
+class PortInUseError(RunjournalError):
+    """A TCP port a service was told to listen on cannot be bound (taken by another process, or not allowed).
+
+    Attributes:
+        port: the TCP port.
+        addr: the bind address.
+        option: the command-line option that chose it (``--metrics-port``, ``--port``).
+    """
+
+    def __init__(self, port: int, addr: str, option: str, cause: str) -> None:
+        self.port = port
+        self.addr = addr
+        self.option = option
+        super().__init__(f"cannot listen on {addr}:{port} ({cause}): pass another {option}, or stop the process "
+                         f"that holds it (`ss -ltnp 'sport = :{port}'` names it)")
+
+
+def bind_error(exc: OSError, port: int, addr: str, option: str) -> OSError | PortInUseError:
+    """:class:`PortInUseError` for an ``OSError`` raised by binding ``addr:port`` (address in use, permission
+    denied, address not available); any other ``OSError`` is returned as it is."""
+    import errno
+
+    if exc.errno in (errno.EADDRINUSE, errno.EACCES, errno.EADDRNOTAVAIL):
+        return PortInUseError(port, addr, option, exc.strerror or str(exc))
+    return exc

@@ -229,11 +229,16 @@ def serve(registry: CollectorRegistry, port: int, *, service: str, addr: str = "
             every 5 s by a daemon thread (entries not refreshed for 20 s are ignored by readers).
 
     Raises:
-        OSError: the port is taken.
+        PortInUseError: the port is taken (or not allowed); the message names ``--metrics-port`` and the fix.
     """
     from prometheus_client import start_http_server
 
-    server, _thread = start_http_server(port, addr=addr, registry=registry)
+    from runjournal.core.errors import bind_error
+
+    try:
+        server, _thread = start_http_server(port, addr=addr, registry=registry)
+    except OSError as exc:
+        raise bind_error(exc, port, addr, "--metrics-port") from exc
     return MetricsServer(server, addr=addr, service=service, redis_client=redis_client, prefix=prefix)
 
 
