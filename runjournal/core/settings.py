@@ -333,15 +333,22 @@ def _from_stack_state(path: Path, explicit: set[str], *, with_kafka: bool) -> di
     for name in ("kafka_security_protocol", "kafka_sasl_mechanism", "kafka_ssl_ca_location"):
         if name not in explicit and security.get(name):
             fill[name] = Path(security[name]) if name.endswith("_location") else security[name]
-    if not explicit & {"kafka_sasl_username", "kafka_sasl_password"} and security.get("users_file"):
-        user = security.get("default_user", "operator")
-        try:
-            password = json.loads(Path(security["users_file"]).read_text())[user]
-        except (OSError, ValueError, KeyError):
-            password = None
-        if password:
-            fill.update(kafka_sasl_username=user, kafka_sasl_password=SecretStr(password))
+    if not explicit & {"kafka_sasl_username", "kafka_sasl_password"} and (login := _stack_login(security)):
+        fill.update(kafka_sasl_username=login[0], kafka_sasl_password=login[1])
     return fill
+
+
+def _stack_login(security: dict[str, Any]) -> tuple[str, SecretStr] | None:
+    """A secure stack's default user (the operator) and its password from the stack's users file; None when
+    the file is missing, unreadable or has no such user."""
+    if not security.get("users_file"):
+        return None
+    user = security.get("default_user", "operator")
+    try:
+        password = json.loads(Path(security["users_file"]).read_text())[user]
+    except (OSError, ValueError, KeyError):
+        return None
+    return (user, SecretStr(password)) if password else None
 
 
 def _redis_security_from_state(entry: dict[str, Any], explicit: set[str]) -> dict[str, Any]:
@@ -350,14 +357,8 @@ def _redis_security_from_state(entry: dict[str, Any], explicit: set[str]) -> dic
     fill: dict[str, Any] = {}
     if "redis_ssl_ca_location" not in explicit and security.get("ca"):
         fill["redis_ssl_ca_location"] = Path(security["ca"])
-    if not explicit & {"redis_username", "redis_password"} and security.get("users_file"):
-        user = security.get("default_user", "operator")
-        try:
-            password = json.loads(Path(security["users_file"]).read_text())[user]
-        except (OSError, ValueError, KeyError):
-            password = None
-        if password:
-            fill.update(redis_username=user, redis_password=SecretStr(password))
+    if not explicit & {"redis_username", "redis_password"} and (login := _stack_login(security)):
+        fill.update(redis_username=login[0], redis_password=login[1])
     return fill
 
 
