@@ -98,7 +98,7 @@ from runjournal.deploy.kafka_node import kafka_version  # package data read thro
 out["kafka_version"] = kafka_version()
 out["onnxruntime"] = importlib.util.find_spec("onnxruntime") is not None
 # the agent-side entry points the README shows: each imports on the core install, and the failure policy
-# continue_run runs (through the recovery job) works without the [cli] extra's prometheus-client / orjson
+# continue_run runs (through the recovery job) works without the [cli] extra (orjson is core: the state JSON)
 import logging
 agent_side = {}
 for mod, name in (("runjournal.consumers.recovery", "continue_run"),
@@ -113,7 +113,7 @@ for mod, name in (("runjournal.consumers.recovery", "continue_run"),
 out["agent_side"] = agent_side
 from runjournal.consumers.failures import FailurePolicy
 out["policy"] = FailurePolicy("recovery", logging.getLogger("probe")).call("probe", lambda: 7)
-out["extras_imported"] = sorted(m for m in ("prometheus_client", "orjson", "typer", "rich", "qdrant_client", "numpy",
+out["extras_imported"] = sorted(m for m in ("prometheus_client", "typer", "rich", "qdrant_client", "numpy",
                                              "starlette", "httpx", "jinja2") if m in sys.modules)
 out["prometheus_imported"] = "prometheus_client" in sys.modules  # metrics are opt-in: imported lazily
 try:

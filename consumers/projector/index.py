@@ -30,7 +30,7 @@ def summary_json(state: RunState) -> bytes:
     ``b`` / ``m`` / ``f`` started / updated / finished (ms since the epoch), ``c`` calls, ``k`` OUTCOME_UNKNOWN
     calls, ``r`` RECONCILED calls, ``p`` pending approvals.
     """
-    import orjson  # the [cli] extra's (the projector writes the index): not imported by an agent's recovery reads
+    import orjson
 
     unknown = reconciled = 0
     for record in state.records.values():
