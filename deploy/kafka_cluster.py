@@ -19,6 +19,8 @@ restarts only nodes that are not running — e.g. one a test SIGKILLed — on th
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,7 +34,7 @@ from runjournal.core.settings import Settings
 from runjournal.deploy import acls, security
 from runjournal.deploy.errors import StackError
 from runjournal.deploy.kafka_node import KafkaNode, ensure_jars, kafka_version, new_cluster_id, require_tool
-from runjournal.deploy.procs import Proc, entry_procs, port_in_use, stop_entry
+from runjournal.deploy.procs import Proc, port_in_use
 
 __all__ = ["KafkaShape", "admin_settings", "health", "node_ports", "resolve_shape", "role_env", "stop_kafka",
            "up_kafka", "wait_isr"]
@@ -161,7 +163,7 @@ def up_kafka(directory: Path, cache_dir: Path, entry: dict[str, Any], *, shape: 
         StackError: a port taken, a node that exits or never answers.
         MissingToolError: java, keytool or mvn missing.
     """
-    procs = entry_procs(entry)
+    procs = _node_procs(entry)
     if procs and all(p.alive() for p in procs):
         return {"action": "already running", "bootstrap": entry["bootstrap"], "pid": procs[0].pid,
                 "brokers": len(procs)}
@@ -219,13 +221,30 @@ def _entry(nodes: list[KafkaNode], procs: list[Proc], cluster_id: str, lib: Path
     return entry
 
 
+def _node_procs(entry: dict[str, Any]) -> list[Proc]:
+    nodes = entry.get("nodes") or [{"process": entry.get("process")}]
+    return [p for p in (Proc.from_json(n.get("process")) for n in nodes) if p is not None]
+
+
 def stop_kafka(entry: dict[str, Any], *, grace_s: float) -> str:
     """SIGTERM every node at once (one by one, the last ones wait for a quorum that is leaving), then wait.
 
     Returns:
         ``"stopped"``, ``"killed"`` (some needed SIGKILL) or ``"not running"``.
     """
-    return stop_entry(entry, grace_s=grace_s, signal_all_first=True)
+    procs = [p for p in _node_procs(entry) if p.alive()]
+    for proc in procs:
+        try:
+            os.kill(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    results = [proc.stop(grace_s=grace_s) for proc in procs]
+    for node in entry.get("nodes", []):
+        node.pop("process", None)
+    entry.pop("process", None)
+    if not procs:
+        return "not running"
+    return "killed" if "killed" in results else "stopped"
 
 
 def health(entry: dict[str, Any]) -> dict[str, Any]:
@@ -236,7 +255,7 @@ def health(entry: dict[str, Any]) -> dict[str, Any]:
     """
     if not entry:
         return {"healthy": False, "detail": "not started by this stack"}
-    procs = entry_procs(entry)
+    procs = _node_procs(entry)
     nodes = [{"node_id": i + 1, "pid": p.pid, "running": p.alive()} for i, p in enumerate(procs)]
     out: dict[str, Any] = {"bootstrap": entry.get("bootstrap"), "version": entry.get("version"),
                            "pid": procs[0].pid if procs else None,

@@ -7,7 +7,6 @@ boot). ``stop`` signals a pid only while that pair still matches.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import signal
@@ -17,9 +16,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-__all__ = ["Proc", "entry_procs", "port_in_use", "read_tail", "spawn", "stop_entry"]
+__all__ = ["Proc", "port_in_use", "read_tail", "spawn"]
 
 
 def _start_ticks(pid: int) -> int | None:
@@ -93,36 +91,6 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
         pass
-
-
-def entry_procs(entry: dict[str, Any]) -> list[Proc]:
-    """The processes a stack-state entry records: each of its ``nodes``' ``process``, or the entry's own."""
-    nodes = entry.get("nodes") or [{"process": entry.get("process")}]
-    return [p for p in (Proc.from_json(n.get("process")) for n in nodes) if p is not None]
-
-
-def stop_entry(entry: dict[str, Any], *, grace_s: float, signal_all_first: bool = False) -> str:
-    """Stop every live process of a stack-state entry (SIGTERM, SIGKILL after ``grace_s`` s) and forget them.
-
-    Args:
-        signal_all_first: SIGTERM every process before waiting for any (a Kafka quorum: one by one, the last
-            nodes would wait for a quorum that is leaving).
-
-    Returns:
-        ``"stopped"``, ``"killed"`` (some needed SIGKILL) or ``"not running"``.
-    """
-    procs = [p for p in entry_procs(entry) if p.alive()]
-    if signal_all_first:
-        for proc in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGTERM)
-    results = [proc.stop(grace_s=grace_s) for proc in procs]
-    for node in entry.get("nodes", []):
-        node.pop("process", None)
-    entry.pop("process", None)
-    if not procs:
-        return "not running"
-    return "killed" if "killed" in results else "stopped"
 
 
 def spawn(argv: Sequence[str], *, log_path: Path, cwd: Path, env: dict[str, str] | None = None) -> Proc:

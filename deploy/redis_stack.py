@@ -36,7 +36,7 @@ from runjournal.core.settings import Settings, mask_url
 from runjournal.deploy import redis_acls
 from runjournal.deploy.errors import StackError
 from runjournal.deploy.kafka_node import require_tool
-from runjournal.deploy.procs import Proc, entry_procs, port_in_use, read_tail, spawn, stop_entry
+from runjournal.deploy.procs import Proc, port_in_use, read_tail, spawn
 from runjournal.deploy.security import make_users
 
 __all__ = ["ADMIN_USER", "CLUSTER_NODES", "DEFAULT_USER", "RedisShape", "admin_settings", "health", "node_ports",
@@ -192,7 +192,7 @@ def up_redis(directory: Path, entry: dict[str, Any], *, shape: RedisShape, redis
         StackError: a port taken, a node that exits or never answers, a cluster that does not form.
         MissingToolError: redis-server, redis-cli or openssl missing.
     """
-    procs = entry_procs(entry)
+    procs = _procs(entry)
     if procs and all(p.alive() for p in procs) and len(procs) == (CLUSTER_NODES if shape.cluster else 1):
         return {"action": "already running", "url": entry["url"], "pid": procs[0].pid}
     server = require_tool("redis-server")
@@ -306,13 +306,25 @@ def _form_cluster(admin: Settings, ports: list[tuple[int, int | None]], secure: 
             time.sleep(0.2)
 
 
+def _procs(entry: dict[str, Any]) -> list[Proc]:
+    nodes = entry.get("nodes") or [{"process": entry.get("process")}]
+    return [p for p in (Proc.from_json(n.get("process")) for n in nodes) if p is not None]
+
+
 def stop_redis(entry: dict[str, Any], *, grace_s: float) -> str:
     """Stop every node (SIGTERM: each flushes its AOF), SIGKILL after ``grace_s``.
 
     Returns:
         ``"stopped"``, ``"killed"`` or ``"not running"``.
     """
-    return stop_entry(entry, grace_s=grace_s)
+    procs = [p for p in _procs(entry) if p.alive()]
+    results = [p.stop(grace_s=grace_s) for p in procs]
+    for node in entry.get("nodes", []):
+        node.pop("process", None)
+    entry.pop("process", None)
+    if not procs:
+        return "not running"
+    return "killed" if "killed" in results else "stopped"
 
 
 def health(entry: dict[str, Any]) -> dict[str, Any]:
@@ -321,7 +333,7 @@ def health(entry: dict[str, Any]) -> dict[str, Any]:
         return {"healthy": False, "detail": "not started by this stack"}
     import redis
 
-    procs = entry_procs(entry)
+    procs = _procs(entry)
     out: dict[str, Any] = {"url": mask_url(entry["url"]), "pid": procs[0].pid if procs else None,
                            "running": bool(procs) and all(p.alive() for p in procs),
                            "cluster": bool(entry.get("cluster")), "secure": bool(entry.get("security"))}
