@@ -1,12 +1,18 @@
 """Pair 2 — the side-effect boundary: one ``RunHandle.call`` with a no-op tool, in milliseconds.
 
-Ours: ``run.call(noop, args)`` on a Journal — TOOL_CALL_INTENDED produced and committed
-(``commit_transaction`` returning is the broker's ack), the tool, TOOL_CALL_COMMITTED produced and
-committed. Anchors, measured interleaved on the same topic:
+Ours, in both outcome modes (``Journal(outcome_commit=…)``, README § The side-effect boundary):
 
-* raw txn ×2: a transactional ``Producer`` (the Journal's config) doing ``begin_transaction``,
-  ``produce`` of a pre-encoded INTENDED-sized value, ``commit_transaction`` — twice (the same two
-  round trips, with nothing else).
+* ``group`` (the default): TOOL_CALL_INTENDED produced and committed (``commit_transaction`` returning is
+  the broker's ack), the tool, TOOL_CALL_COMMITTED produced into the open transaction — acknowledged by the
+  next commit (here: the next call's intent). The tool has ``reconcile()`` (what makes it eligible).
+* ``strict``: the same, and the COMMITTED committed before ``call`` returns: two round trips.
+
+Anchors, measured interleaved on the same topic:
+
+* raw txn ×1: a transactional ``Producer`` (the Journal's config) doing ``begin_transaction``, ``produce``
+  of a pre-encoded INTENDED-sized value, ``commit_transaction`` — one round trip, nothing else: the floor
+  of a fenced, acknowledged write and the anchor of the group mode's goals.
+* raw txn ×2: the same twice (the strict mode's two round trips, with nothing else).
 * raw plain ×2: an idempotent acks=all producer doing ``produce`` + ``flush()`` twice: the same two
   acked writes without transactions — the difference is what fencing (transactions) costs.
 * LangGraph ``SqliteSaver.put``: one checkpoint write to a local SQLite file, the durability
@@ -32,6 +38,7 @@ from bench._model import Row, goal_met, paired_ratios, percentile, summarise
 from bench._rounds import Side, interleave
 from runjournal.core import kafka
 from runjournal.producers import Journal, partition_for
+from runjournal.producers.tools import Outcome
 from runjournal.schemas import Event, EventType, codec_from_settings, new_event_id, utcnow
 
 __all__ = ["BoundaryConfig", "run_boundary"]
@@ -51,7 +58,8 @@ class BoundaryConfig:
 
 @dataclass(frozen=True)
 class NoopTool:
-    """A side-effecting tool that does nothing (the protocol's own cost is what is measured)."""
+    """A side-effecting tool that does nothing (the protocol's own cost is what is measured); its provider
+    "remembers" every call, so it can reconcile — which makes its outcome eligible for group commit."""
 
     name: str = "noop"
     side_effect: bool = True
@@ -59,6 +67,10 @@ class NoopTool:
 
     def __call__(self, args: dict[str, Any], idempotency_key: str) -> Any:
         return {"ok": True}
+
+    def reconcile(self, idempotency_key: str) -> Outcome | None:
+        """Every call of this tool executed and returned ``{"ok": true}``."""
+        return Outcome(executed=True, result={"ok": True})
 
 
 def _ms(t0: int) -> float:
@@ -68,7 +80,7 @@ def _ms(t0: int) -> float:
 class _RawPair:
     """Two raw acked writes per sample, transactional or plain."""
 
-    def __init__(self, journal: Journal, *, transactional: bool) -> None:
+    def __init__(self, journal: Journal, *, transactional: bool, writes: int = 2) -> None:
         codec = codec_from_settings(journal.settings)
         run_id = str(uuid.uuid4())
         event = Event(event_id=new_event_id(), run_id=run_id, tenant_id="acme", seq=2, epoch=1,
@@ -78,11 +90,12 @@ class _RawPair:
                                "args_json": '{"x":1}'})
         self.value, self.key = codec.encode(event), event.key.encode()
         self.part, self.topic = partition_for(run_id, journal.partitions), journal.topic
-        self.transactional = transactional
+        self.transactional, self.writes = transactional, writes
         config = kafka.client_config(journal.settings, "producer", **{"enable.idempotence": True, "acks": "all",
                                      "compression.type": "lz4", "linger.ms": 5})
         if transactional:
-            config |= {"transactional.id": f"{journal.transactional_id}-raw", "transaction.timeout.ms": 15_000}
+            config |= {"transactional.id": f"{journal.transactional_id}-raw{writes}",
+                       "transaction.timeout.ms": 15_000}
         self.producer = Producer(config)
         if transactional:
             self.producer.init_transactions(30)
@@ -102,8 +115,8 @@ class _RawPair:
         out = []
         for _ in range(n):
             t0 = time.perf_counter_ns()
-            self._write()
-            self._write()
+            for _ in range(self.writes):
+                self._write()
             out.append(_ms(t0))
         return out
 
@@ -164,17 +177,29 @@ def _latency_rows(res: dict[str, list[list[float]]], ours: str, anchor: str, anc
 def run_boundary(env: BenchEnv, cfg: BoundaryConfig) -> list[Row]:
     """Run pair 2; returns its rows (see the module docstring)."""
     settings = env.pair_settings("boundary")
-    with Journal(settings, producer_id=f"bench-{uuid.uuid4().hex[:6]}") as journal:
-        txn, plain = _RawPair(journal, transactional=True), _RawPair(journal, transactional=False)
+    tag = uuid.uuid4().hex[:6]
+    with Journal(settings, producer_id=f"bench-{tag}") as group, \
+            Journal(settings, producer_id=f"bench-{tag}-strict", outcome_commit="strict") as strict:
+        assert group.outcome_commit == "group", "the default outcome mode is group commit"
+        one, txn = _RawPair(group, transactional=True, writes=1), _RawPair(group, transactional=True)
+        plain = _RawPair(group, transactional=False)
         sqlite = _Sqlite(env.work_dir / f"{settings.topic_prefix}.sqlite")
-        res = interleave(PAIR, [Side("runjournal call", lambda: _calls(journal, cfg.calls)),
+        res = interleave(PAIR, [Side("runjournal call", lambda: _calls(group, cfg.calls)),
+                                Side("raw txn ×1", lambda: one.samples(cfg.calls)),
+                                Side("runjournal call, strict", lambda: _calls(strict, cfg.calls)),
                                 Side("raw txn ×2", lambda: txn.samples(cfg.calls)),
                                 Side("raw plain ×2", lambda: plain.samples(cfg.calls)),
                                 Side("SqliteSaver.put", lambda: sqlite.samples(cfg.calls))], rounds=cfg.rounds)
     n = cfg.calls * cfg.rounds
-    rows = _latency_rows(res, "runjournal call", "raw txn ×2",
-                         "raw txn ×2 (begin, produce, commit_transaction) ×2", {99: "≤ 1.3"},
-                         note=f"{n} samples per side; p-values pooled over rounds, range = per-round values")
+    rows = _latency_rows(res, "runjournal call", "raw txn ×1",
+                         "raw txn ×1 (begin, produce, commit_transaction)", {50: "≤ 1.2", 99: "≤ 1.5"},
+                         note=f"group commit (the default): the outcome rides the next commit; {n} samples per "
+                              "side; p-values pooled over rounds, range = per-round values")
+    rows += _latency_rows(res, "runjournal call, strict", "raw txn ×2",
+                          "raw txn ×2 (begin, produce, commit_transaction) ×2", {99: "≤ 1.3"},
+                          note="strict: the outcome committed before call returns (two round trips)")
+    rows += _latency_rows(res, "runjournal call, strict", "runjournal call", "runjournal call (group)", {},
+                          note="what group commit saves per call")
     rows += _latency_rows(res, "raw txn ×2", "raw plain ×2", "raw plain ×2 (produce + flush, acks=all) ×2", {},
                           note="the cost of fencing: transactional vs plain acked round trips")
     rows += _latency_rows(res, "runjournal call", "SqliteSaver.put",

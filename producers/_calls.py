@@ -3,10 +3,14 @@
 1. key = ``idempotency_key(run_id, node path, call index)`` (1-based index per node path); the
    call's ``call_id`` in every TOOL_CALL_* event is the same string.
 2. TOOL_CALL_INTENDED is published and its transaction committed (the broker's ack) *before*
-   the tool runs.
+   the tool runs; the instance's lease is read while that commit is in flight and checked with the lease's
+   local validity after it (``Journal.check_still_owner``).
 3. The tool runs with the key.
 4. TOOL_CALL_COMMITTED (the result, recorded as canonical JSON that round-trips) or TOOL_CALL_FAILED
-   (a definite failure) is published and committed before ``call`` returns or re-raises. A failure
+   (a definite failure) is published and committed before ``call`` returns or re-raises — except in group
+   commit (``Journal(outcome_commit="group")``, the default), where a reconcilable tool's TOOL_CALL_COMMITTED
+   rides the next commit (:meth:`CallMixin._groups_outcome`; a crash before it leaves the call unknown,
+   reconciled by key). A failure
    that leaves the outcome unknown (``runjournal.producers._unknown``) publishes nothing: the call
    stays intended and ``call`` raises ``OutcomeUnknownError``. What happens when step 4 itself fails:
    ``runjournal.producers._outcomes``.
@@ -166,6 +170,14 @@ class CallMixin(OutcomeMixin):
         return (yield from self._execute(tool, args, args_json, common, node_path, index, effect, attempt))
 
     # -- steps ---------------------------------------------------------------------------------------
+    def _groups_outcome(self, tool: Tool) -> bool:
+        """True when this tool's TOOL_CALL_COMMITTED may ride the next commit (group commit): the journal's
+        ``outcome_commit`` is ``group`` and the tool can ``reconcile()`` — so a crash before that commit leaves
+        an OUTCOME_UNKNOWN that the next owner settles by key, never one only a human can settle. A FAILED or
+        RECONCILED outcome is always committed before ``call`` returns: a deferred definite failure could be
+        reconciled as "executed with error" and run again, which the strict mode would not do."""
+        return self.journal.outcome_commit == "group" and callable(getattr(tool, "reconcile", None))
+
     def _call_index(self, node_path: str, tool: str, args_digest: str) -> tuple[int, bool]:
         """(index, is_retry): the open call's index when this is its next attempt, else the next index."""
         last = self._last_call.get(node_path)
@@ -203,11 +215,12 @@ class CallMixin(OutcomeMixin):
         inline = len(args_json.encode("utf-8")) <= self.journal.inline_result_bytes
         intended = {**common, "side_effect": effect, "attempt": attempt, "timeout_ms": int(tool.timeout_ms),
                     "args_json": args_json if inline else None}
+        probe = self.journal.probe_lease() if effect else None  # its GET overlaps the intent's commit
         self._publish(EventType.TOOL_CALL_INTENDED, intended, node_id=node_path or None, durable=effect)
         self._enter(node_path, index, key, tool.name, common["args_digest"])
         failpoints.hit("producers.call.after_intent")
         if effect:
-            self.journal.check_still_owner()  # a paused zombie whose lease expired must not send now
+            self.journal.check_still_owner(probe)  # a paused zombie whose lease expired must not send now
         self._reconcile_after[key] = time.monotonic() + int(tool.timeout_ms) / 1000
         try:
             result = yield Invoke(tool, args, key)
@@ -268,7 +281,7 @@ class CallMixin(OutcomeMixin):
         entry = PlannedCall(status=CallStatus.COMMITTED, result_json=fields["result_json"],
                             result_ref=fields["result_ref"], **base)
         self._record_outcome(EventType.TOOL_CALL_COMMITTED, {**common, **fields}, node_path, effect, entry,
-                             smaller=smaller)
+                             smaller=smaller, deferred=effect and problem is None and self._groups_outcome(tool))
         if problem is not None:  # the call stays open: calling it again raises this again, never re-runs it
             raise self._unrecordable(tool.name, key, problem)
         return recorded.value

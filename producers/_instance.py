@@ -55,6 +55,7 @@ class InstanceLife:
     _fence_count: int
     _partition_error: PartitionCountChangedError | None
     _max_txn_age_s: float
+    _outcome_linger_s: float
     _metadata_interval_s: float
 
     def _raise_if_lapsed(self) -> None:
@@ -130,11 +131,21 @@ class InstanceLife:
                                 "fenced — restart it (it comes back as a new incarnation)")
 
     def _keep(self) -> None:
-        """Keeper thread: age-bounded commits, partition-count checks, delivery callbacks."""
+        """Keeper thread: age-bounded commits (``max_txn_age_ms``; ``outcome_linger_ms`` once the transaction
+        holds a deferred outcome), partition-count checks, delivery callbacks."""
         tick_s = max(0.02, min(0.25, self._max_txn_age_s / 4))
         next_meta = time.monotonic() + self._metadata_interval_s
-        while not self._stop.wait(tick_s):
-            if self._txn.txn_age_s() >= self._max_txn_age_s:
+        arrived = self._txn.deferred_arrived
+        while not self._stop.is_set():
+            deferred_age = self._txn.deferred_age_s()
+            wait_s = tick_s if deferred_age is None else max(0.0, self._outcome_linger_s - deferred_age)
+            arrived.wait(min(tick_s, wait_s))
+            arrived.clear()
+            if self._stop.is_set():
+                break
+            deferred_age = self._txn.deferred_age_s()
+            linger_over = deferred_age is not None and deferred_age >= self._outcome_linger_s
+            if linger_over or self._txn.txn_age_s() >= self._max_txn_age_s:
                 try:
                     self._txn.flush()
                 except JournalError as exc:

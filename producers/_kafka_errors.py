@@ -2,8 +2,10 @@
 
 * FENCED — ``_FENCED``, ``PRODUCER_FENCED``, ``INVALID_PRODUCER_EPOCH``: another producer took the
   transactional id. The journal stops the runs that existed, rebuilds, raises ProducerFencedError.
-* FATAL — ``error.fatal()`` (OUT_OF_ORDER_SEQUENCE_NUMBER, UNKNOWN_PRODUCER_ID, …): rebuild the
-  producer (new ``init_transactions``), raise FatalProducerError.
+* FATAL — ``error.fatal()`` (OUT_OF_ORDER_SEQUENCE_NUMBER, UNKNOWN_PRODUCER_ID, …), or ``_FATAL`` (what every
+  call on a producer already in its fatal state raises, without the fatal flag): rebuild the producer (new
+  ``init_transactions``), raise FatalProducerError — unless the fatal error that put it there was a fence
+  (``TxnPublisher`` keeps it from ``error_cb`` and classifies ``_FATAL`` by it: FENCED, never rebuilt).
 * ABORTABLE — ``error.txn_requires_abort()`` (e.g. a record's delivery failed): ``abort_transaction``,
   raise TransactionAbortedError.
 * RETRIABLE — ``error.retriable()`` (e.g. a commit timed out): call again, a bounded number of times.
@@ -50,7 +52,7 @@ def classify(error: KafkaError | KafkaException | None) -> Severity:
         return Severity.FATAL
     if err.code() in _FENCED_CODES:
         return Severity.FENCED
-    if err.fatal():
+    if err.fatal() or err.code() == KafkaError._FATAL:  # noqa: SLF001 - librdkafka's own code
         return Severity.FATAL
     if err.txn_requires_abort():
         return Severity.ABORTABLE

@@ -30,6 +30,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from runjournal.core.redis_keys import RedisKeys
@@ -119,6 +120,9 @@ class InstanceLease:
         self._lapsed = threading.Event()
         self._released = False
         self._valid_until = 0.0
+        self._probe_lock = threading.Lock()
+        self._probe_pool: ThreadPoolExecutor | None = None
+        self._next_probe: Future[bool] | None = None
         self._renew = redis_client.register_script(_RENEW)
         self._own = redis_client.register_script(_OWN)
         self._release = redis_client.register_script(_RELEASE)
@@ -207,9 +211,35 @@ class InstanceLease:
             self.mark_lapsed("the lease key is gone or holds another value")
         return ours
 
+    def probe(self) -> Future[bool]:
+        """Start :meth:`still_ours` in the lease's probe thread and return its future at once, so the read can
+        overlap other waiting (``Journal.check_still_owner``: the intent's commit). The GET is sent after this
+        call returns, so a True answer says the lease was ours at some moment after the call. Concurrent callers
+        share the next GET not yet sent (one probe thread, at most one GET waiting): 64 threads asking at once
+        cost one or two round trips, not 64."""
+        with self._probe_lock:
+            if self._next_probe is None:
+                if self._probe_pool is None:
+                    self._probe_pool = ThreadPoolExecutor(1, thread_name_prefix=f"journal-lease-probe-{self.instance}")
+                self._next_probe = Future()
+                self._probe_pool.submit(self._run_probe, self._next_probe)
+            return self._next_probe
+
+    def _run_probe(self, answer: Future[bool]) -> None:
+        with self._probe_lock:
+            self._next_probe = None  # a caller from now on needs a GET sent after it asked: the next one
+        try:
+            answer.set_result(self.still_ours())
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
+            answer.set_exception(exc)
+
     def release(self) -> None:
         """Delete the lease if it is still ours (close, or a fence at the broker); it is never renewed again."""
         self._released = True
+        with self._probe_lock:
+            pool, self._probe_pool = self._probe_pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)
         self._release(keys=[self.key], args=[self.value])
 
     # -- runs ---------------------------------------------------------------------------------------

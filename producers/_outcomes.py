@@ -69,6 +69,23 @@ class PendingOutcome:
     """The tool's own exception, for a TOOL_CALL_FAILED."""
     smaller: Callable[[], tuple[dict[str, Any], PlannedCall] | None] | None = None
     """The same outcome with the result by reference, for a record the broker refused for its size."""
+    deferred: bool = False
+    """Group commit: produced into the open transaction and acknowledged by the next commit (``durable`` then
+    only says the event is durable in kind); a later loss stops the run (``RunHandle._on_lost``)."""
+
+
+def _by_reference(pending: PendingOutcome) -> Callable[[], Event | None] | None:
+    """The pending outcome's event with its result by reference (same event_id, seq and time), made only if the
+    broker refuses the inline one for its size; None when it has no such form."""
+    make = pending.smaller
+    if make is None:
+        return None
+    event = pending.event
+
+    def smaller() -> Event | None:
+        made = make()
+        return None if made is None else replace(event, payload=made[0])
+    return smaller
 
 
 class OutcomeMixin:
@@ -98,12 +115,17 @@ class OutcomeMixin:
         raise NotImplementedError  # pragma: no cover - overridden
 
     # -- the pending outcome --------------------------------------------------------------------
+    def _on_lost(self, error: DeliveryError) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
     def _record_outcome(self, etype: EventType, payload: dict[str, Any], node_path: str, durable: bool,
                         entry: PlannedCall, *, tool_error: BaseException | None = None,
-                        smaller: Callable[[], tuple[dict[str, Any], PlannedCall] | None] | None = None) -> None:
-        """Make a tool's outcome durable (or keep it pending and raise ``OutcomeNotDurableError``)."""
+                        smaller: Callable[[], tuple[dict[str, Any], PlannedCall] | None] | None = None,
+                        deferred: bool = False) -> None:
+        """Make a tool's outcome durable (or keep it pending and raise ``OutcomeNotDurableError``); with
+        ``deferred`` (group commit) produce it into the open transaction for the next commit to acknowledge."""
         event = self._event(etype, payload, node_path or None)
-        self._pending = PendingOutcome(event, durable, entry, tool_error, smaller)
+        self._pending = PendingOutcome(event, durable, entry, tool_error, smaller, deferred)
         self._flush_pending()
 
     def _flush_pending(self) -> None:
@@ -122,7 +144,9 @@ class OutcomeMixin:
                 time.sleep(min(_BACKOFF_S * 2 ** (attempt - 1), _MAX_BACKOFF_S))
             self._check_writable()
             try:
-                self.journal.publish(pending.event, durable=pending.durable)
+                self.journal.publish(pending.event, durable=pending.durable and not pending.deferred,
+                                     on_lost=self._on_lost if pending.deferred else None, deferred=pending.deferred,
+                                     smaller=_by_reference(pending))
             except ProducerFencedError:
                 raise
             except (DeliveryError, QueueFullError) as exc:

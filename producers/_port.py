@@ -8,14 +8,19 @@ journals (an asyncio front end) can create the same handles.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 if TYPE_CHECKING:  # pragma: no cover
+    from concurrent.futures import Future
+
     from runjournal.producers.errors import DeliveryError
     from runjournal.producers.results import ResultStore
     from runjournal.schemas import Event
 
-__all__ = ["JournalPort"]
+__all__ = ["JournalPort", "OutcomeCommit"]
+
+#: How a reconcilable side effect's outcome is acknowledged (``Journal(outcome_commit=…)``).
+OutcomeCommit = Literal["group", "strict"]
 
 
 class JournalPort(Protocol):
@@ -29,6 +34,9 @@ class JournalPort(Protocol):
     """Where results larger than ``inline_result_bytes`` are stored (Redis), by digest reference."""
     outcome_retries: int
     """Bounded retries of the event stating a tool's outcome before ``OutcomeNotDurableError``."""
+    outcome_commit: OutcomeCommit
+    """``group``: a reconcilable tool's TOOL_CALL_COMMITTED rides the next commit; ``strict``: committed before
+    ``call`` returns (``Journal``'s docstring)."""
 
     @property
     def fence_count(self) -> int:
@@ -41,14 +49,21 @@ class JournalPort(Protocol):
         ...
 
     def publish(self, event: Event, *, durable: bool,
-                on_lost: Callable[[DeliveryError], None] | None = None) -> None:
-        """Publish one event of the run; with ``durable`` return only after the broker acknowledged it."""
+                on_lost: Callable[[DeliveryError], None] | None = None, deferred: bool = False,
+                smaller: Callable[[], Event | None] | None = None) -> None:
+        """Publish one event of the run; with ``durable`` return only after the broker acknowledged it; with
+        ``deferred`` (not durable) it is a tool's outcome the next commit acknowledges."""
         ...
 
     def release_run(self, run_id: str) -> None:
         """Forget ``run_id`` as owned by this instance (after its terminal event)."""
         ...
 
-    def check_still_owner(self) -> None:
-        """Raise ``LeaseLapsedError`` unless this instance still holds its lease."""
+    def probe_lease(self) -> Future[bool]:
+        """Start reading the instance's lease now, for a later :meth:`check_still_owner`."""
+        ...
+
+    def check_still_owner(self, probe: Future[bool] | None = None) -> None:
+        """Raise ``LeaseLapsedError`` unless this instance still holds its lease (``probe``: a read started
+        earlier by :meth:`probe_lease`)."""
         ...

@@ -5,6 +5,10 @@ Transactions are numbered by *generation*. Every produce goes into the open tran
 committed" (:meth:`TxnPublisher.commit_through`). One commit covers every event produced
 before it, from any thread, so concurrent durable publishes share commits (group commit).
 
+A *deferred* item (``Item.deferred``: a tool's outcome in group-commit mode) waits in the open transaction for
+the next commit like a non-durable one; :meth:`TxnPublisher.deferred_age_s` tells the keeper how long it has
+waited, and ``deferred_arrived`` wakes the keeper when the first one arrives.
+
 All producer calls (begin / produce / commit / abort / rebuild) happen under one lock: a
 Kafka transactional producer has one open transaction at a time, and a run's events must
 enter it in publish order.
@@ -22,7 +26,8 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from runjournal.producers._kafka_errors import Failure, Severity, classify
+from runjournal.core import failpoints
+from runjournal.producers._kafka_errors import Failure, Severity, classify, kafka_error
 from runjournal.producers._txn_failures import FailureHandling, Item
 from runjournal.producers.errors import (
     DeliveryError,
@@ -83,10 +88,16 @@ class TxnPublisher(FailureHandling):
         self._resolved = 0
         self._failed: dict[int, Failure] = {}
         self._delivery_errors: dict[str, KafkaError] = {}
+        self._fatal_cause: KafkaError | None = None
+        """The fatal error librdkafka reported through ``error_cb`` (e.g. ``_FENCED``); later calls raise ``_FATAL``."""
         self._offsets: dict[str, int] = {}
         self._on_acked = on_acked
         self._txn_open = False
         self._txn_opened_at = 0.0
+        self._deferred_since: float | None = None
+        """When the open transaction took its first deferred outcome (monotonic s); None: it holds none."""
+        self.deferred_arrived = threading.Event()
+        """Set when the open transaction takes its first deferred outcome (the keeper waits on it)."""
         self._items: list[Item] = []
         self._closed = False
         self._fenced_for_good = False
@@ -108,6 +119,7 @@ class TxnPublisher(FailureHandling):
             self._producer = self._build()
 
     def _build(self) -> Any:
+        self._fatal_cause = None  # a new producer: no fatal state
         producer = Producer(self._config)
         try:
             producer.init_transactions(self._timeout_s)
@@ -167,9 +179,12 @@ class TxnPublisher(FailureHandling):
                     refused = DeliveryError(f"produce of {item.key} refused: {exc}")
                     refused.refused_keys = frozenset({item.key})
                     raise refused from exc
-                raise self._fail_open_txn(exc) from exc
+                raise self._fail_open_txn(self._by_fatal_cause(exc)) from exc
             self._items.append(item)
-            self._producer.poll(0)
+            if item.deferred and self._deferred_since is None:
+                self._deferred_since = time.monotonic()
+                self.deferred_arrived.set()
+            self._serve()
             return self._gen
 
     def commit_through(self, gen: int) -> None:
@@ -195,11 +210,15 @@ class TxnPublisher(FailureHandling):
         """Seconds the open transaction has been open; 0.0 when none is."""
         return time.monotonic() - self._txn_opened_at if self._txn_open else 0.0
 
+    def deferred_age_s(self) -> float | None:
+        """Seconds since the open transaction took its first deferred outcome; None when it holds none
+        (an unlocked read: the keeper uses it to decide when to commit)."""
+        since = self._deferred_since
+        return None if since is None else time.monotonic() - since
+
     def poll(self) -> None:
-        """Serve delivery callbacks (non-blocking)."""
-        producer = self._producer
-        if producer is not None:
-            producer.poll(0)
+        """Serve delivery callbacks (non-blocking; never raises, see :meth:`_serve`)."""
+        self._serve(producer=self._producer)
 
     def partition_count(self, timeout_s: float) -> int | None:
         """The topic's partition count from a metadata request; None when the topic is unknown."""
@@ -260,7 +279,7 @@ class TxnPublisher(FailureHandling):
             except BufferError:
                 if attempt == self._queue_full_retries:
                     break
-                self._producer.poll(0.05 * (attempt + 1))
+                self._serve(0.05 * (attempt + 1))
         raise QueueFullError(
             f"local produce queue full after {self._queue_full_retries} retries ({item.key})",
             retry_after_s=1.0,
@@ -274,7 +293,8 @@ class TxnPublisher(FailureHandling):
         while True:
             try:
                 self._producer.commit_transaction(self._timeout_s)
-            except KafkaException as exc:
+            except KafkaException as raised:
+                exc = self._by_fatal_cause(raised)
                 severity = classify(exc)
                 if severity is Severity.RETRIABLE and retries < self._commit_retries:
                     retries += 1
@@ -290,14 +310,17 @@ class TxnPublisher(FailureHandling):
             self.commits += 1
             self._committed_at = time.monotonic()
             self._report_acked()
+            held_outcome = self._deferred_since is not None
             self._resolve(None)
+            if held_outcome:
+                failpoints.hit("producers.txn.after_outcome_commit")  # a deferred outcome is durable now
             return
 
     def _report_acked(self) -> None:
         """Hand the committed transaction's records to ``on_acked`` (see the constructor)."""
         if self._on_acked is None or not self._items:
             return
-        self._producer.poll(0)  # serve any delivery report not yet served
+        self._serve()  # any delivery report not yet served
         acked = [(i.key, i.partition, self._offsets.get(i.key, -1)) for i in self._items]
         self._offsets.clear()
         try:
@@ -310,8 +333,37 @@ class TxnPublisher(FailureHandling):
         if failure is not None:
             raise failure.error()
 
+    def _by_fatal_cause(self, exc: KafkaException) -> KafkaException:
+        """``exc``, or — for a ``_FATAL`` raised by a producer already in its fatal state — the fatal error that
+        put it there (from ``error_cb``): a fence must be handled as a fence (the instance stops for good), not as
+        a fatal error (a rebuild would ``init_transactions`` the same id and un-fence the zombie)."""
+        err = kafka_error(exc)
+        if err is None or err.code() != KafkaError._FATAL:  # noqa: SLF001
+            return exc
+        if self._fatal_cause is None:
+            self._serve()  # error_cb is served from poll: the fatal error is queued by now
+        cause = self._fatal_cause
+        return exc if cause is None else KafkaException(cause)
+
+    def _serve(self, timeout_s: float = 0.0, *, producer: Any = None) -> None:
+        """``poll``: serve delivery reports and ``error_cb``. confluent-kafka raises a fatal error from ``poll``
+        (after ``error_cb``); it is kept (``_fatal_cause``) for the next transactional call to handle — a
+        fence as a fence — and never raised from here: not to a publisher whose record was already accepted,
+        not into the keeper thread (which would die and stop the age-bounded commits)."""
+        target = producer if producer is not None else self._producer
+        if target is None:
+            return
+        try:
+            target.poll(timeout_s)
+        except KafkaException as exc:
+            err = kafka_error(exc)
+            if err is not None and err.fatal():
+                self._fatal_cause = err
+            log.warning("poll: %s (handled on the next transactional call)", exc)
+
     def _on_error(self, err: KafkaError) -> None:
         if err.fatal():
+            self._fatal_cause = err
             log.error("fatal producer error: %s (handled on the next transactional call)", err)
         else:
             log.debug("producer error: %s", err)

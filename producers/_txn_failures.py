@@ -23,6 +23,7 @@ transaction (generation *g*):
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -67,6 +68,12 @@ class Item:
     resends: int = 0
     topic: str | None = None
     """Another topic written in the same transaction (``Journal.publish_record``); None: the events topic."""
+    smaller: Callable[[], bytes | None] | None = None
+    """The same record (same key, event_id and seq) with its result by reference instead of inline, for a broker
+    that refuses the record for its size; None when there is no smaller form (``_shrink_refused``)."""
+    deferred: bool = False
+    """A tool's outcome that rides the next commit (``Journal(outcome_commit="group")``): not durable when
+    published, committed by the next durable publish, the keeper after ``outcome_linger_ms``, or a flush."""
 
 
 class FailureHandling:
@@ -81,6 +88,7 @@ class FailureHandling:
     _delivery_errors: dict[str, KafkaError]
     _offsets: dict[str, int]
     _txn_open: bool
+    _deferred_since: float | None
     _items: list[Item]
     _on_fenced: Callable[[], None]
     _fenced_for_good: bool
@@ -97,6 +105,9 @@ class FailureHandling:
     def _build(self) -> Producer:
         raise NotImplementedError  # pragma: no cover - TxnPublisher
 
+    def _serve(self, timeout_s: float = 0.0, *, producer: Any = None) -> None:
+        raise NotImplementedError  # pragma: no cover - TxnPublisher
+
     # -- steps ----------------------------------------------------------------------------------
     def _abort(self, exc: KafkaException) -> tuple[Severity, KafkaException]:
         """Step 1. Returns the (possibly escalated) severity and the exception that decided it."""
@@ -109,7 +120,7 @@ class FailureHandling:
             log.error("abort_transaction failed (%s) after: %s", abort_exc, exc)
             return (Severity.FENCED if classify(abort_exc) is Severity.FENCED else Severity.FATAL), abort_exc
         self._txn_open = False
-        self._producer.poll(0)  # serve delivery reports: they name refused records
+        self._serve()  # delivery reports: they name refused records
         return severity, exc
 
     def _rerun(self, exc: KafkaException) -> KafkaException | None:
@@ -118,6 +129,8 @@ class FailureHandling:
         severity, exc = self._abort(exc)
         refused = any(e.code() in _REFUSED for e in self._delivery_errors.values())
         worn = any(i.resends >= MAX_RESENDS for i in self._items)
+        if refused and severity is Severity.ABORTABLE and not worn and self._shrink_refused():
+            refused = False  # the refused records now carry their results by reference: run it again
         if severity is not Severity.ABORTABLE or refused or worn or not self._items:
             return exc
         log.warning("transaction aborted (%s); producing its %d events again", exc, len(self._items))
@@ -171,6 +184,31 @@ class FailureHandling:
         return failure.error()
 
     # -- helpers -----------------------------------------------------------------------------------
+    def _shrink_refused(self) -> bool:
+        """Step 2 for a size refusal: give every record blamed for its size (``_guilty``) its smaller form
+        (``Item.smaller``: the result by reference), all or none. True when the transaction may be re-run with
+        them — the same events in the same order, so callers see nothing (a tool's outcome refused for its size,
+        whether its commit is awaited or rides a later one). False when any refusal is not for size or a blamed
+        record has no smaller form: the transaction is dropped as before."""
+        refused = {k: e for k, e in self._delivery_errors.items() if e.code() in _REFUSED}
+        if any(e.code() not in _SIZE for e in refused.values()):
+            return False
+        blamed = [i for i in self._items if i.key in _guilty(self._items, refused)]
+        if not blamed or any(i.smaller is None for i in blamed):
+            return False
+        try:
+            smaller = [i.smaller() for i in blamed if i.smaller is not None]
+        except Exception:  # noqa: BLE001 - no smaller form after all (e.g. Redis refused the result)
+            log.exception("could not make the refused records smaller")
+            return False
+        if any(v is None for v in smaller):
+            return False
+        for item, value in zip(blamed, smaller, strict=True):
+            log.warning("the broker refused %s for its size; producing it again with its result by reference",
+                        item.key)
+            item.value, item.smaller = value, None
+        return True
+
     def _reproduce(self, items: list[Item]) -> KafkaException | None:
         """Produce ``items`` in order into a new transaction. None on success; else the exception, with
         ``_items`` holding all of ``items`` (they fail together)."""
@@ -182,6 +220,8 @@ class FailureHandling:
             for item in items:
                 self._produce(item)
                 self._items.append(item)
+                if item.deferred and self._deferred_since is None:
+                    self._deferred_since = time.monotonic()
         except KafkaException as exc:
             self._items = items
             return exc
@@ -200,6 +240,7 @@ class FailureHandling:
         self._resolved = self._gen
         self._gen += 1
         self._txn_open = False
+        self._deferred_since = None
         self._items = []
         self._delivery_errors.clear()
         self._offsets.clear()

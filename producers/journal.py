@@ -10,6 +10,14 @@ Durability design (DESIGN.md § The side-effect protocol, § Zombies: fence firs
   TOOL_CALL_INTENDED / COMMITTED / FAILED / RECONCILED, approvals, RUN_RESUMED and terminal events)
   then commits it: ``commit_transaction()`` returning *is* the broker's ack, for it and every
   event before it. Concurrent durable publishes from several threads share one commit.
+* **Group commit of outcomes** (``outcome_commit="group"``, the default): the TOOL_CALL_COMMITTED of a tool
+  that can ``reconcile()`` is produced into the open transaction and acknowledged by the *next* commit — the
+  next durable event of any run of the instance (the next call's intent, typically), the keeper after
+  ``outcome_linger_ms`` (default 20 ms), or ``flush()`` / ``close()`` — so a call costs one broker round trip,
+  not two. A crash before that commit aborts the transaction: the call is left INTENDED, which recovery
+  classifies OUTCOME_UNKNOWN and the resumed run reconciles by key with the provider — the effect is neither
+  repeated nor lost. Tools without ``reconcile()``, FAILED and RECONCILED outcomes are always committed before
+  ``call`` returns, as is everything with ``outcome_commit="strict"``.
 * A **non-durable** event (RUN_STARTED, NODE_*, MESSAGE, USER_CORRECTION, read-only tool calls)
   returns once queued; it is committed by the next durable event, by the keeper thread when the
   transaction is ``max_txn_age_ms`` old (default 1000 ms), or by ``flush()`` / ``close()``.
@@ -36,6 +44,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 from runjournal.core import failpoints, kafka
@@ -43,6 +52,7 @@ from runjournal.core.settings import Settings
 from runjournal.producers._digest import canonical_json
 from runjournal.producers._instance import InstanceLife
 from runjournal.producers._lease import InstanceLease
+from runjournal.producers._port import OutcomeCommit
 from runjournal.producers._txn import Item, TxnPublisher
 from runjournal.producers.errors import (
     DeliveryError,
@@ -101,6 +111,14 @@ class Journal(InstanceLife):
             CONCURRENT_TRANSACTIONS with a fixed 20 ms backoff. Measured on the local 1-node broker:
             back-to-back durable publishes p50 ~35 ms cold vs ~4 ms warm with 0; ~9-14 ms either way
             with 5. Set it when your brokers show the cold profile.
+        outcome_commit: ``"group"`` or ``"strict"`` (default: ``settings.outcome_commit``, env
+            ``RUNJOURNAL_OUTCOME_COMMIT``, itself ``"group"``). ``group``: a reconcilable tool's TOOL_CALL_COMMITTED
+            rides the next commit (module docstring; README § The side-effect boundary); ``strict``: every
+            outcome is committed before ``call`` returns (two round trips per call).
+        outcome_linger_ms: in group mode, the longest a deferred outcome waits for another commit before the
+            keeper commits it, ms (default 20): the bound on the window in which a crash leaves a call
+            OUTCOME_UNKNOWN rather than COMMITTED. Costs the caller nothing; a commit per call when calls are
+            further apart than this.
         producer_config: extra librdkafka settings (override the defaults above).
         metrics: opt-in Prometheus metrics (``runjournal.producers.metrics.JournalMetrics``: the host
             application's registry, or a port of its own); default None exports nothing.
@@ -113,7 +131,8 @@ class Journal(InstanceLife):
         TopicNotFoundError: the events topic does not exist.
         FatalProducerError: ``init_transactions`` failed.
         JournalError: no free incarnation of ``producer_id`` (16 live leases hold the next ids).
-        ValueError: ``producer_id`` holds ``#``.
+        ValueError: ``producer_id`` holds ``#``; ``outcome_commit`` is neither ``group`` nor ``strict``;
+            ``outcome_linger_ms`` is not positive.
         redis.RedisError: Redis is unreachable.
     """
 
@@ -135,6 +154,8 @@ class Journal(InstanceLife):
         queue_full_retries: int = 20,
         outcome_retries: int = 5,
         txn_settle_ms: float = 0.0,
+        outcome_commit: OutcomeCommit | None = None,
+        outcome_linger_ms: float = 20.0,
         producer_config: dict[str, Any] | None = None,
         metrics: JournalMetrics | None = None,
         on_acked: Callable[[list[tuple[str, int, int]]], None] | None = None,
@@ -162,6 +183,14 @@ class Journal(InstanceLife):
         self.topic = settings.events_topic
         self.inline_result_bytes = inline_result_bytes
         self.outcome_retries = outcome_retries
+        mode = outcome_commit or settings.outcome_commit
+        if mode not in ("group", "strict"):
+            raise ValueError(f"outcome_commit must be 'group' or 'strict', got {mode!r}")
+        if outcome_linger_ms <= 0:
+            raise ValueError(f"outcome_linger_ms must be > 0, got {outcome_linger_ms}")
+        self.outcome_commit: OutcomeCommit = mode
+        """``group`` or ``strict``: how a reconcilable tool's outcome is acknowledged (see the class docstring)."""
+        self._outcome_linger_s = outcome_linger_ms / 1000
         self._codec = codec
         self.plans = PlanStore(redis_client, prefix)
         self.results = ResultStore(redis_client, prefix)
@@ -321,18 +350,37 @@ class Journal(InstanceLife):
             traceparent=check_traceparent(traceparent),
         )
 
-    def check_still_owner(self) -> None:
-        """Raise ``LeaseLapsedError`` unless this instance still holds its lease (one Redis GET, ~0.2 ms).
+    def probe_lease(self) -> Future[bool]:
+        """Start reading this instance's lease (one Redis GET in the lease's probe thread) for a later
+        :meth:`check_still_owner`, so the read overlaps the intent's commit instead of following it."""
+        return self._lease.probe()
+
+    def check_still_owner(self, probe: Future[bool] | None = None) -> None:
+        """Raise ``LeaseLapsedError`` unless this instance still holds its lease.
 
         Called between a side effect's acknowledged intent and the tool: an instance paused past its
         lease TTL (GC, SIGSTOP) may have been declared dead and its runs handed over; it must not send
-        the request now. A lost lease fences the whole instance (as the heartbeat does). This narrows,
-        but cannot close, the window between check and send — only the provider can close it, by
-        honouring the idempotency key or a fencing token (the run's epoch; DESIGN.md § Zombies, step 3).
-        Redis unreachable: the lease counts as held only within ``lease_ttl_ms`` of its last renewal.
+        the request now. Two checks, both must pass:
+
+        * the lease's **local validity**: ``lease_ttl_ms`` since the last successful renewal began has not
+          passed. The key cannot have expired in Redis before that, so a pause long enough for recovery to
+          find the instance dead (its key gone) always fails here, however long ago the GET below was sent;
+        * the key still holds this instance's value: the answer of ``probe`` (:meth:`probe_lease`, sent before
+          the intent's commit and read after it: the GET costs the call nothing) or, without one, a GET now
+          (~0.2 ms). This catches what the clock cannot: the key deleted or overwritten (a forced
+          ``recover --instance``, a Redis that lost it).
+
+        A lost lease fences the whole instance (as the heartbeat does). This narrows, but cannot close, the
+        window between check and send — only the provider can close it, by honouring the idempotency key or a
+        fencing token (the run's epoch; DESIGN.md § Zombies, step 3). Redis unreachable: the lease counts as held
+        only within ``lease_ttl_ms`` of its last renewal.
         """
-        if not self._lease.still_ours():
+        ours = probe.result() if probe is not None else self._lease.still_ours()
+        if not ours:
             self._lapse("the lease was lost before a tool call")
+        elif self._lease.expired_locally():
+            self._lease.mark_lapsed("the lease's validity ran out before a tool call (paused past its TTL?)")
+            self._lapse("the lease's validity ran out before a tool call")
         self._raise_if_lapsed()
 
     def claim_assignment(self, timeout_s: float) -> str | None:
@@ -348,7 +396,8 @@ class Journal(InstanceLife):
 
     # -- publishing ----------------------------------------------------------------------------------
     def publish(
-        self, event: Event, *, durable: bool, on_lost: Callable[[DeliveryError], None] | None = None
+        self, event: Event, *, durable: bool, on_lost: Callable[[DeliveryError], None] | None = None,
+        deferred: bool = False, smaller: Callable[[], Event | None] | None = None,
     ) -> None:
         """Low-level: publish one encoded event into the open transaction (used by RunHandle).
 
@@ -356,6 +405,10 @@ class Journal(InstanceLife):
             event: the event; its key is ``event.key`` and its partition ``murmur2(run_id) % partitions``.
             durable: commit the transaction (broker ack) before returning.
             on_lost: called if the event, once accepted, is later lost (it could not be re-produced).
+            deferred: (with ``durable=False``) a tool's outcome riding the next commit: the keeper commits
+                it within ``outcome_linger_ms`` if no durable publish does first (``outcome_commit="group"``).
+            smaller: the same event with its result by reference (same event_id and seq), produced instead if
+                the broker refuses this one for its size (``runjournal.producers._txn_failures``).
 
         Raises:
             EventTooLargeError / InvalidEventError / NaiveDatetimeError: from the codec; nothing was sent.
@@ -371,7 +424,8 @@ class Journal(InstanceLife):
         value = self._codec.encode(event, topic=self.topic)
         headers = [("traceparent", event.traceparent.encode("ascii"))] if event.traceparent else None
         partition = partition_for(event.run_id, self.partitions)
-        item = Item(event.run_id, event.key, value, partition, headers, durable, on_lost)
+        item = Item(event.run_id, event.key, value, partition, headers, durable, on_lost, deferred=deferred,
+                    smaller=None if smaller is None else self._encoder_of(smaller))
         started = time.perf_counter()
         try:
             gen = self._txn.publish(item)
@@ -383,6 +437,13 @@ class Journal(InstanceLife):
             self._check_partition_count()
             raise
         self._metrics.published(self.producer_id, event, durable=durable, seconds=time.perf_counter() - started)
+
+    def _encoder_of(self, make: Callable[[], Event | None]) -> Callable[[], bytes | None]:
+        """``make``'s event encoded for this journal's topic (None when ``make`` has none)."""
+        def encoded() -> bytes | None:
+            event = make()
+            return None if event is None else self._codec.encode(event, topic=self.topic)
+        return encoded
 
     def publish_record(self, topic: str, key: str, value: bytes | None, *, run_id: str, durable: bool) -> None:
         """Low-level: produce one record to another topic **in the same transaction** as the run's events.
@@ -424,6 +485,7 @@ class Journal(InstanceLife):
             return
         self._closed = True
         self._stop.set()
+        self._txn.deferred_arrived.set()  # wake the keeper
         for thread in self._threads:
             thread.join(timeout_s)
         try:

@@ -45,15 +45,17 @@ def own_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, st
         stack.down()
 
 
-@pytest.mark.parametrize("idempotency", ["off"])
-def test_demo_generated_workload_under_chaos(own_stack: dict[str, str], tmp_path: Path, idempotency: str) -> None:
+@pytest.mark.parametrize(("idempotency", "mode"), [("off", "group"), ("off", "strict")])
+def test_demo_generated_workload_under_chaos(own_stack: dict[str, str], tmp_path: Path, idempotency: str,
+                                             mode: str) -> None:
     report = tmp_path / "report.html"
     proc = subprocess.run(
         [sys.executable, "-m", "runjournal", "demo", "--runs", "16", "--agents", "3", "--kills", "4", "--seed", "3",
          "--faults", ",".join(SMALL_CAMPAIGN), "--provider-idempotency", idempotency, "--json", "--report",
-         str(report), "--knowledge", str(POLICY)],
+         str(report), "--knowledge", str(POLICY), "--outcome-commit", mode],
         env=own_stack, capture_output=True, text=True, timeout=600, check=False)
     summary = json.loads(proc.stdout)  # --json: stdout is one JSON document and nothing else
+    assert summary["outcome_commit"] == mode
     raw_librdkafka = [line for line in proc.stderr.splitlines() if re.match(r"^%\d+\|", line)]
     assert raw_librdkafka == []  # librdkafka's lines go through Python logging (runjournal.core.kafka)
     assert REQUIRED <= set(summary)

@@ -14,6 +14,9 @@ failure at every boundary of a side-effecting call:
 * at the outcome's commit — a timeout (ambiguous), an abortable error;
 * after the outcome — the instance dies;
 
+in both outcome modes (``group``: the outcome rides the next commit, which the outcome's commit faults then hit;
+``strict``),
+
 and between steps kills the instance, continues a failed run. The caller retries naturally (calls
 again); a killed instance is recovered by the real recovery job onto the next incarnation of the same
 producer_id, and the runs' code is re-executed there. A "kill" is in-process: the instance stops at
@@ -155,7 +158,7 @@ def faulty_publish(journal: Journal, injector: Injector) -> None:
     """Wrap ``journal.publish`` (what every RunHandle calls) to fail as armed."""
     real = journal.publish
 
-    def publish(event: Event, *, durable: bool, on_lost: Any = None) -> None:
+    def publish(event: Event, *, durable: bool, on_lost: Any = None, **how: Any) -> None:
         queued = injector.publish.get(event.type) or []
         fault = queued.pop(0) if queued else None
         if fault == "refuse":
@@ -169,7 +172,7 @@ def faulty_publish(journal: Journal, injector: Injector) -> None:
             injector.commit_timeouts = 3  # every commit attempt of this publish: ambiguous
         if fault == "commit_abortable":
             injector.commit_aborts = 1
-        real(event, durable=durable, on_lost=on_lost)
+        real(event, durable=durable, on_lost=on_lost, **how)  # how: deferred (group commit), smaller
         if fault == "ack_lost":  # committed, but the answer never came back
             lost = TransactionAbortedError(f"injected: ack of {event.type} lost")
             lost.retryable, lost.ambiguous = False, True
@@ -206,6 +209,9 @@ class RunModel:
 
 class AgentMachine(RuleBasedStateMachine):
     settings: Settings
+    mode: str = "group"
+    """``Journal(outcome_commit=…)``: in ``group`` the ledger tool's outcome rides the next commit, so the outcome
+    faults (commit timeout, abortable commit) hit the commit that carries it — the next intent's or the run's end."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -224,7 +230,7 @@ class AgentMachine(RuleBasedStateMachine):
 
     def _start(self) -> Journal:
         journal = Journal(self.s, producer_id=self.name, lease_ttl_ms=60_000, max_txn_age_ms=60_000,
-                          outcome_retries=2)
+                          outcome_retries=2, outcome_commit=AgentMachine.mode)  # type: ignore[arg-type]
         faulty_publish(journal, self.injector)
         return journal
 
@@ -446,8 +452,9 @@ def machine_settings(settings: Settings) -> Iterator[Settings]:
         GRAVEYARD.clear()  # fenced by the recovery job by now
 
 
-def test_never_twice_never_lost_under_injected_failures(machine_settings: Settings) -> None:
-    AgentMachine.settings = machine_settings
+@pytest.mark.parametrize("mode", ["group", "strict"])
+def test_never_twice_never_lost_under_injected_failures(machine_settings: Settings, mode: str) -> None:
+    AgentMachine.settings, AgentMachine.mode = machine_settings, mode
     run_state_machine_as_test(
         AgentMachine,
         settings=settings(max_examples=EXAMPLES, stateful_step_count=12, deadline=None,

@@ -97,6 +97,8 @@ def test_traceparent_validation(value: str, ok: bool) -> None:
         (KafkaError(KafkaError.MSG_SIZE_TOO_LARGE, txn_requires_abort=True), Severity.ABORTABLE),
         (KafkaError(KafkaError._TIMED_OUT, retriable=True), Severity.RETRIABLE),
         (KafkaError(KafkaError._UNKNOWN_PARTITION), Severity.LOCAL),
+        # produce() on a producer already in its fatal state: the code says so, the fatal flag does not
+        (KafkaError(KafkaError._FATAL), Severity.FATAL),
         (None, Severity.FATAL),
     ],
 )

@@ -45,6 +45,8 @@ def demo_command(
                                         "list of agents, zombies, same_id, projector, projector_stall, broker, redis, "
                                         "recovery, memory, qdrant, registry.")] = "agents,projector",
     fault_times: Annotated[int, typer.Option(help="Inject each fault kind at least this many times.")] = 1,
+    outcome_commit: Annotated[str | None, typer.Option(
+        help="group | strict: the agents' outcome mode (default RUNJOURNAL_OUTCOME_COMMIT, else group).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object.")] = False,
     report: Annotated[Path | None, typer.Option(help="Write a self-contained HTML report here.")] = None,
 ) -> None:
@@ -57,12 +59,14 @@ def demo_command(
 
     if provider_idempotency not in {"on", "off"}:
         raise fail("--provider-idempotency is on or off", as_json=as_json, code=2, kind="UsageError")
+    if outcome_commit not in {None, "group", "strict"}:
+        raise fail("--outcome-commit is group or strict", as_json=as_json, code=2, kind="UsageError")
     with cli_errors(as_json):  # no stack: named within 5 s, before any progress bar
         preflight(Settings.load(), need_topic=False)
     opts = DemoOptions(inputs=list(input or []), agents=agents, kills=kills, kill_every_s=kill_every, seed=seed,
                        provider_idempotency=provider_idempotency == "on", generated_runs=runs, partitions=partitions,
                        memory=memory, knowledge=list(knowledge or []), keep=keep, faults=faults,
-                       fault_times=fault_times)
+                       fault_times=fault_times, outcome_commit=outcome_commit)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=console,
                   transient=as_json) as bar:

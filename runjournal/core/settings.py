@@ -139,6 +139,11 @@ class Settings(BaseSettings):
     """Log level of every command (DEBUG … CRITICAL); None: INFO for services, WARNING otherwise."""
     console_operator_token: SecretStr | None = None
     """``runjournal console``: operators who sign in with this token may approve and deny; unset: read-only."""
+    outcome_commit: Literal["group", "strict"] = "group"
+    """How an agent's ``Journal`` acknowledges a side effect's outcome (``Journal(outcome_commit=…)``): ``group`` —
+    the TOOL_CALL_COMMITTED of a tool with ``reconcile()`` rides the next commit (one broker round trip per call;
+    a crash before that commit leaves the call OUTCOME_UNKNOWN, reconciled by key); ``strict`` — every outcome is
+    committed before ``call`` returns (two round trips). Tools without ``reconcile()`` are strict either way."""
     memory_nice: int = Field(default=19, ge=0, le=19)
     """CPU niceness ``runjournal memory-extractor`` gives its process after its preflight (0 … 19, 19 = lowest priority;
     0 leaves it as started): memory may lag, the projector, recovery and agents on the same host must not

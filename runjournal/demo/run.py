@@ -84,6 +84,9 @@ class DemoOptions:
     """``--faults``: ``all``, ``none`` or kinds (``runjournal.demo.faults.KINDS``)."""
     fault_times: int = 1
     """``--fault-times``: each kind at least this many times (agent kills: ``max(kills, fault_times)``)."""
+    outcome_commit: str | None = None
+    """``--outcome-commit``: the agents' ``group`` or ``strict`` outcome mode; None: the settings'
+    (``RUNJOURNAL_OUTCOME_COMMIT``, default ``group``)."""
 
 
 def _load(opts: DemoOptions) -> list[RunScript]:
@@ -151,7 +154,8 @@ def run_demo(opts: DemoOptions, *, progress: Any = None,
     base = Settings.load()
     preflight(base, need_topic=False)
     prefix = f"demo-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}-{opts.seed}"
-    settings = base.model_copy(update={"topic_prefix": prefix, "partitions": opts.partitions})  # 1
+    settings = base.model_copy(update={"topic_prefix": prefix, "partitions": opts.partitions,  # 1
+                                       "outcome_commit": opts.outcome_commit or base.outcome_commit})
     plan, skipped, stack = plan_faults(opts, settings)
     if on_plan:
         on_plan(plan, skipped)
@@ -208,7 +212,8 @@ def run_demo(opts: DemoOptions, *, progress: Any = None,
         faults_skipped=skipped, fault_errors=campaign.errors, fault_schedule=[vars(s) for s in plan],
         service_exits=fleet.service_exits, registry_subject=registered,
         elapsed_s=round(time.monotonic() - started, 1), topic_prefix=prefix, finished_in_time=done,
-        provider_idempotency="on" if opts.provider_idempotency else "off", workdir=str(workdir), **memory_report)
+        provider_idempotency="on" if opts.provider_idempotency else "off", workdir=str(workdir),
+        outcome_commit=settings.outcome_commit, **memory_report)
     summary["faults_ok"] = all(faults.get(k, 0) >= _wanted(k, opts) for k in requested)
     summary["ok"] = _ok(summary, memory=fleet.memory is not None)
     summary["timeline"] = fleet.timeline()

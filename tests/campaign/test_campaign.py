@@ -3,8 +3,9 @@ runs) on a 3-broker stack with a schema registry, ``--faults all``, checked by i
 
 The stack is started the way a user starts it — ``runjournal stack up --brokers 3 --registry`` — in a temp directory
 on free ports, and stopped at the end (``RJ_CAMPAIGN_STACK_DIR`` names a running one instead). Each cell of
-``RJ_CAMPAIGN_MATRIX`` (``seed:idempotency`` pairs, default ``1:off``; the acceptance matrix is
-``1:off,2:off,3:off,1:on,2:on,3:on``, ``make campaign-acceptance``) is one demo run that must end ``ok`` with no
+``RJ_CAMPAIGN_MATRIX`` (``seed:idempotency[:mode]``, mode ``group`` (default) or ``strict``: the agents' outcome
+commit; ``make test-campaign`` runs ``1:off:group,1:off:strict``, the acceptance matrix ``make campaign-acceptance``
+every seed and idempotency in group commit plus three strict cells) is one demo run that must end ``ok`` with no
 duplicate, no acknowledged event missing, no projection mismatch, every run terminal and matching its input, and
 every fault kind injected. Each cell's summary is appended to ``RJ_CAMPAIGN_RESULTS`` (JSON lines) when set.
 """
@@ -27,7 +28,8 @@ pytestmark = [pytest.mark.campaign, pytest.mark.integration, pytest.mark.crash]
 DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 INPUT = DATA / "trajectories" / "tau-bench-gpt-4o-airline.json"
 POLICY = DATA / "knowledge" / "tau-bench-airline-policy.md"
-CELLS = [tuple(c.split(":")) for c in os.environ.get("RJ_CAMPAIGN_MATRIX", "1:off").split(",") if c]
+CELLS = [(*c.split(":"), "group")[:3] for c in os.environ.get("RJ_CAMPAIGN_MATRIX", "1:off").split(",") if c]
+"""``(seed, idempotency, outcome mode)`` per cell; a cell written ``seed:idempotency`` runs the default mode."""
 KINDS = {"agents", "zombies", "same_id", "projector", "projector_stall", "broker", "redis", "recovery", "memory",
          "qdrant", "registry"}
 
@@ -53,23 +55,25 @@ def stack_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, st
 
 
 @pytest.mark.skipif(not INPUT.exists(), reason=f"the real input is not here: {INPUT}")
-@pytest.mark.parametrize(("seed", "idempotency"), CELLS, ids=[f"seed{s}-idem-{i}" for s, i in CELLS])
+@pytest.mark.parametrize(("seed", "idempotency", "mode"), CELLS, ids=[f"seed{s}-idem-{i}-{m}" for s, i, m in CELLS])
 def test_the_main_job_holds_under_every_fault(stack_env: dict[str, str], tmp_path: Path, seed: str,
-                                               idempotency: str) -> None:
+                                               idempotency: str, mode: str) -> None:
     report = tmp_path / "report.html"
     started = time.monotonic()
     proc = subprocess.run(
         [RUNJOURNAL, "demo", "--input", str(INPUT), "--knowledge", str(POLICY), "--agents", "4", "--kills", "20",
-         "--faults", "all", "--seed", seed, "--provider-idempotency", idempotency, "--json", "--report", str(report)],
+         "--faults", "all", "--seed", seed, "--provider-idempotency", idempotency, "--outcome-commit", mode,
+         "--json", "--report", str(report)],
         env=stack_env, capture_output=True, text=True, timeout=1800, check=False)
     elapsed = time.monotonic() - started
     summary = json.loads(proc.stdout)
     brief = {k: v for k, v in summary.items() if not isinstance(v, dict | list) or k == "faults_injected"}
     if results := os.environ.get("RJ_CAMPAIGN_RESULTS"):
         with open(results, "a") as f:
-            f.write(json.dumps({"seed": seed, "idempotency": idempotency, "wall_s": round(elapsed, 1),
+            f.write(json.dumps({"seed": seed, "idempotency": idempotency, "mode": mode, "wall_s": round(elapsed, 1),
                                 "loadavg": os.getloadavg(), **brief}, default=str) + "\n")
     assert summary["ok"] is True and proc.returncode == 0, (brief, proc.stderr[-3000:])
+    assert summary["outcome_commit"] == mode
     assert summary["runs_total"] == summary["runs_completed"] == summary["runs_outcome_matches_input"] == 200
     assert summary["side_effect_duplicates"] == 0 and summary["acked_events_missing"] == 0 < summary["acked_events"]
     assert summary["projection_mismatches"] == 0
