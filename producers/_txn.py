@@ -55,6 +55,9 @@ class TxnPublisher(FailureHandling):
         on_fenced: called (under the lock) when the producer is found fenced.
         still_leased: asked before rebuilding after a non-fencing fatal error; False is treated as fenced.
         settle_ms: see :meth:`_settle` (0 disables).
+        share_wait_ms: the longest a durable publisher about to commit waits for publishers already waiting
+            for the lock to produce into the same transaction, ms (default 2; 0 disables). Only while some are
+            waiting: a lone publisher commits at once (see :meth:`commit_through`).
         on_acked: called (under the lock) after each successful commit with ``[(key, partition, offset)]`` of
             every record the committed transaction held, in produce order; the offset comes from the record's
             delivery report (-1 when none was served). The broker's acknowledgement as the caller's witness
@@ -73,6 +76,7 @@ class TxnPublisher(FailureHandling):
         still_leased: Callable[[], bool],
         settle_ms: float = 0.0,
         on_acked: Callable[[list[tuple[str, int, int]]], None] | None = None,
+        share_wait_ms: float = 2.0,
     ) -> None:
         self._config = {**config, "error_cb": self._on_error}
         self._deliver = self._on_delivery
@@ -83,6 +87,12 @@ class TxnPublisher(FailureHandling):
         self._on_fenced = on_fenced
         self._still_leased = still_leased
         self._lock = threading.RLock()
+        self._joined = threading.Condition(self._lock)
+        """Notified each time a publisher has produced (or failed to): a committer waiting for it wakes."""
+        self._arrivals = 0
+        """Publishers between announcing themselves and producing: they are waiting for ``_lock``."""
+        self._arrivals_lock = threading.Lock()
+        self._share_wait_s = share_wait_ms / 1000
         self._producer: Any = None
         self._gen = 1
         self._resolved = 0
@@ -166,37 +176,62 @@ class TxnPublisher(FailureHandling):
         """
         if item.durable:
             self._settle()
+        with self._arrivals_lock:
+            self._arrivals += 1  # a committer holding the lock may wait for this publisher (commit_through)
         with self._lock:
-            self._usable()
             try:
-                self._ensure_txn()
-                self._produce(item)
-            except KafkaException as exc:
-                if classify(exc) in (
-                    Severity.LOCAL,
-                    Severity.RETRIABLE,
-                ):  # this record only (partition, size)
-                    refused = DeliveryError(f"produce of {item.key} refused: {exc}")
-                    refused.refused_keys = frozenset({item.key})
-                    raise refused from exc
-                raise self._fail_open_txn(self._by_fatal_cause(exc)) from exc
-            self._items.append(item)
-            if item.deferred and self._deferred_since is None:
-                self._deferred_since = time.monotonic()
-                self.deferred_arrived.set()
-            self._serve()
-            return self._gen
+                return self._produce_item(item)
+            finally:
+                with self._arrivals_lock:
+                    self._arrivals -= 1
+                self._joined.notify_all()
+
+    def _produce_item(self, item: Item) -> int:
+        self._usable()
+        try:
+            self._ensure_txn()
+            self._produce(item)
+        except KafkaException as exc:
+            if classify(exc) in (Severity.LOCAL, Severity.RETRIABLE):  # this record only (partition, size)
+                refused = DeliveryError(f"produce of {item.key} refused: {exc}")
+                refused.refused_keys = frozenset({item.key})
+                raise refused from exc
+            raise self._fail_open_txn(self._by_fatal_cause(exc)) from exc
+        self._items.append(item)
+        if item.deferred and self._deferred_since is None:
+            self._deferred_since = time.monotonic()
+            self.deferred_arrived.set()
+        self._serve()
+        return self._gen
 
     def commit_through(self, gen: int) -> None:
         """Return once generation ``gen`` is committed; raise its error if it was lost.
+
+        Group commit: when other publishers are already waiting for the lock, this one first lets them produce
+        into the same transaction — it waits (the lock released) until none is left waiting, at most
+        ``share_wait_ms`` — so one commit acknowledges all of them. Without that wait the publisher that just
+        produced takes the lock straight back and commits alone, and concurrent durable publishes share almost
+        nothing (64 threads gave 1.4× one thread's calls/s). A lone publisher never waits.
 
         Raises:
             TransactionAbortedError / FatalProducerError / ProducerFencedError: generation ``gen`` was lost.
         """
         with self._lock:
             if self._resolved < gen:
+                self._let_others_join()
+            if self._resolved < gen:
                 self._commit()
             self._raise_if_failed(gen)
+
+    def _let_others_join(self) -> None:
+        """Wait (lock released) while publishers wait to produce into the open transaction, at most
+        ``share_wait_ms``."""
+        deadline = time.monotonic() + self._share_wait_s
+        while self._arrivals > 0 and self._txn_open and not self._fenced_for_good:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._joined.wait(left)
 
     def flush(self) -> None:
         """Commit the open transaction, if any (raises like :meth:`commit_through`)."""

@@ -192,3 +192,32 @@ def test_the_mode_comes_from_the_environment(topics: Settings, monkeypatch: pyte
         Settings.load()
     with pytest.raises(ValueError, match="outcome_commit"):
         Journal(topics, outcome_commit="sometimes")  # type: ignore[arg-type]
+
+
+def test_concurrent_durable_publishes_share_commits(topics: Settings) -> None:
+    """Sixteen threads publishing a durable event at once on one journal: a committer first lets the publishers
+    already waiting for the lock produce into its transaction (``TxnPublisher.commit_through``), so a few commits
+    acknowledge them all — not one commit each, as when the thread that just produced took the lock straight back."""
+    import threading
+
+    with _journal(topics, max_txn_age_ms=NEVER_MS) as journal:
+        runs = [journal.start_run("t", "a", {}) for _ in range(16)]
+        journal.flush()
+        rounds, commits_per_round = 5, []
+        for _ in range(rounds):
+            start = threading.Barrier(len(runs))
+            before = journal.stats["commits"]
+
+            def approve(run: Any, barrier: threading.Barrier = start) -> None:
+                barrier.wait()
+                run.request_approval(f"c-{uuid.uuid4().hex[:6]}", "durable")
+
+            threads = [threading.Thread(target=approve, args=(run,)) for run in runs]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(30)
+            commits_per_round.append(journal.stats["commits"] - before)
+        assert sorted(commits_per_round)[rounds // 2] <= 6, f"{commits_per_round} commits for 16 durable publishes"
+        for run in runs:
+            assert committed_types(topics, run.run_id, listen_s=0.5).count(EventType.APPROVAL_REQUESTED) == rounds
