@@ -75,11 +75,15 @@ def _committed(settings: Settings) -> int:
 class _Extractor:
     """``runjournal memory-extractor`` as a child process, started and stopped around a round."""
 
-    def __init__(self, settings: Settings, *, qdrant_url: str | None, unbounded: bool = False) -> None:
+    def __init__(self, settings: Settings, *, qdrant_url: str | None, unbounded: bool = False,
+                 sched: str | None = None) -> None:
         self.settings = settings
         extra = {"RUNJOURNAL_QDRANT_URL": qdrant_url} if qdrant_url else {}
+        if sched is not None:
+            extra["RUNJOURNAL_MEMORY_SCHED"] = sched
         if unbounded:
             extra["RUNJOURNAL_MEMORY_NICE"] = "0"
+            extra["RUNJOURNAL_MEMORY_SCHED"] = "other"
         self.env = child_env(settings, **extra)
         if unbounded:
             self.env["TOKENIZERS_PARALLELISM"] = "true"
@@ -153,13 +157,17 @@ def run_memory(env: BenchEnv, events: int, rounds: int, *, nice: bool = True) ->
     settings = env.pair_settings("memory")
     n = publish_workload(settings, events // 50, 50, seed=5)
     running = _Extractor(settings, qdrant_url=None)
+    other = "other" if settings.memory_sched == "idle" else "idle"  # the policy the default does not use
+    alternative = _Extractor(settings, qdrant_url=None, sched=other)
     down = _Extractor(settings, qdrant_url=f"http://127.0.0.1:{free_port()}")
     unbounded = _Extractor(settings, qdrant_url=None, unbounded=True)
-    cpu: dict[str, list[float]] = {k: [] for k in ("stopped", "running", "qdrant down", "running unbounded")}
-    own: dict[str, list[float]] = {"running": [], "running unbounded": []}
+    alt = f"running, sched {other}"
+    cpu: dict[str, list[float]] = {k: [] for k in ("stopped", "running", "qdrant down", "running unbounded", alt)}
+    own: dict[str, list[float]] = {"running": [], "running unbounded": [], alt: []}
     sides = [Side("stopped", lambda: _with(None, settings, n, cpu["stopped"])),
              Side("running", lambda: _with(running, settings, n, cpu["running"], own["running"])),
-             Side("qdrant down", lambda: _with(down, settings, n, cpu["qdrant down"]))]
+             Side("qdrant down", lambda: _with(down, settings, n, cpu["qdrant down"])),
+             Side(alt, lambda: _with(alternative, settings, n, cpu[alt], own[alt]))]
     if nice:
         sides += [Side("running unbounded", lambda: _with(unbounded, settings, n, cpu["running unbounded"],
                                                           own["running unbounded"])),
@@ -170,10 +178,11 @@ def run_memory(env: BenchEnv, events: int, rounds: int, *, nice: bool = True) ->
     anchor = summarise(res["stopped"])
     note = (f"{n} events; projector rebuilt from nothing per round; extractor = `runjournal memory-extractor` "
             "(MiniLM int8, embedded Qdrant) in its own process on the same 2 cores, bounded by default "
-            "(nice 19, 1 onnxruntime thread, no tokenizer pool)")
+            f"(nice {settings.memory_nice}, sched {settings.memory_sched}, 1 onnxruntime thread, no tokenizer pool)")
     rows = []
     for label, side, goal in (("running", "projector, extractor running", "≥ 0.95"),
                               ("qdrant down", "projector, extractor with Qdrant unreachable", "≥ 0.95"),
+                              (alt, f"projector, extractor running with sched {other}", None),
                               ("running unbounded", "projector, extractor unbounded (nice 0, tokenizer pool; "
                                                     "before)", None)):
         if label not in res:
@@ -197,4 +206,7 @@ def run_memory(env: BenchEnv, events: int, rounds: int, *, nice: bool = True) ->
                         summarise(own["running"]), "unbounded (before)", summarise(own["running unbounded"]),
                         note="during the projector's rebuild: the lag memory takes so that the projector does not",
                         ratio_rounds=paired_ratios(own["running"], own["running unbounded"])))
+    rows.append(Row(PAIR, "extractor records/s, beside projector", "bounded (default)", summarise(own["running"]),
+                    f"sched {other}", summarise(own[alt]),
+                    ratio_rounds=paired_ratios(own["running"], own[alt])))
     return rows

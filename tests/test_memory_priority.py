@@ -27,17 +27,18 @@ pytestmark = pytest.mark.integration
 BIN = str(Path(sys.executable).with_name("runjournal"))
 
 
-def _thread_nices(pid: int) -> dict[str, int]:
-    """niceness of every thread of ``pid`` (field 19 of /proc/<pid>/task/<tid>/stat), by thread name."""
+def _thread_nices(pid: int, field: int = 19) -> dict[str, int]:
+    """niceness (field 19; 41: scheduling policy) of every thread of ``pid`` from /proc/<pid>/task/<tid>/stat,
+    by thread name."""
     out = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
         name, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
-        out[f"{name}/{tid}"] = int(rest[16])
+        out[f"{name}/{tid}"] = int(rest[field - 3])
     return out
 
 
-def _running_extractor_nices(env: dict[str, str], settings: Settings) -> dict[str, int]:
+def _running_extractor_nices(env: dict[str, str], settings: Settings, field: int = 19) -> dict[str, int]:
     proc = subprocess.Popen([BIN, "memory-extractor"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True)
     try:
@@ -47,7 +48,7 @@ def _running_extractor_nices(env: dict[str, str], settings: Settings) -> dict[st
             assert time.monotonic() < deadline, "the extractor never came up"
             time.sleep(0.1)
         time.sleep(1.0)  # a poll or two: the consumer's and the tokenizer's threads exist by now
-        return _thread_nices(proc.pid)
+        return _thread_nices(proc.pid, field)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
@@ -60,6 +61,16 @@ def test_the_extractor_runs_every_thread_at_nice_19_by_default_and_as_started_wi
     assert len(nices) > 3 and set(nices.values()) == {19}, nices
     nices = _running_extractor_nices({**service_env, "RUNJOURNAL_MEMORY_NICE": "0"}, topics)
     assert set(nices.values()) == {os.getpriority(os.PRIO_PROCESS, 0)}, nices
+
+
+def test_every_thread_takes_the_scheduling_policy_it_is_given(topics: Settings, service_env: dict[str, str]) -> None:
+    """``RUNJOURNAL_MEMORY_SCHED=idle``: every thread (librdkafka's, onnxruntime's, the read server's) runs under
+    SCHED_IDLE — only on CPU time no normal thread wants; ``other``: the time-sharing policy, niceness alone."""
+    publish(topics, run_events("sched-run"))
+    policies = _running_extractor_nices({**service_env, "RUNJOURNAL_MEMORY_SCHED": "idle"}, topics, field=41)
+    assert len(policies) > 3 and set(policies.values()) == {os.SCHED_IDLE}, policies
+    policies = _running_extractor_nices({**service_env, "RUNJOURNAL_MEMORY_SCHED": "other"}, topics, field=41)
+    assert set(policies.values()) == {os.SCHED_OTHER}, policies
 
 
 def test_an_out_of_range_niceness_is_refused_naming_the_variable(service_env: dict[str, str]) -> None:

@@ -49,7 +49,7 @@ def memory_extractor_command(
     settings = Settings.load()
     with cli_errors(as_json):  # a missing stack or topic: named within 5 s (at the priority it was started with)
         preflight(settings)
-    yield_cpu(settings.memory_nice)  # before the consumer, embedder and server start: their threads inherit it
+    yield_cpu(settings.memory_nice, settings.memory_sched)  # before the consumer, embedder, server: threads inherit
     owner = guarded(lambda: CognitionOwner.open(settings, guarded(default_embedder, as_json=as_json)),
                     as_json=as_json)
     try:
