@@ -114,6 +114,39 @@ class ProjectionStore:
         raw = self.client.mget([self.run_key(partition, r) for r in ids])
         return {rid: RunState.from_json(val) for rid, val in zip(ids, raw, strict=True) if val is not None}
 
+    def snapshot(self, runs_by_partition: Mapping[int, Iterable[str]]) -> dict[int, tuple[int, dict[str, RunState]]]:
+        """Each partition's applied offset, then the states of its runs: two pipelined round trips in all.
+
+        Every offset is read before any state, so each state is a snapshot at or after its partition's offset
+        (what a tail fold from ``offset + 1`` needs). One GET, then one MGET, per partition: each command stays
+        within the partition's slot (a cluster pipeline sends each to its node).
+
+        Args:
+            runs_by_partition: partition -> run ids.
+
+        Returns:
+            partition -> ``(applied offset (-1: none), run_id -> state)``; runs not in Redis are absent.
+
+        Raises:
+            redis.RedisError: Redis unreachable or refused (nothing is written).
+            StateFormatError: a stored state cannot be read.
+        """
+        parts = {p: list(ids) for p, ids in runs_by_partition.items()}
+        if not parts:
+            return {}
+        pipe = self.client.pipeline(transaction=False)
+        for p in parts:
+            pipe.get(self.offset_key(p))
+        offsets = [int(raw) if raw is not None else -1 for raw in pipe.execute()]
+        pipe = self.client.pipeline(transaction=False)
+        wanted = [p for p, ids in parts.items() if ids]
+        for p in wanted:
+            pipe.mget([self.run_key(p, r) for r in parts[p]])
+        values = dict(zip(wanted, pipe.execute() if wanted else [], strict=True))
+        parse = RunState.from_json
+        return {p: (off, {r: parse(v) for r, v in zip(parts[p], values.get(p, ()), strict=True) if v is not None})
+                for p, off in zip(parts, offsets, strict=True)}
+
     def get(self, partition: int, run_id: str) -> RunState | None:
         """One run's state, or None."""
         raw = self.client.get(self.run_key(partition, run_id))
