@@ -1,21 +1,145 @@
-"""Batched single-slot reads and writes for the recovery pass (issue 20)."""
+"""The batched hand-over (issue 20): batches of single-slot writes; a failure or a crash between them loses no run.
+
+A pass hands its runs over in batches (``runjournal.consumers.recovery.handover``): the plans (one SET per run,
+pipelined), then the assignments (one check-and-set script per assignee), then the removals from the dead owner's
+owned set. These tests break it between its writes, or fail one run's write, on the real broker and Redis, and
+check that every run ends resumed exactly once, assigned once and owned by the live instance only.
+"""
 
 from __future__ import annotations
 
-import pytest
+from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import Any
 
+import pytest
+import redis
+
+from runjournal.consumers.failures import FatalDependencyError
+from runjournal.consumers.inspect import read_all_events
 from runjournal.consumers.projector.store import ProjectionStore
+from runjournal.consumers.recovery import handover
 from runjournal.consumers.recovery.instances import Instances
+from runjournal.consumers.recovery.job import RecoveryJob
 from runjournal.core import redis_client
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.model.reducer import apply
 from runjournal.producers.partitioner import partition_for
 from runjournal.producers.plan import PlanStore, RecoveryPlan
-from tests.support.faults import live
-from tests.support.workload import run_events
+from runjournal.schemas import EventType
+from tests.support.faults import assigned, live, owned, owns
+from tests.support.workload import publish, run_events
 
 pytestmark = pytest.mark.integration
+
+
+def _crashed_runs(topics: Settings, n: int, tag: str) -> list[str]:
+    """``n`` in-flight runs owned by the dead ``agent-1``; ``taker`` is alive."""
+    runs = [f"{tag}-{i}" for i in range(n)]
+    publish(topics, [e for run in runs for e in run_events(run, finish=False)])
+    owns(topics, "agent-1", *runs)
+    live(topics, "taker")
+    return runs
+
+
+def _settled(topics: Settings, runs: list[str]) -> None:
+    """Every run resumed exactly once (epoch 2), its plan stored, handed to ``taker`` once, ``agent-1`` owns none."""
+    resumed = Counter(ev.run_id for evs in read_all_events(topics).values() for ev, _p, _o in evs
+                      if ev.type is EventType.RUN_RESUMED)
+    assert resumed == dict.fromkeys(runs, 1), resumed
+    assert sorted(assigned(topics, "taker")) == sorted(runs)
+    assert owned(topics, "taker") == set(runs) and owned(topics, "agent-1") == set()
+    plans = PlanStore(redis_client.client(topics), topics.topic_prefix)
+    for run in runs:
+        plan = plans.get(run)
+        assert plan is not None and plan.epoch == 2 and plan.assigned_to == "taker", run
+
+
+def _recover(topics: Settings) -> Any:
+    job = RecoveryJob(topics)
+    try:
+        return job.recover(stale=True)
+    finally:
+        job.close()
+
+
+def _failing_plans(monkeypatch: pytest.MonkeyPatch, fail: Callable[[str, int], BaseException | None]) -> list[int]:
+    """``PlanStore.put_many`` with ``fail(run_id, call number)`` deciding a run's error (its plan is then not
+    stored), as Redis reports a command's error inside a pipeline. Returns the list of calls made."""
+    real = PlanStore.put_many
+    calls: list[int] = []
+
+    def put_many(self: PlanStore, plans: Iterable[RecoveryPlan]) -> dict[str, Exception]:
+        calls.append(1)
+        todo = list(plans)
+        errors = {p.run_id: e for p in todo if (e := fail(p.run_id, len(calls))) is not None}
+        stored = real(self, [p for p in todo if p.run_id not in errors])
+        return {**stored, **errors}  # type: ignore[dict-item]
+
+    monkeypatch.setattr(PlanStore, "put_many", put_many)
+    return calls
+
+
+def test_one_runs_failed_write_does_not_lose_the_others_and_the_next_pass_completes_it(
+        topics: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    runs = _crashed_runs(topics, 3, "batch")
+    bad = runs[1]
+    _failing_plans(monkeypatch, lambda run, _n: redis.ResponseError("WRONGTYPE injected") if run == bad else None)
+    with pytest.raises(FatalDependencyError, match="WRONGTYPE"):
+        _recover(topics)  # the pass says so (the service stops loudly) — after handing the other runs over
+    assert sorted(assigned(topics, "taker")) == sorted(set(runs) - {bad})
+    assert owned(topics, "agent-1") == {bad}  # not disowned: its assignment never happened
+    assert PlanStore(redis_client.client(topics), topics.topic_prefix).get(bad) is None
+    monkeypatch.undo()  # Redis takes the write again
+    report = _recover(topics)
+    assert [(r.run_id, r.action, r.epoch) for r in report.runs] == [(bad, "handed_over", 2)], report.as_dict()
+    _settled(topics, runs)
+
+
+def test_a_transient_failure_of_one_runs_write_is_tried_again_within_the_pass(
+        topics: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    runs = _crashed_runs(topics, 3, "blip")
+    calls = _failing_plans(monkeypatch, lambda run, n: redis.ConnectionError("reset") if run == runs[0] and n <= 2
+                           else None)
+    job = RecoveryJob(topics)
+    report = job.recover(stale=True)
+    job.close()
+    assert [r.action for r in report.runs] == ["resumed"] * 3, report.as_dict()
+    # the failed run alone is written again at once, then after a wait (the policy's backoff) — within the pass
+    assert len(calls) == 3 and job.policy.retries == 1
+    _settled(topics, runs)
+
+
+@pytest.mark.parametrize("dies_in", ["assign_many", "disown"])
+def test_a_pass_killed_between_two_batches_is_completed_by_the_next_pass(
+        topics: Settings, monkeypatch: pytest.MonkeyPatch, dies_in: str) -> None:
+    """Batches of 2 runs; the pass dies in the second batch, after its plans are stored (in its assignment, or
+    after it, in the removal from the dead owner's set). Batch 1 is done, batch 3 never started."""
+    runs = _crashed_runs(topics, 5, f"kill-{dies_in}")
+    monkeypatch.setattr(handover, "HANDOVER_BATCH", 2)
+    target = PlanStore if dies_in == "assign_many" else handover.HandOvers
+    name = "assign_many" if dies_in == "assign_many" else "_disown"
+    real = getattr(target, name)
+    seen: list[int] = []
+
+    def dying(*args: Any, **kwargs: Any) -> Any:
+        seen.append(1)
+        if len(seen) == 2:
+            raise SystemExit("killed inside the hand-over")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(target, name, dying)
+    with pytest.raises(SystemExit):
+        RecoveryJob(topics).recover(stale=True)
+    monkeypatch.undo()
+    assert len(assigned(topics, "taker")) == (2 if dies_in == "assign_many" else 4)
+    assert len(owned(topics, "agent-1")) == 3
+    report = _recover(topics)
+    assert sorted(r.action for r in report.runs) == ["handed_over"] * 3, report.as_dict()
+    assert all(r.epoch == 2 and r.assigned_to == "taker" for r in report.runs)
+    _settled(topics, runs)
+    assert _recover(topics).runs == []  # nothing left
 
 
 def test_batched_reads_and_writes_keep_the_single_run_contracts(topics: Settings) -> None:
