@@ -115,11 +115,11 @@ class ProjectionStore:
         return {rid: RunState.from_json(val) for rid, val in zip(ids, raw, strict=True) if val is not None}
 
     def snapshot(self, runs_by_partition: Mapping[int, Iterable[str]]) -> dict[int, tuple[int, dict[str, RunState]]]:
-        """Each partition's applied offset, then the states of its runs: two pipelined round trips in all.
+        """Each partition's applied offset, then the states of its runs: 1 + one round trip per partition.
 
         Every offset is read before any state, so each state is a snapshot at or after its partition's offset
-        (what a tail fold from ``offset + 1`` needs). One GET, then one MGET, per partition: each command stays
-        within the partition's slot (a cluster pipeline sends each to its node).
+        (what a tail fold from ``offset + 1`` needs): one pipeline of GETs (each in its partition's slot; a
+        cluster pipeline sends each to its node), then one MGET per partition (one slot).
 
         Args:
             runs_by_partition: partition -> run ids.
@@ -131,21 +131,13 @@ class ProjectionStore:
             redis.RedisError: Redis unreachable or refused (nothing is written).
             StateFormatError: a stored state cannot be read.
         """
-        parts = {p: list(ids) for p, ids in runs_by_partition.items()}
-        if not parts:
+        if not runs_by_partition:
             return {}
         pipe = self.client.pipeline(transaction=False)
-        for p in parts:
+        for p in runs_by_partition:
             pipe.get(self.offset_key(p))
         offsets = [int(raw) if raw is not None else -1 for raw in pipe.execute()]
-        pipe = self.client.pipeline(transaction=False)
-        wanted = [p for p, ids in parts.items() if ids]
-        for p in wanted:
-            pipe.mget([self.run_key(p, r) for r in parts[p]])
-        values = dict(zip(wanted, pipe.execute() if wanted else [], strict=True))
-        parse = RunState.from_json
-        return {p: (off, {r: parse(v) for r, v in zip(parts[p], values.get(p, ()), strict=True) if v is not None})
-                for p, off in zip(parts, offsets, strict=True)}
+        return {p: (off, self.load(p, ids)) for (p, ids), off in zip(runs_by_partition.items(), offsets, strict=True)}
 
     def get(self, partition: int, run_id: str) -> RunState | None:
         """One run's state, or None."""
