@@ -16,17 +16,21 @@ A run whose write fails skips its later steps; the other runs of the batch, and 
 the last batch the first failure is raised. Each such run is completed by the next pass, as is a pass killed
 between two writes (``recovery.inside_handover`` before each batch, ``recovery.handover.after_plan`` and
 ``…after_assign`` inside one): the journal already names the assignee, which does not hold the run yet, or
-holds it while the dead owner's set still lists it (:meth:`RecoveryJob._live_owners`).
+holds it while the dead owner's set still lists it (:meth:`HandOvers.unfinished`).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from runjournal.consumers.failures import DependencyUnavailableError, FailurePolicy
+from runjournal.consumers.recovery.plan import build_plan, classify
+from runjournal.consumers.recovery.report import RunOutcome, with_changes
 from runjournal.core import failpoints
+from runjournal.model.reducer import RunState
 from runjournal.producers.plan import PlanStore, RecoveryPlan
 
 __all__ = ["HANDOVER_BATCH", "HandOver", "HandOvers"]
@@ -96,6 +100,38 @@ class HandOvers:
             self.policy.log.error("hand-over incomplete; the next pass completes it", extra={
                 "runs": len(progress.failures), "first": first, "error": str(exc)})
             raise exc
+
+    def unfinished(self, found: Sequence[tuple[RunOutcome, RunState, str | None]]) -> list[HandOver]:
+        """Decide each ``(outcome, folded state, dead owner)`` whose journal names a live owner (``state.owner``), in
+        a few round trips (pipelined, per slot), and return the hand-overs still to write.
+
+        Where the owner holds the run (its owned set has it): leave it alone (``owner_alive``) — but if the dead
+        owner's set still lists the run, a pass died before the hand-over's last write: remove it now
+        (``handed_over``). Where it does not hold it: a pass committed RUN_RESUMED to it and died before the
+        hand-over, or inside it: its hand-over (same epoch) is returned, and the outcome says ``handed_over``.
+
+        Raises:
+            DependencyUnavailableError, FatalDependencyError: Redis stayed away or refused (the policy's).
+        """
+        held = self.policy.call("hand over", lambda: self.holds([(st.owner or "", st.run_id) for _o, st, _d in found]))
+        leftover = [(st, d) for (_o, st, d), h in zip(found, held, strict=True) if h and d and d != st.owner]
+        removed = self.policy.call("hand over", lambda: self.disown_each([(d or "", st.run_id) for st, d in leftover]))
+        completed = {st.run_id for (st, _d), r in zip(leftover, removed, strict=True) if r}
+        items: list[HandOver] = []
+        now_ms = int(time.time() * 1000)
+        for (outcome, state, dead_owner), holds in zip(found, held, strict=True):
+            if holds and state.run_id in completed:
+                with_changes(outcome, action="handed_over", epoch=state.epoch, assigned_to=state.owner,
+                             detail=f"completed an earlier pass's hand-over: {dead_owner} no longer lists it")
+            elif holds:
+                with_changes(outcome, action="owner_alive", detail=f"owned by live {state.owner}")
+            else:
+                classified = classify(state)
+                items.append(HandOver(build_plan(state, classified, new_epoch=state.epoch, resumed_seq=state.last_seq,
+                                                 assigned_to=state.owner, now_ms=now_ms), dead_owner))
+                with_changes(outcome, action="handed_over", epoch=state.epoch, assigned_to=state.owner,
+                             calls=classified.counts, detail="completed the hand-over of an earlier pass's RUN_RESUMED")
+        return items
 
     def holds(self, pairs: Sequence[tuple[str, str]]) -> list[bool]:
         """For each ``(instance, run_id)``: is the run in the instance's owned set? One pipelined round trip.

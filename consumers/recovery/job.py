@@ -63,6 +63,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from runjournal.consumers.failures import FailurePolicy
 from runjournal.consumers.projector.store import ProjectionStore
+from runjournal.consumers.recovery._gc import collector_paused
 from runjournal.consumers.recovery.handover import HandOver, HandOvers
 from runjournal.consumers.recovery.instances import Instances
 from runjournal.consumers.recovery.plan import Classified, build_plan, classify
@@ -209,16 +210,22 @@ class RecoveryJob:
         if assign_to and assign_to not in self.instances.live():
             raise RecoveryError(f"--assign-to {assign_to}: no live instance holds that lease "
                                 f"(live: {sorted(self.instances.live()) or 'none'})")
-        chosen, snapshots = self._select(stale=stale, instance=instance, runs=runs, force=force,
-                                         reopen=reopen_failed)  # 1
         self._force = force
         self._reopen_failed = reopen_failed
+        with collector_paused():  # the pass's objects hold no cycles; they are freed before it resumes (_gc)
+            self._pass(report, stale=stale, instance=instance, runs=runs, assign_to=assign_to)
+        report.recovery_ms = (time.monotonic() - started) * 1000
+        log.info("recovery pass", extra=report.as_dict(with_runs=False))
+        return report
+
+    def _pass(self, report: RecoveryReport, *, stale: bool, instance: str | None, runs: list[str] | None,
+              assign_to: str | None) -> None:
+        """Steps 1-7 into ``report``; everything else they build is garbage when this returns."""
+        chosen, snapshots = self._select(stale=stale, instance=instance, runs=runs, force=self._force,
+                                         reopen=self._reopen_failed)  # 1
         states, offsets = self._fence_and_read(chosen, snapshots, report)  # 2-4
         resumable = self._triage(chosen, states, report)  # 5
         self._resume(resumable, chosen, states, offsets, report, assign_to)  # 6, 7
-        report.recovery_ms = (time.monotonic() - started) * 1000
-        log.info("recovery pass", extra={k: v for k, v in report.as_dict().items() if k != "runs"})
-        return report
 
     def _fence_and_read(self, chosen: dict[str, str | None], snapshots: dict[int, Snapshot],
                         report: RecoveryReport) -> tuple[dict[str, RunState | None], dict[str, int]]:
@@ -297,48 +304,29 @@ class RecoveryJob:
             elif state.status in (RunStatus.GAP, RunStatus.BLOCKED):
                 self._park(owner, run_id)
                 report.runs.append(with_changes(base, action="parked", detail=state.gap_reason or state.blocked_reason))
-            else:
-                classified = classify(state)
-                wait_s = (classified.reconcile_after_ms - time.time() * 1000) / 1000
-                if wait_s > self.max_wait_s:
-                    report.runs.append(with_changes(base, action="deferred", calls=classified.counts,
-                                             detail=f"tool timeout passes in {wait_s:.1f} s"))
-                    continue
-                if wait_s > 0:
-                    time.sleep(wait_s)  # let a zombie's request time out before anyone reconciles
+            elif (classified := self._classify_or_defer(base, state, report)) is not None:
                 resumable[run_id] = classified
         self._live_owners(live_owned)
         return resumable
 
+    def _classify_or_defer(self, base: RunOutcome, state: RunState, report: RecoveryReport) -> Classified | None:
+        """The run's classification, once its unknown calls' tool timeouts have passed (waited for up to
+        ``max_wait_s``); None when they pass later than that: the run is reported ``deferred``."""
+        classified = classify(state)
+        wait_s = (classified.reconcile_after_ms - time.time() * 1000) / 1000
+        if wait_s > self.max_wait_s:
+            report.runs.append(with_changes(base, action="deferred", calls=classified.counts,
+                                            detail=f"tool timeout passes in {wait_s:.1f} s"))
+            return None
+        if wait_s > 0:
+            time.sleep(wait_s)  # let a zombie's request time out before anyone reconciles
+        return classified
+
     def _live_owners(self, found: list[tuple[RunOutcome, RunState, str | None]]) -> None:
-        """The journal names a live owner for each ``(outcome, state, dead owner)``. Where it holds the run (its
-        owned set has it): leave it alone — but if the dead owner's set still lists the run, a pass died before the
-        hand-over's last write: remove it (``handed_over``). Where it does not hold it: a pass committed RUN_RESUMED
-        to it and died before the hand-over — complete it now. All in a few round trips (pipelined, per slot)."""
-        if not found:
-            return
-        held = self.policy.call("hand over", lambda: self.handovers.holds([(st.owner or "", st.run_id)
-                                                                           for _o, st, _d in found]))
-        leftover = [(o, st, d) for (o, st, d), h in zip(found, held, strict=True) if h and d and d != st.owner]
-        removed = self.policy.call("hand over", lambda: self.handovers.disown_each([(d or "", st.run_id)
-                                                                                    for _o, st, d in leftover]))
-        completed = {st.run_id for (_o, st, _d), r in zip(leftover, removed, strict=True) if r}
-        items: list[HandOver] = []
-        for (outcome, state, dead_owner), holds in zip(found, held, strict=True):
-            if holds and state.run_id in completed:
-                with_changes(outcome, action="handed_over", epoch=state.epoch, assigned_to=state.owner,
-                             detail=f"completed an earlier pass's hand-over: {dead_owner} no longer lists it")
-            elif holds:
-                with_changes(outcome, action="owner_alive", detail=f"owned by live {state.owner}")
-            else:
-                classified = classify(state)
-                plan = build_plan(state, classified, new_epoch=state.epoch, resumed_seq=state.last_seq,
-                                  assigned_to=state.owner, now_ms=int(time.time() * 1000))
-                items.append(HandOver(plan, dead_owner))
-                with_changes(outcome, action="handed_over", epoch=state.epoch, assigned_to=state.owner,
-                             calls=classified.counts,
-                             detail="completed the hand-over of an earlier pass's RUN_RESUMED")
-        self._hand_over(items)
+        """Runs whose journal names a live owner: left alone, or an earlier pass's hand-over completed
+        (:meth:`HandOvers.unfinished`); the completions are written like any hand-over (:meth:`_hand_over`)."""
+        if found:
+            self._hand_over(self.handovers.unfinished(found))
 
     def _resume(self, resumable: dict[str, Classified], chosen: dict[str, str | None],
                 states: dict[str, RunState | None], offsets: dict[str, int], report: RecoveryReport,

@@ -20,6 +20,7 @@ from runjournal.consumers.recovery.plan import Classified, plan_summary
 from runjournal.core import kafka
 from runjournal.core.settings import Settings
 from runjournal.model.reducer import RunState
+from runjournal.producers.fencing import init_transactions
 from runjournal.schemas import Event, EventCodec, EventType, new_event_id, utcnow
 
 __all__ = ["RECOVERY_PRODUCER_ID", "ResumedPublisher", "resumed_event"]
@@ -77,7 +78,7 @@ class ResumedPublisher:
                                                         "transactional.id": f"{self.settings.topic_prefix}."
                                                                             f"{RECOVERY_PRODUCER_ID}",
                                                         "linger.ms": 5})
-            producer.init_transactions(30)
+            init_transactions(producer, 30)
             self._producer = producer
         except BaseException as exc:  # noqa: BLE001 - handed to the thread that publishes
             self._init_error = exc

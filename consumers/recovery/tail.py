@@ -1,10 +1,13 @@
 """Fold the tail of each partition onto the Redis snapshot: the recovery job's view of a run.
 
 For each partition: the projector's applied offset ``a`` is read from Redis first, then the
-run states (a snapshot at or after ``a``); records ``a+1 … end-1`` of the runs of interest
-are folded onto them with the pure reducer. ``end`` is the high watermark read once, after
-fencing, by a ``read_uncommitted`` query: nothing of a fenced zombie can land before it
-unseen. It must be the high watermark, not the last stable offset a ``read_committed``
+run states (a :class:`Snapshot` at or after ``a``: one pipelined round trip for every partition's
+offset, one MGET per partition); records ``a+1 … end-1`` of the runs of interest are folded onto
+them with the pure reducer, which skips what a state already holds (by position). So the snapshot
+may be read at any time before the fold — the recovery job reads the named runs' snapshots before
+it fences, to learn their owners, and folds from them in every round. ``end`` is the high watermark
+read once, after fencing, by a ``read_uncommitted`` query: nothing of a fenced zombie can land
+before it unseen. It must be the high watermark, not the last stable offset a ``read_committed``
 reader is shown: a live instance's open transaction holds the LSO back, and a record
 committed beyond it (e.g. a RUN_RESUMED of an earlier pass) would be missed.
 
@@ -122,19 +125,14 @@ def fold_tails(
         DependencyUnavailableError: Redis stayed away longer than the policy waits.
     """
     snaps = _covering(store, policy, runs_by_partition, snapshots or {})
-    states: dict[str, RunState | None] = {}
-    for p, runs in runs_by_partition.items():
-        known = snaps[p].states
-        states.update({r: known.get(r) for r in runs})
+    states: dict[str, RunState | None] = {r: snaps[p].states.get(r) for p, runs in runs_by_partition.items()
+                                          for r in runs}
     starts = {p: max(snaps[p].applied + 1, bounds[p][0]) for p in runs_by_partition}
     ranges = {p: (starts[p], bounds[p][1]) for p in runs_by_partition}
     counts = {p: [0, 0] for p in runs_by_partition}
     reasons: dict[int, str] = {}
     wanted = {p: {r.encode() for r in runs} for p, runs in runs_by_partition.items()}
     critical = settings.critical_types
-
-    def fold(run_id: str, msg: Message) -> RunState | None:
-        return _fold_one(codec, states[run_id], run_id, msg, critical)
 
     def on_record(msg: Message) -> bool:
         p = msg.partition()
@@ -145,10 +143,10 @@ def fold_tails(
         counts[p][1] += 1
         run_id = rid.decode()
         try:  # the policy's retry loop costs more than the fold itself: enter it only when a fold fails
-            states[run_id] = fold(run_id, msg)
+            states[run_id] = _fold_one(codec, states[run_id], run_id, msg, critical)
         except Exception:  # noqa: BLE001 - the same (pure) fold again under the policy, which classifies and waits
             try:
-                states[run_id] = policy.call("decode", lambda: fold(run_id, msg))
+                states[run_id] = policy.call("decode", lambda: _fold_one(codec, states[run_id], run_id, msg, critical))
             except DependencyUnavailableError as exc:
                 reasons[p] = str(exc)
                 return False
