@@ -12,21 +12,41 @@ import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["collector_paused"]
+__all__ = ["Pause", "collector_paused"]
+
+
+class Pause:
+    """One pause of the collector; :meth:`lifted` lets it run again for a while (a long wait inside the pass)."""
+
+    def __init__(self, enabled_before: bool) -> None:
+        self.enabled_before = enabled_before
+        """Whether the collector was enabled when the pause began (only then is it enabled again)."""
+
+    @contextmanager
+    def lifted(self) -> Iterator[None]:
+        """The collector enabled inside the block (when the pause disabled it), paused again after."""
+        if not self.enabled_before:
+            yield
+            return
+        gc.enable()
+        try:
+            yield
+        finally:
+            gc.disable()
 
 
 @contextmanager
-def collector_paused() -> Iterator[None]:
+def collector_paused() -> Iterator[Pause]:
     """Disable the cyclic collector inside the block; re-enable it after, if it was enabled before.
 
     Process-wide (the collector has no per-thread switch): another thread's cyclic garbage also waits for the end
-    of the block. Nested or concurrent blocks never leave it disabled: only the block that found it enabled
-    enables it again.
+    of the block — or for a :meth:`Pause.lifted` stretch. Nested or concurrent blocks never leave it disabled:
+    only the block that found it enabled enables it again.
     """
-    was_enabled = gc.isenabled()
+    pause = Pause(gc.isenabled())
     gc.disable()
     try:
-        yield
+        yield pause
     finally:
-        if was_enabled:
+        if pause.enabled_before:
             gc.enable()

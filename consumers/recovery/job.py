@@ -63,7 +63,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from runjournal.consumers.failures import FailurePolicy
 from runjournal.consumers.projector.store import ProjectionStore
-from runjournal.consumers.recovery._gc import collector_paused
+from runjournal.consumers.recovery._gc import Pause, collector_paused
 from runjournal.consumers.recovery.handover import HandOver, HandOvers
 from runjournal.consumers.recovery.instances import Instances
 from runjournal.consumers.recovery.plan import Classified, build_plan, classify
@@ -121,6 +121,7 @@ class RecoveryJob:
         self._force = False
         self._reopen_failed = False
         self._alive: dict[str, bool] = {}
+        self._gc = Pause(enabled_before=False)  # the pass's pause of the cyclic collector (_gc)
 
     # -- 1. which runs ---------------------------------------------------------------------------
     def _select(self, *, stale: bool, instance: str | None, runs: list[str] | None, force: bool,
@@ -212,7 +213,7 @@ class RecoveryJob:
                                 f"(live: {sorted(self.instances.live()) or 'none'})")
         self._force = force
         self._reopen_failed = reopen_failed
-        with collector_paused():  # the pass's objects hold no cycles; they are freed before it resumes (_gc)
+        with collector_paused() as self._gc:  # the pass's objects hold no cycles; freed before it resumes (_gc)
             self._pass(report, stale=stale, instance=instance, runs=runs, assign_to=assign_to)
         report.recovery_ms = (time.monotonic() - started) * 1000
         log.info("recovery pass", extra=report.as_dict(with_runs=False))
@@ -319,7 +320,8 @@ class RecoveryJob:
                                             detail=f"tool timeout passes in {wait_s:.1f} s"))
             return None
         if wait_s > 0:
-            time.sleep(wait_s)  # let a zombie's request time out before anyone reconciles
+            with self._gc.lifted():  # up to max_wait_s: the process's other threads' garbage is collected meanwhile
+                time.sleep(wait_s)  # let a zombie's request time out before anyone reconciles
         return classified
 
     def _live_owners(self, found: list[tuple[RunOutcome, RunState, str | None]]) -> None:
