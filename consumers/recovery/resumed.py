@@ -8,6 +8,7 @@ passes; after a failed transaction it is dropped and the next pass builds a new 
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import uuid
@@ -28,7 +29,12 @@ __all__ = ["RECOVERY_PRODUCER_ID", "ResumedPublisher", "resumed_event"]
 log = logging.getLogger("runjournal.consumers.recovery")
 
 RECOVERY_PRODUCER_ID = "recovery"
-_RECOVERED_BY = f"recovery@{uuid.getnode():x}"
+
+
+@functools.cache
+def _recovered_by() -> str:
+    """``recovery@<this host's MAC, hex>`` (the RUN_RESUMED ``recovered_by``); looked up once, when first needed."""
+    return f"recovery@{uuid.getnode():x}"
 
 
 def resumed_event(state: RunState, classified: Classified, target: str, offsets: dict[str, int]) -> Event:
@@ -40,7 +46,7 @@ def resumed_event(state: RunState, classified: Classified, target: str, offsets:
     return Event(event_id=new_event_id(), run_id=state.run_id, tenant_id=state.tenant_id or "",
                  seq=state.last_seq + 1, epoch=state.epoch + 1, producer_id=RECOVERY_PRODUCER_ID,
                  type=EventType.RUN_RESUMED, occurred_at=utcnow(),
-                 payload={"previous_epoch": state.epoch, "recovered_by": _RECOVERED_BY,
+                 payload={"previous_epoch": state.epoch, "recovered_by": _recovered_by(),
                           "plan_json": plan_summary(classified, previous_epoch=state.epoch,
                                                     new_epoch=state.epoch + 1, offsets=offsets),
                           "assigned_to": target})
