@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import redis
 
-from runjournal.consumers.failures import FatalDependencyError
+from runjournal.consumers.failures import DependencyUnavailableError, FatalDependencyError
 from runjournal.consumers.inspect import read_all_events
 from runjournal.consumers.projector.store import ProjectionStore
 from runjournal.consumers.recovery import handover
@@ -64,15 +64,16 @@ def _recover(topics: Settings) -> Any:
         job.close()
 
 
-def _failing_plans(monkeypatch: pytest.MonkeyPatch, fail: Callable[[str, int], BaseException | None]) -> list[int]:
+def _failing_plans(monkeypatch: pytest.MonkeyPatch,
+                   fail: Callable[[str, int], BaseException | None]) -> list[list[str]]:
     """``PlanStore.put_many`` with ``fail(run_id, call number)`` deciding a run's error (its plan is then not
-    stored), as Redis reports a command's error inside a pipeline. Returns the list of calls made."""
+    stored), as Redis reports a command's error inside a pipeline. Returns the calls made (their run ids)."""
     real = PlanStore.put_many
-    calls: list[int] = []
+    calls: list[list[str]] = []
 
     def put_many(self: PlanStore, plans: Iterable[RecoveryPlan]) -> dict[str, Exception]:
-        calls.append(1)
         todo = list(plans)
+        calls.append([p.run_id for p in todo])
         errors = {p.run_id: e for p in todo if (e := fail(p.run_id, len(calls))) is not None}
         stored = real(self, [p for p in todo if p.run_id not in errors])
         return {**stored, **errors}  # type: ignore[dict-item]
@@ -108,6 +109,28 @@ def test_a_transient_failure_of_one_runs_write_is_tried_again_within_the_pass(
     assert [r.action for r in report.runs] == ["resumed"] * 3, report.as_dict()
     # the failed run alone is written again at once, then after a wait (the policy's backoff) — within the pass
     assert len(calls) == 3 and job.policy.retries == 1
+    _settled(topics, runs)
+
+
+def test_an_outage_of_one_runs_write_is_waited_out_once_not_once_per_batch(
+        topics: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One run's plan write keeps failing transiently: the first batch waits the policy's outage time, then gives
+    that run up; the later batches are written at once (no second wait); the pass raises the outage."""
+    runs = _crashed_runs(topics, 5, "outage")
+    monkeypatch.setattr(handover, "HANDOVER_BATCH", 2)
+    calls = _failing_plans(monkeypatch, lambda run, _n: redis.ConnectionError("refused") if run == runs[0]
+                           else None)
+    job = RecoveryJob(topics, outage_wait_s=1.5)
+    with pytest.raises(DependencyUnavailableError, match="redis"):
+        job.recover(stale=True)
+    job.close()
+    assert sorted(assigned(topics, "taker")) == sorted(runs[1:]) and owned(topics, "agent-1") == {runs[0]}
+    first_batch = [c for c in calls if runs[0] in c]
+    assert len(first_batch) > 2 and all(c == [runs[0]] for c in first_batch[1:])  # the failed run alone, waited
+    later = calls[max(i for i, c in enumerate(calls) if runs[0] in c) + 1:]
+    assert len(later) == 2 and runs[0] not in sorted(r for c in later for r in c)  # batches 2, 3: once each
+    monkeypatch.undo()
+    assert [r.action for r in _recover(topics).runs] == ["handed_over"]
     _settled(topics, runs)
 
 

@@ -174,9 +174,9 @@ class HandOvers:
                 failed = write(batch)
         except Exception as exc:  # noqa: BLE001 - classified by the policy already; raised after the other runs
             failed = {i.plan.run_id: exc for i in batch}
-        for run_id, exc in failed.items():
-            progress.failures.setdefault(run_id, exc)
-            if isinstance(exc, DependencyUnavailableError):
+        for run_id, error in failed.items():
+            progress.failures.setdefault(run_id, error)
+            if isinstance(error, DependencyUnavailableError):
                 progress.patient = False
         return [i for i in batch if i.plan.run_id not in failed]
 
