@@ -18,8 +18,10 @@ filler runs are not in Redis, which recovery never reads).
 Measured per round, A (small) then B (big): ``end_offsets`` → ``fold_tails`` (Redis snapshot +
 tail read with ``read_committed``, decode and fold of the in-flight runs' records) → ``classify``
 → ``build_plan`` for every run. Not measured in the rounds: fencing, the RUN_RESUMED transaction and
-the Redis hand-over; ``recover(runs=[…])`` with all of them runs once per topic at the end and is
-reported on its own row.
+the Redis hand-over; ``recover(runs=[…])`` with all of them runs once per topic at the end (a fresh
+``RecoveryJob``, as ``runjournal recover`` starts one) and is reported on its own rows, goal ≤ 5 s on each
+topic (issue 20). The bench's own copy of the in-flight runs' events (only needed to build the topics) is
+released before the measured passes: a recovery process does not hold it.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ PAIR = "4 recovery"
 HISTORY = 20
 TAIL = 3
 FILLER = 50
+FULL_GOAL = "≤ 5 s"
+"""Issue 20: one full ``recover()`` of every in-flight run."""
 
 
 @dataclass(frozen=True)
@@ -193,6 +197,7 @@ def run_recovery(env: BenchEnv, cfg: RecoveryConfig) -> list[Row]:
     inflight = {r: run_events(r, HISTORY + TAIL, finish=False) for r in _filler_ids(rng, cfg.runs)}
     small, big = (_build(env, label, inflight, total) for label, total in zip(("small", "big"), cfg.sizes,
                                                                                strict=True))
+    del inflight  # 10k × 23 template events: the bench's, not part of a recovery process's heap
     res = rounds_of(PAIR, [Side(f"{small.events // 1000}k", lambda: plans_seconds(small)),
                            Side(f"{big.events // 1000}k", lambda: plans_seconds(big))], rounds=cfg.rounds)
     a, b = (summarise(res[f"{t.events // 1000}k"]) for t in (small, big))
@@ -206,8 +211,14 @@ def run_recovery(env: BenchEnv, cfg: RecoveryConfig) -> list[Row]:
                 ratio_rounds=paired_ratios(res[f"{big.events // 1000}k"], res[f"{small.events // 1000}k"]))]
     full = {t.events: _full_recover(t) for t in (small, big)}
     progress(f"{PAIR}: full recover(): " + ", ".join(f"{k:,} events {v:.1f} s" for k, v in full.items()))
-    rows.append(Row(PAIR, "s, full recover() once", f"{big.events:,} events", summarise([full[big.events]]),
-                    f"{small.events:,} events", summarise([full[small.events]]),
-                    note="RecoveryJob.recover(runs=all, assign_to=live): selection (3 Redis round trips per run), "
-                         "fence, fold, plans, RUN_RESUMED for every run in one transaction, one Redis MULTI per run"))
+    ratio = f"{big.events // 1000}k / {small.events // 1000}k = {full[big.events] / full[small.events]:.2f}"
+    for topic in (big, small):  # the goal on each topic: the 1M-event one is the issue's, the 250k one beside it
+        secs = full[topic.events]
+        rows.append(Row(PAIR, "s, full recover() once", f"{topic.events:,} events", summarise([secs]),
+                        "absolute goal", None, goal=FULL_GOAL, met=goal_met(secs, FULL_GOAL),
+                        note="" if topic is small else
+                        f"RecoveryJob.recover(runs=<all {cfg.runs}>, assign_to=live), fresh job: snapshots and leases "
+                        "read in pipelined batches, fence + init_transactions, fold, plans, RUN_RESUMED for every run "
+                        "in one transaction, hand-over in batches of single-slot writes; "
+                        f"{ratio}"))
     return rows

@@ -15,13 +15,13 @@ import os
 import socket
 import uuid
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaException, Producer
 
 from runjournal.core import kafka
 from runjournal.core.settings import Settings
 from runjournal.producers.errors import JournalError
 
-__all__ = ["default_producer_id", "fence_producer", "transactional_id"]
+__all__ = ["default_producer_id", "fence_producer", "init_transactions", "transactional_id"]
 
 
 def transactional_id(settings: Settings, producer_id: str) -> str:
@@ -44,11 +44,30 @@ def fence_producer(settings: Settings, producer_id: str, *, timeout_s: float = 3
     producer = kafka.producer(settings, **{"transactional.id": transactional_id(settings, producer_id)}
     )
     try:
-        producer.init_transactions(timeout_s)
+        init_transactions(producer, timeout_s)
     except KafkaException as exc:
         raise JournalError(f"could not fence {producer_id}: {exc}") from exc
     finally:
         producer.close()
+
+
+def init_transactions(producer: Producer, timeout_s: float) -> None:
+    """``producer.init_transactions(timeout_s)`` once a broker connection is up (one metadata request first).
+
+    On a fresh producer librdkafka looks up the transaction coordinator at once, and when no broker connection
+    is up yet it tries again on a 500 ms timer: one init in five took ~0.5 s instead of ~0.06 s on the local
+    broker (30 tries each, 2026-12-01; with the metadata request first: none of 30). The request lists the
+    topics the client may describe (no topic named: nothing is auto-created).
+
+    Args:
+        producer: a transactional producer that has not been initialised.
+        timeout_s: for each of the two requests, seconds.
+
+    Raises:
+        KafkaException: no broker answered, or ``init_transactions`` failed (as the client raised it).
+    """
+    producer.list_topics(timeout=timeout_s)
+    producer.init_transactions(timeout_s)
 
 
 def default_producer_id() -> str:

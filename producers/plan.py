@@ -28,20 +28,23 @@ Running steps 3-4 twice is harmless: the second assign finds the run owned and a
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
+
+import orjson
 
 from runjournal.core.redis_keys import RedisKeys
 
 __all__ = ["ApprovalStatus", "CallStatus", "PlanStore", "PlannedCall", "RecoveryPlan"]
 
 _PLAN_JSON_VERSION = 1
-#: Hand a run over, check-and-set: KEYS = owned set, assignment list (one instance: one slot); ARGV = run id.
-#: Returns 1 when assigned now, 0 when the instance already owned it (nothing written).
-_ASSIGN = ("if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return 0 end "
-           "redis.call('RPUSH', KEYS[2], ARGV[1]) redis.call('SADD', KEYS[1], ARGV[1]) return 1")
+#: Hand runs over, check-and-set each: KEYS = owned set, assignment list (one instance: one slot); ARGV = run ids.
+#: Returns one flag per run id: 1 when assigned now, 0 when the instance already owned it (nothing written for it).
+_ASSIGN = ("local out = {} for i, run in ipairs(ARGV) do "
+           "if redis.call('SISMEMBER', KEYS[1], run) == 1 then out[i] = 0 else "
+           "redis.call('RPUSH', KEYS[2], run) redis.call('SADD', KEYS[1], run) out[i] = 1 end end return out")
 
 
 class CallStatus(StrEnum):
@@ -158,23 +161,23 @@ class RecoveryPlan:
 
     def to_json(self) -> str:
         """The plan as JSON text (``"v": 1``; keys sorted, so equal plans give equal text)."""
-        return json.dumps(
-            {
-                "v": _PLAN_JSON_VERSION,
-                "run_id": self.run_id,
-                "tenant_id": self.tenant_id,
-                "agent": self.agent,
-                "epoch": self.epoch,
-                "last_seq": self.last_seq,
-                "calls": {k: c.to_dict() for k, c in self.calls.items()},
-                "approvals": {k: ApprovalStatus(v).value for k, v in self.approvals.items()},
-                "created_at_ms": self.created_at_ms,
-                "node_attempts": dict(self.node_attempts),
-                "assigned_to": self.assigned_to,
-            },
-            sort_keys=True,
-            separators=(",", ":"),
-        )
+        data = {
+            "v": _PLAN_JSON_VERSION,
+            "run_id": self.run_id,
+            "tenant_id": self.tenant_id,
+            "agent": self.agent,
+            "epoch": self.epoch,
+            "last_seq": self.last_seq,
+            "calls": {k: c.to_dict() for k, c in self.calls.items()},
+            "approvals": {k: ApprovalStatus(v).value for k, v in self.approvals.items()},
+            "created_at_ms": self.created_at_ms,
+            "node_attempts": dict(self.node_attempts),
+            "assigned_to": self.assigned_to,
+        }
+        try:  # orjson with sorted keys writes what json.dumps(sort_keys=True, separators=(",", ":")) does for ASCII
+            return orjson.dumps(data, option=orjson.OPT_SORT_KEYS).decode("utf-8")
+        except orjson.JSONEncodeError:  # e.g. a lone surrogate (never so for decoded events): json escapes it
+            return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str | bytes) -> RecoveryPlan:
@@ -235,6 +238,24 @@ class PlanStore:
         """Store ``plan`` (replacing any earlier plan of the run)."""
         self._r.set(self.plan_key(plan.run_id), plan.to_json())
 
+    def put_many(self, plans: Iterable[RecoveryPlan]) -> dict[str, Exception]:
+        """Store every plan, one pipelined SET each (one run's slot per command; not atomic across runs).
+
+        Returns:
+            run_id -> the error of each plan Redis did not store (the others are stored); empty when all are.
+
+        Raises:
+            redis.RedisError: the pipeline itself failed (connection lost …): any of the plans may be stored.
+        """
+        todo = list(plans)
+        if not todo:
+            return {}
+        pipe = self._r.pipeline(transaction=False)
+        for plan in todo:
+            pipe.set(self.plan_key(plan.run_id), plan.to_json())
+        replies = pipe.execute(raise_on_error=False)
+        return {p.run_id: r for p, r in zip(todo, replies, strict=True) if isinstance(r, Exception)}
+
     def get(self, run_id: str) -> RecoveryPlan | None:
         """The run's plan, or None when there is none."""
         raw = self._r.get(self.plan_key(run_id))
@@ -252,8 +273,23 @@ class PlanStore:
         Returns:
             True when assigned now; False when the instance already owned the run (nothing written).
         """
-        return bool(int(self._assign(keys=[self.owned_key(producer_id), self.assign_key(producer_id)],
-                                     args=[run_id])))
+        return self.assign_many(producer_id, [run_id]) == [True]
+
+    def assign_many(self, producer_id: str, run_ids: Sequence[str]) -> list[bool]:
+        """:meth:`assign` for many runs in one script (the instance's keys: one slot), check-and-set per run.
+        Store their plans first. Keep ``run_ids`` to a few hundred: the script holds Redis while it runs.
+
+        Returns:
+            One flag per run id, in order: True when assigned now, False when already owned (nothing written).
+
+        Raises:
+            redis.RedisError: the script failed; the runs before the failing one may be assigned (run it again:
+                each assignment is check-and-set).
+        """
+        if not run_ids:
+            return []
+        flags = self._assign(keys=[self.owned_key(producer_id), self.assign_key(producer_id)], args=list(run_ids))
+        return [bool(int(f)) for f in flags]
 
     def unassign(self, run_id: str, producer_id: str) -> None:
         """Take ``run_id`` off ``producer_id``'s assignment list (a caller that resumes it directly)."""

@@ -21,6 +21,7 @@ from collections import Counter
 import pytest
 
 from runjournal.consumers.inspect import read_all_events
+from runjournal.consumers.recovery.handover import HANDOVER_BATCH
 from runjournal.core import redis_client
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
@@ -33,14 +34,15 @@ from tests.support.workload import publish, run_events
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash]
 
-STEPS = {  # failpoint -> hit at which the job dies (two runs: inside the hand-over = after the first one)
+STEPS = {  # failpoint -> hit at which the job dies
     "recovery.after_fence": 1,
     "recovery.after_read": 1,
     "recovery.after_commit": 1,
-    "recovery.inside_handover": 2,
+    "recovery.inside_handover": 2,  # hit before each batch of runs: 2 = the first batch handed over, the next not
     "recovery.handover.after_plan": 1,  # the hand-over's three writes (three Redis Cluster slots): between them
     "recovery.handover.after_assign": 1,
 }
+RUNS = {"recovery.inside_handover": HANDOVER_BATCH + 2}  # runs per case (2 unless named): two batches here
 
 
 def _recover(env: dict[str, str], failpoint: str = "") -> subprocess.CompletedProcess[str]:
@@ -52,13 +54,14 @@ def _recover(env: dict[str, str], failpoint: str = "") -> subprocess.CompletedPr
 @pytest.mark.parametrize("step", list(STEPS))
 def test_sigkill_at_each_recovery_step_then_a_normal_pass_resumes_every_run_exactly_once(
         topics: Settings, service_env: dict[str, str], step: str) -> None:
-    runs = [f"cm-{step.rsplit('.', 1)[1]}-{i}" for i in range(2)]
-    for run in runs:
-        publish(topics, run_events(run, finish=False))
+    runs = [f"cm-{step.rsplit('.', 1)[1]}-{i}" for i in range(RUNS.get(step, 2))]
+    publish(topics, [e for run in runs for e in run_events(run, finish=False)])
     owns(topics, "agent-1", *runs)
     live(topics, "taker")
     killed = _recover(service_env, f"{step}={STEPS[step]}")
     assert killed.returncode == -signal.SIGKILL, (killed.returncode, killed.stderr[-2000:])
+    if step == "recovery.inside_handover":  # the kill fell between two batches: the first handed over, the next not
+        assert len(assigned(topics, "taker")) == HANDOVER_BATCH and len(owned(topics, "agent-1")) == 2
     normal = _recover(service_env)
     assert normal.returncode == 0, normal.stderr[-2000:]
     report = json.loads(normal.stdout)

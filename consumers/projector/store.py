@@ -114,6 +114,31 @@ class ProjectionStore:
         raw = self.client.mget([self.run_key(partition, r) for r in ids])
         return {rid: RunState.from_json(val) for rid, val in zip(ids, raw, strict=True) if val is not None}
 
+    def snapshot(self, runs_by_partition: Mapping[int, Iterable[str]]) -> dict[int, tuple[int, dict[str, RunState]]]:
+        """Each partition's applied offset, then the states of its runs: 1 + one round trip per partition.
+
+        Every offset is read before any state, so each state is a snapshot at or after its partition's offset
+        (what a tail fold from ``offset + 1`` needs): one pipeline of GETs (each in its partition's slot; a
+        cluster pipeline sends each to its node), then one MGET per partition (one slot).
+
+        Args:
+            runs_by_partition: partition -> run ids.
+
+        Returns:
+            partition -> ``(applied offset (-1: none), run_id -> state)``; runs not in Redis are absent.
+
+        Raises:
+            redis.RedisError: Redis unreachable or refused (nothing is written).
+            StateFormatError: a stored state cannot be read.
+        """
+        if not runs_by_partition:
+            return {}
+        pipe = self.client.pipeline(transaction=False)
+        for p in runs_by_partition:
+            pipe.get(self.offset_key(p))
+        offsets = [int(raw) if raw is not None else -1 for raw in pipe.execute()]
+        return {p: (off, self.load(p, ids)) for (p, ids), off in zip(runs_by_partition.items(), offsets, strict=True)}
+
     def get(self, partition: int, run_id: str) -> RunState | None:
         """One run's state, or None."""
         raw = self.client.get(self.run_key(partition, run_id))

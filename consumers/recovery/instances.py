@@ -11,6 +11,7 @@ compare-and-set and a lapse fences the instance), so a key that is gone stays go
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,6 +71,20 @@ class Instances:
         owned = frozenset(_text(m) for m in self.r.smembers(self.owned_key(producer_id)))
         return InstanceView(producer_id, bool(self.r.exists(self.lease_key(producer_id))), owned)
 
+    def alive_many(self, producer_ids: Iterable[str]) -> dict[str, bool]:
+        """Whether each instance holds its lease: one pipelined EXISTS per instance (each in its own slot).
+
+        Raises:
+            redis.RedisError: Redis failed.
+        """
+        ids = sorted(set(producer_ids))
+        if not ids:
+            return {}
+        pipe = self.r.pipeline(transaction=False)
+        for pid in ids:
+            pipe.exists(self.lease_key(pid))
+        return {pid: bool(n) for pid, n in zip(ids, pipe.execute(), strict=True)}
+
     def stale(self) -> list[InstanceView]:
         """Instances that own runs but hold no lease (sorted by id) — earlier incarnations included."""
         live = self.live()
@@ -86,6 +101,20 @@ class Instances:
         """The instance that claimed ``run_id`` in ``start_run`` (``rj:{P:r:<run_id>}:claim``), or None."""
         raw = self.r.get(self.keys.claim(run_id))
         return None if raw is None else _text(raw)
+
+    def runs_started_by(self, run_ids: Iterable[str]) -> dict[str, str | None]:
+        """:meth:`run_started_by` of each run: one pipelined GET per run (each in its run's slot).
+
+        Raises:
+            redis.RedisError: Redis failed.
+        """
+        ids = list(run_ids)
+        if not ids:
+            return {}
+        pipe = self.r.pipeline(transaction=False)
+        for run_id in ids:
+            pipe.get(self.keys.claim(run_id))
+        return {r: None if raw is None else _text(raw) for r, raw in zip(ids, pipe.execute(), strict=True)}
 
     def free_run_id(self, run_id: str, started_by: str) -> bool:
         """Free a run id ``started_by`` claimed (compare-and-delete), so a run that left no fact in the

@@ -20,10 +20,17 @@ Order (DESIGN.md § Zombies: fence first, then read), numbered as in :meth:`Reco
 6. Publish RUN_RESUMED (seq = last + 1, epoch + 1, plan summary) for all runs in one
    transaction of the recovery job's own transactional producer (two concurrent recovery jobs
    fence each other).
-7. Hand over, per run, in three idempotent writes, each within one Redis Cluster slot
-   (``runjournal.core.redis_keys``): the plan (the run's slot); the assignee's assignment list and owned set
-   in one check-and-set script (its instance slot: never a second list entry); the removal from the dead
-   instance's owned set (its slot).
+7. Hand over (``runjournal.consumers.recovery.handover``), per run, in three idempotent writes, each within one
+   Redis Cluster slot (``runjournal.core.redis_keys``): the plan (the run's slot); the assignee's assignment list
+   and owned set in one check-and-set script (its instance slot: never a second list entry); the removal from
+   the dead instance's owned set (its slot). Runs go in batches: each write step of a batch is one round trip
+   (a pipeline of single-slot commands, or one command or script per instance), the next step only after the
+   previous one was acknowledged. A run whose write fails skips its later steps; the others go on, then the
+   pass raises (the next pass completes that run).
+
+Redis is read in batches too: the named runs' states (the snapshot the fold starts from: each partition's
+applied offset, then its states) and their owners' leases in a few pipelined round trips; an instance's lease is
+read once per pass, so every step of a pass decides from the same view of who is alive.
 
 Every step is idempotent and a crash at any point is completed by the next normal pass:
 
@@ -52,33 +59,34 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
 
-from confluent_kafka import KafkaError, KafkaException, Producer
-
-from runjournal.consumers.failures import FailurePolicy, FatalDependencyError, kafka_error_verdict
+from runjournal.consumers.failures import FailurePolicy
 from runjournal.consumers.projector.store import ProjectionStore
+from runjournal.consumers.recovery._gc import Pause, collector_paused
+from runjournal.consumers.recovery.handover import HandOver, HandOvers
 from runjournal.consumers.recovery.instances import Instances
-from runjournal.consumers.recovery.plan import Classified, build_plan, classify, plan_summary
+from runjournal.consumers.recovery.plan import Classified, build_plan, classify
 from runjournal.consumers.recovery.report import RecoveryReport, RunOutcome, with_changes
-from runjournal.consumers.recovery.tail import end_offsets, fold_tails
+from runjournal.consumers.recovery.resumed import RECOVERY_PRODUCER_ID, ResumedPublisher, resumed_event
+from runjournal.consumers.recovery.tail import Snapshot, end_offsets, fold_tails, read_snapshots
 from runjournal.consumers.topic_identity import check_projection, describe_events_topic
-from runjournal.core import failpoints, kafka, redis_client
+from runjournal.core import failpoints, redis_client
 from runjournal.core.errors import RunjournalError
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.model.reducer import RunState, RunStatus
 from runjournal.producers.fencing import fence_producer
 from runjournal.producers.partitioner import partition_for
-from runjournal.producers.plan import PlanStore
-from runjournal.schemas import Event, EventType, codec_from_settings, new_event_id, utcnow
+from runjournal.producers.plan import PlanStore, RecoveryPlan
+from runjournal.schemas import Event, codec_from_settings
 
-__all__ = ["RecoveryError", "RecoveryJob", "RecoveryReport", "RunOutcome"]
+__all__ = ["RECOVERY_PRODUCER_ID", "RecoveryError", "RecoveryJob", "RecoveryReport", "RunOutcome"]
 
 log = logging.getLogger("runjournal.consumers.recovery")
 
-RECOVERY_PRODUCER_ID = "recovery"
+_FENCE_THREADS = 8
+"""Dead instances fenced at once (each ``init_transactions`` waits on the broker, not on this process)."""
 
 
 class RecoveryError(RunjournalError):
@@ -106,17 +114,20 @@ class RecoveryJob:
         self.store = ProjectionStore(self.redis, settings.topic_prefix)
         self.instances = Instances(self.redis, settings.topic_prefix)
         self.plans = PlanStore(self.redis, settings.topic_prefix)
+        self.handovers = HandOvers(self.redis, self.plans, self.policy)
         self.codec = codec_from_settings(settings)
-        self._producer: Producer | None = None
+        self.publisher = ResumedPublisher(settings, self.codec, self._partition)
         self._partitions: int | None = None
         self._force = False
         self._reopen_failed = False
+        self._alive: dict[str, bool] = {}
+        self._gc = Pause(enabled_before=False)  # the pass's pause of the cyclic collector (_gc)
 
     # -- 1. which runs ---------------------------------------------------------------------------
-    def _select(self, *, stale: bool, instance: str | None, runs: list[str] | None,
-                force: bool, reopen: bool = False) -> dict[str, str | None]:
+    def _select(self, *, stale: bool, instance: str | None, runs: list[str] | None, force: bool,
+                reopen: bool = False) -> tuple[dict[str, str | None], dict[int, Snapshot]]:
         """run_id -> dead owner to fence (None: nobody to fence; ``reopen``: named runs are only continued
-        if they turn out FAILED, so nobody is fenced for them)."""
+        if they turn out FAILED, so nobody is fenced for them), and the snapshots read for named runs."""
         chosen: dict[str, str | None] = {}
         if stale:
             for view in self.instances.stale():
@@ -126,23 +137,44 @@ class RecoveryJob:
             if view.alive and not force:
                 raise RecoveryError(f"instance {instance} holds a live lease; refusing (use --force)")
             chosen.update({r: instance for r in view.owned})
-        for run_id in runs or []:
-            # The projection may lag: the owner is checked again on the folded state (see _triage).
-            state = self.store.get(self._partition(run_id), run_id)
+        if not runs:
+            return chosen, {}
+        # The projection may lag: the owner is checked again on the folded state (see _triage).
+        snapshots = read_snapshots(self.store, self.policy, self._by_partition(runs))
+        states = {r: snapshots[self._partition(r)].states.get(r) for r in runs}
+        unseen = [] if reopen else [r for r, st in states.items() if st is None]
+        claims = self.policy.call("read claims", lambda: self.instances.runs_started_by(unseen))
+        owners = {r: st.owner if st else claims.get(r) for r, st in states.items()}
+        leases = {o for o in owners.values() if o}
+        for run_id in runs:
+            state = states[run_id]
             if reopen or (state is not None and state.terminal):
                 chosen[run_id] = None  # ended: nobody writes it, nobody to fence (its last owner may be alive)
                 continue
-            owner = state.owner if state else self.instances.run_started_by(run_id)
-            if owner and self.instances.view(owner).alive and not force:
+            owner = owners[run_id]
+            if owner and not force and self._is_alive(owner, prefetch=leases):
                 raise RecoveryError(f"run {run_id} is owned by live instance {owner}; refusing (use --force)")
             chosen[run_id] = owner
-        return chosen
+        return chosen, snapshots
+
+    def _is_alive(self, producer_id: str, prefetch: set[str] | frozenset[str] = frozenset()) -> bool:
+        """Whether ``producer_id`` holds its lease, read once per pass (``prefetch``: read these too, pipelined)."""
+        if producer_id not in self._alive:
+            wanted = {producer_id, *prefetch} - set(self._alive)
+            self._alive.update(self.policy.call("read leases", lambda: self.instances.alive_many(wanted)))
+        return self._alive[producer_id]
 
     def _partition(self, run_id: str) -> int:
         if self._partitions is None:
             self._check_topic()
         assert self._partitions is not None
         return partition_for(run_id, self._partitions)
+
+    def _by_partition(self, run_ids: list[str] | dict[str, str | None]) -> dict[int, set[str]]:
+        out: dict[int, set[str]] = {}
+        for run_id in run_ids:
+            out.setdefault(self._partition(run_id), set()).add(run_id)
+        return out
 
     def _check_topic(self) -> None:
         """Step 0, every pass: the topic exists and is the one the projection describes (count, id, offsets)."""
@@ -151,13 +183,6 @@ class RecoveryJob:
                                                             for p in range(shape.partitions)})
         check_projection(self.redis, self.settings.topic_prefix, shape, applied, adopt=False)
         self._partitions = shape.partitions
-
-    def _kafka_producer(self) -> Producer:
-        if self._producer is None:
-            self._producer = kafka.producer(self.settings, **{"acks": "all", "enable.idempotence": True,
-                "transactional.id": f"{self.settings.topic_prefix}.{RECOVERY_PRODUCER_ID}", "linger.ms": 5})
-            self._producer.init_transactions(30)
-        return self._producer
 
     # -- the pass ----------------------------------------------------------------------------------
     def recover(self, *, stale: bool = False, instance: str | None = None, runs: list[str] | None = None,
@@ -174,57 +199,85 @@ class RecoveryJob:
             RecoveryError: a named instance or run is live and ``force`` is False.
             TopicNotFoundError, TopicMismatchError: the topic is missing, or not the one the projection
                 was built from (message names the repair); nothing was decided.
-            FatalDependencyError: fenced by another recovery job, unauthorised (nothing was handed over).
-            DependencyUnavailableError: Redis or the broker stayed away longer than ``outage_wait_s``.
+            FatalDependencyError: fenced by another recovery job, unauthorised (nothing was handed over), or
+                Redis refused a hand-over write (the other runs were handed over).
+            DependencyUnavailableError: Redis or the broker stayed away longer than ``outage_wait_s`` (in the
+                hand-over: after the other runs were handed over).
         """
         started = time.monotonic()
         report = RecoveryReport()
+        self._alive = {}  # leases are read once per pass
         self._check_topic()  # 0
         if assign_to and assign_to not in self.instances.live():
             raise RecoveryError(f"--assign-to {assign_to}: no live instance holds that lease "
                                 f"(live: {sorted(self.instances.live()) or 'none'})")
-        chosen = self._select(stale=stale, instance=instance, runs=runs, force=force, reopen=reopen_failed)  # 1
         self._force = force
         self._reopen_failed = reopen_failed
-        states, offsets = self._fence_and_read(chosen, report)  # 2-4
-        resumable = self._triage(chosen, states, report)  # 5
-        self._resume(resumable, chosen, states, offsets, report, assign_to)  # 6, 7
+        with collector_paused() as self._gc:  # the pass's objects hold no cycles; freed before it resumes (_gc)
+            self._pass(report, stale=stale, instance=instance, runs=runs, assign_to=assign_to)
         report.recovery_ms = (time.monotonic() - started) * 1000
-        log.info("recovery pass", extra={k: v for k, v in report.as_dict().items() if k != "runs"})
+        log.info("recovery pass", extra=report.as_dict(with_runs=False))
         return report
 
-    def _fence_and_read(self, chosen: dict[str, str | None],
+    def _pass(self, report: RecoveryReport, *, stale: bool, instance: str | None, runs: list[str] | None,
+              assign_to: str | None) -> None:
+        """Steps 1-7 into ``report``; everything else they build is garbage when this returns."""
+        chosen, snapshots = self._select(stale=stale, instance=instance, runs=runs, force=self._force,
+                                         reopen=self._reopen_failed)  # 1
+        states, offsets = self._fence_and_read(chosen, snapshots, report)  # 2-4
+        resumable = self._triage(chosen, states, report)  # 5
+        self._resume(resumable, chosen, states, offsets, report, assign_to)  # 6, 7
+
+    def _fence_and_read(self, chosen: dict[str, str | None], snapshots: dict[int, Snapshot],
                         report: RecoveryReport) -> tuple[dict[str, RunState | None], dict[str, int]]:
-        """Steps 2-4: fence, read end offsets, fold; again while the tail names an owner not yet fenced."""
+        """Steps 2-4: fence, read end offsets, fold; again while the tail names an owner not yet fenced.
+
+        The snapshots may be read before the fence: the fold from their applied offsets reaches the end offsets
+        read after it, whenever they were read (each state is at or after its partition's applied offset)."""
         to_fence = {o for o in chosen.values() if o}
         fenced: set[str] = set()
-        by_partition: dict[int, set[str]] = {}
-        for run_id in chosen:
-            by_partition.setdefault(self._partition(run_id), set()).add(run_id)
+        by_partition = self._by_partition(chosen)
+        if by_partition:
+            self.publisher.prepare()  # the RUN_RESUMED producer's init_transactions, while the pass reads
         states: dict[str, RunState | None] = {}
         for _round in range(3):
-            for owner in sorted(to_fence - fenced):  # 2
-                self.policy.call("fence", lambda o=owner: fence_producer(self.settings, o))  # type: ignore[misc]
-                fenced.add(owner)
+            self._fence(sorted(to_fence - fenced))  # 2
+            fenced |= to_fence
             failpoints.hit("recovery.after_fence")
             if not by_partition:
                 break
             bounds = self.policy.call("end offsets", lambda: end_offsets(self.settings, set(by_partition)))  # 3
             states, report.partitions = fold_tails(self.settings, self.store, self.codec, by_partition, bounds,
-                                                   policy=self.policy, timeout_s=self.read_timeout_s)  # 4
+                                                   policy=self.policy, timeout_s=self.read_timeout_s,
+                                                   snapshots=snapshots)  # 4
             failpoints.hit("recovery.after_read")
-            named = {st.owner for st in states.values() if st is not None and st.owner and not st.terminal
-                     and st.owner not in fenced and st.owner != RECOVERY_PRODUCER_ID
-                     and (self._force or not self.instances.view(st.owner).alive)}
+            owners = {st.owner for st in states.values() if st is not None and st.owner and not st.terminal
+                      and st.owner not in fenced and st.owner != RECOVERY_PRODUCER_ID}
+            named = {o for o in sorted(owners) if self._force or not self._is_alive(o, prefetch=owners)}
             if not named:
                 break
             to_fence |= named  # the tail names a dead owner the projection did not show: fence it, read again
         report.fenced = sorted(fenced)
         return states, {str(p.partition): p.end for p in report.partitions}
 
+    def _fence(self, owners: list[str]) -> None:
+        """Fence every owner at the broker, several at once; returns when all are fenced.
+
+        Raises:
+            DependencyUnavailableError, FatalDependencyError, JournalError: a fence failed (as ``fence_producer``
+                under the policy); nothing is read before every owner is fenced.
+        """
+        if not owners:
+            return
+        with ThreadPoolExecutor(max_workers=min(_FENCE_THREADS, len(owners)), thread_name_prefix="fence") as pool:
+            for done in [pool.submit(self.policy.call, "fence", lambda o=o: fence_producer(self.settings, o))
+                         for o in owners]:
+                done.result()
+
     def _triage(self, chosen: dict[str, str | None], states: dict[str, RunState | None],
                 report: RecoveryReport) -> dict[str, Classified]:
         resumable: dict[str, Classified] = {}
+        live_owned: list[tuple[RunOutcome, RunState, str | None]] = []
         incomplete = {p.partition: p.reason for p in report.partitions if not p.complete}
         for run_id, owner in sorted(chosen.items()):
             state = states.get(run_id)
@@ -246,136 +299,78 @@ class RecoveryJob:
                 report.runs.append(with_changes(base, action="not_ended",
                                          detail=f"{state.status.value}, owned by {state.owner}"))
             elif (not state.terminal and not self._force and state.owner and state.owner != owner
-                  and self.instances.view(state.owner).alive):
-                report.runs.append(self._live_owner(base, state, owner))
+                  and self._is_alive(state.owner)):
+                report.runs.append(base)  # decided below, for all such runs at once
+                live_owned.append((base, state, owner))
             elif state.status in (RunStatus.GAP, RunStatus.BLOCKED):
                 self._park(owner, run_id)
                 report.runs.append(with_changes(base, action="parked", detail=state.gap_reason or state.blocked_reason))
-            else:
-                classified = classify(state)
-                wait_s = (classified.reconcile_after_ms - time.time() * 1000) / 1000
-                if wait_s > self.max_wait_s:
-                    report.runs.append(with_changes(base, action="deferred", calls=classified.counts,
-                                             detail=f"tool timeout passes in {wait_s:.1f} s"))
-                    continue
-                if wait_s > 0:
-                    time.sleep(wait_s)  # let a zombie's request time out before anyone reconciles
+            elif (classified := self._classify_or_defer(base, state, report)) is not None:
                 resumable[run_id] = classified
+        self._live_owners(live_owned)
         return resumable
 
-    def _live_owner(self, base: RunOutcome, state: RunState, dead_owner: str | None) -> RunOutcome:
-        """The journal names a live owner. It holds the run (its owned set has it): leave it alone — but if the dead
-        owner's set still lists the run, a pass died before the hand-over's last write: remove it (``handed_over``).
-        It does not hold it: a pass committed RUN_RESUMED to it and died before the hand-over — complete it now."""
-        assert state.owner is not None
-        if self.redis.sismember(self.plans.owned_key(state.owner), state.run_id):
-            if dead_owner and dead_owner != state.owner and self.redis.srem(self.plans.owned_key(dead_owner),
-                                                                            state.run_id):
-                return with_changes(base, action="handed_over", epoch=state.epoch, assigned_to=state.owner,
-                                    detail=f"completed an earlier pass's hand-over: {dead_owner} no longer lists it")
-            return with_changes(base, action="owner_alive", detail=f"owned by live {state.owner}")
+    def _classify_or_defer(self, base: RunOutcome, state: RunState, report: RecoveryReport) -> Classified | None:
+        """The run's classification, once its unknown calls' tool timeouts have passed (waited for up to
+        ``max_wait_s``); None when they pass later than that: the run is reported ``deferred``."""
         classified = classify(state)
-        plan = build_plan(state, classified, new_epoch=state.epoch, resumed_seq=state.last_seq,
-                          assigned_to=state.owner, now_ms=int(time.time() * 1000))
-        self._hand_over(plan, dead_owner)
-        return with_changes(base, action="handed_over", epoch=state.epoch, assigned_to=state.owner,
-                            calls=classified.counts, detail="completed the hand-over of an earlier pass's RUN_RESUMED")
+        wait_s = (classified.reconcile_after_ms - time.time() * 1000) / 1000
+        if wait_s > self.max_wait_s:
+            report.runs.append(with_changes(base, action="deferred", calls=classified.counts,
+                                            detail=f"tool timeout passes in {wait_s:.1f} s"))
+            return None
+        if wait_s > 0:
+            with self._gc.lifted():  # up to max_wait_s: the process's other threads' garbage is collected meanwhile
+                time.sleep(wait_s)  # let a zombie's request time out before anyone reconciles
+        return classified
+
+    def _live_owners(self, found: list[tuple[RunOutcome, RunState, str | None]]) -> None:
+        """Runs whose journal names a live owner: left alone, or an earlier pass's hand-over completed
+        (:meth:`HandOvers.unfinished`); the completions are written like any hand-over (:meth:`_hand_over`)."""
+        if found:
+            self._hand_over(self.handovers.unfinished(found))
 
     def _resume(self, resumable: dict[str, Classified], chosen: dict[str, str | None],
                 states: dict[str, RunState | None], offsets: dict[str, int], report: RecoveryReport,
                 assign_to: str | None) -> None:
+        if not resumable:
+            return
         dead = {o for o in chosen.values() if o} | set(report.fenced)
-        batch: list[tuple[Event, Any, RunOutcome, str | None]] = []
+        target = assign_to or self.instances.least_loaded(exclude=dead)  # once: nothing is handed over before 7
+        batch: list[tuple[Event, RecoveryPlan, RunOutcome, str | None]] = []
+        now_ms = int(time.time() * 1000)
         for run_id, classified in resumable.items():
             state = states[run_id]
             assert state is not None
-            target = assign_to or self.instances.least_loaded(exclude=dead)
             outcome = RunOutcome(run_id=run_id, owner=chosen[run_id] or state.owner,
                                  partition=self._partition(run_id), previous_epoch=state.epoch,
                                  calls=classified.counts)
             if target is None:
                 report.runs.append(with_changes(outcome, action="no_live_instance"))
                 continue
-            event = self._resumed_event(state, classified, target, offsets)
+            event = resumed_event(state, classified, target, offsets)
             plan = build_plan(state, classified, new_epoch=event.epoch, resumed_seq=event.seq, assigned_to=target,
-                              now_ms=int(time.time() * 1000))
+                              now_ms=now_ms)
             batch.append((event, plan, with_changes(outcome, epoch=event.epoch, assigned_to=target), chosen[run_id]))
         if not batch:
             return
-        error = self._publish_resumed([e for e, _p, _o, _d in batch])  # 6
+        error = self.publisher.publish([e for e, _p, _o, _d in batch])  # 6
         for _e, _p, outcome, _d in batch:
             report.runs.append(with_changes(outcome, action="retry_later", detail=error) if error
                                else with_changes(outcome, action="resumed"))
         if error:
             return
         failpoints.hit("recovery.after_commit")
-        for _e, plan, _o, dead_owner in batch:  # 7
-            failpoints.hit("recovery.inside_handover")
-            self._hand_over(plan, dead_owner)
+        self._hand_over([HandOver(plan, dead_owner) for _e, plan, _o, dead_owner in batch])  # 7
 
-    def _publish_resumed(self, events: list[Event]) -> str | None:
-        """Step 6: every RUN_RESUMED in one transaction. Returns None when committed, or why it was not.
-
-        An abortable failure aborts the transaction, drops the producer (the next pass builds one: a new
-        producer epoch) and leaves the job usable; a
-        fatal one (fenced by another recovery job, unauthorised) drops the producer and raises.
+    def _hand_over(self, items: list[HandOver]) -> None:
+        """Step 7 for ``items`` (``runjournal.consumers.recovery.handover``): batches of single-slot writes, a crash
+        between them completed by the next pass (:meth:`_live_owners`).
 
         Raises:
-            FatalDependencyError: the transactional producer is fenced or failed fatally.
+            DependencyUnavailableError, FatalDependencyError: a run's write failed (after the others were written).
         """
-        producer = self._kafka_producer()
-        try:
-            producer.begin_transaction()
-            for event in events:
-                producer.produce(self.settings.events_topic, key=event.key.encode(), value=self.codec.encode(event),
-                                 partition=self._partition(event.run_id))
-            producer.commit_transaction(30)
-            return None
-        except KafkaException as exc:
-            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
-            if err is not None and err.txn_requires_abort():
-                try:
-                    producer.abort_transaction(30)
-                except KafkaException as abort_exc:
-                    log.warning("abort failed", extra={"error": str(abort_exc)})
-                # A fresh producer for the next pass: after a refused record the idempotent sequence may need an
-                # epoch bump; init_transactions on the same transactional.id gives one (and fences this one).
-                self._drop_producer()
-                log.warning("RUN_RESUMED transaction aborted; the next pass retries", extra={"error": str(err)})
-                return f"RUN_RESUMED transaction aborted: {err.str()}"
-            self._drop_producer()
-            cause = kafka_error_verdict(err).cause if err is not None else str(exc)
-            if err is not None and err.retriable() and not err.fatal():
-                return f"RUN_RESUMED not committed: {cause}"
-            raise FatalDependencyError("kafka", f"recovery producer {self.settings.topic_prefix}."
-                                       f"{RECOVERY_PRODUCER_ID}: {cause}") from exc
-
-    def _drop_producer(self) -> None:
-        """Forget the transactional producer; the next pass builds one (``init_transactions`` aborts leftovers)."""
-        producer, self._producer = self._producer, None
-        if producer is not None:
-            producer.flush(0)
-
-    def _resumed_event(self, state: RunState, classified: Classified, target: str, offsets: dict[str, int]) -> Event:
-        return Event(event_id=new_event_id(), run_id=state.run_id, tenant_id=state.tenant_id or "",
-                     seq=state.last_seq + 1, epoch=state.epoch + 1, producer_id=RECOVERY_PRODUCER_ID,
-                     type=EventType.RUN_RESUMED, occurred_at=utcnow(),
-                     payload={"previous_epoch": state.epoch, "recovered_by": f"recovery@{uuid.getnode():x}",
-                              "plan_json": plan_summary(classified, previous_epoch=state.epoch,
-                                                        new_epoch=state.epoch + 1, offsets=offsets),
-                              "assigned_to": target})
-
-    def _hand_over(self, plan: Any, dead_owner: str | None) -> None:
-        """Step 7 for one run, in three idempotent writes, each within one Redis Cluster slot: the plan (the run's
-        slot); the assignment, check-and-set (the assignee's owned set and list, one script: never a second list
-        entry); the removal from the dead owner's owned set. A crash between them is completed by the next pass
-        (:meth:`_live_owner`): the assignee does not hold the run yet, or the dead owner still lists it."""
-        self.policy.call("hand over", lambda: self.plans.put(plan))
-        failpoints.hit("recovery.handover.after_plan")
-        self.policy.call("hand over", lambda: self.plans.assign(plan.run_id, plan.assigned_to))
-        failpoints.hit("recovery.handover.after_assign")
-        if dead_owner and dead_owner != plan.assigned_to:
-            self.policy.call("hand over", lambda: self._disown(dead_owner, plan.run_id))
+        self.handovers.hand_over(items)
 
     def _disown(self, owner: str | None, run_id: str) -> None:
         if owner:
@@ -388,6 +383,4 @@ class RecoveryJob:
 
     def close(self) -> None:
         """Flush and drop the recovery producer."""
-        if self._producer is not None:
-            self._producer.flush(10)
-            self._producer = None
+        self.publisher.close()

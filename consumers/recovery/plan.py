@@ -18,9 +18,10 @@ never a blind retry.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from dataclasses import dataclass
+
+import orjson
 
 from runjournal.model.reducer import CallStatus as Rec
 from runjournal.model.reducer import ReconciledOutcome, RunState
@@ -88,5 +89,5 @@ def build_plan(state: RunState, classified: Classified, *, new_epoch: int, resum
 
 def plan_summary(classified: Classified, *, previous_epoch: int, new_epoch: int, offsets: dict[str, int]) -> str:
     """The RUN_RESUMED ``plan_json``: counts per class, epochs and the offsets the decision was made from."""
-    return json.dumps({"calls": classified.counts, "previous_epoch": previous_epoch, "epoch": new_epoch,
-                       "offsets": offsets}, sort_keys=True, separators=(",", ":"))
+    data = {"calls": classified.counts, "previous_epoch": previous_epoch, "epoch": new_epoch, "offsets": offsets}
+    return orjson.dumps(data, option=orjson.OPT_SORT_KEYS).decode()  # = json.dumps(sort_keys, compact): ASCII

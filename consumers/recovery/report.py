@@ -48,8 +48,9 @@ class RecoveryReport:
     partitions: list[PartitionRead] = field(default_factory=list)
     recovery_ms: float = 0.0
 
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-able report: ``runs_recovered``, ``calls`` per class, ``offsets`` read, ``recovery_ms``."""
+    def as_dict(self, *, with_runs: bool = True) -> dict[str, Any]:
+        """JSON-able report: ``runs_recovered``, ``calls`` per class, ``offsets`` read, ``recovery_ms``, and
+        (``with_runs``, default) ``runs``: every run's outcome."""
         totals: dict[str, int] = {}
         for r in self.runs:
             for k, v in r.calls.items():
@@ -59,7 +60,8 @@ class RecoveryReport:
             actions[r.action] = actions.get(r.action, 0) + 1
         return {"runs_recovered": actions.get("resumed", 0), "actions": actions, "calls": totals,
                 "fenced": self.fenced, "recovery_ms": round(self.recovery_ms, 1),
-                "offsets": [vars(p) for p in self.partitions], "runs": [vars(r) for r in self.runs]}
+                "offsets": [vars(p) for p in self.partitions],
+                **({"runs": [vars(r) for r in self.runs]} if with_runs else {})}
 
 
 def with_changes(outcome: RunOutcome, **changes: Any) -> RunOutcome:

@@ -9,6 +9,8 @@ node only unless it goes node by node). ``private_redis`` is a private 3-master 
 launcher; "restart" SHUTDOWNs one master and "sigkill" SIGKILLs it (the cluster is down — CLUSTERDOWN — until it
 is back), then the launcher starts it again on its ``nodes.conf`` and AOF.
 
+The batched hand-over's tests (issue 20) run here too: its pipelines and per-instance scripts split by slot.
+
 On the old code none of this ran: no Redis setting took a cluster, and the first ``start_run`` died on a
 cross-slot script (lease and owned set in two slots).
 """
@@ -37,6 +39,11 @@ from tests.test_projector_crash import (
 from tests.test_recovery_crash_matrix import (
     test_sigkill_at_each_recovery_step_then_a_normal_pass_resumes_every_run_exactly_once as recovery_crash_matrix,
 )
+from tests.test_recovery_handover import (
+    test_a_pass_killed_between_two_batches_is_completed_by_the_next_pass,
+    test_batched_reads_and_writes_keep_the_single_run_contracts,
+    test_one_runs_failed_write_does_not_lose_the_others_and_the_next_pass_completes_it,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration, pytest.mark.crash]
 test_recovery_crash_matrix = recovery_crash_matrix
@@ -46,6 +53,9 @@ __all__ = [  # collected here, against the Redis Cluster (see the module docstri
     "test_redis_restart_midstream_no_loss_no_double_apply", "test_sigkill_mid_batch_then_restart_equals_uninterrupted",
     "test_two_members_split_partitions_and_survive_a_kill",
     "test_recovery_crash_matrix",
+    "test_a_pass_killed_between_two_batches_is_completed_by_the_next_pass",
+    "test_batched_reads_and_writes_keep_the_single_run_contracts",
+    "test_one_runs_failed_write_does_not_lose_the_others_and_the_next_pass_completes_it",
 ]
 
 
