@@ -37,6 +37,7 @@ from runjournal.producers.errors import (
     ProducerFencedError,
     QueueFullError,
 )
+from runjournal.producers.fencing import init_transactions
 
 __all__ = ["Item", "TxnPublisher"]
 
@@ -132,7 +133,7 @@ class TxnPublisher(FailureHandling):
         self._fatal_cause = None  # a new producer: no fatal state
         producer = Producer(self._config)
         try:
-            producer.init_transactions(self._timeout_s)
+            init_transactions(producer, self._timeout_s)  # one metadata request first: no 500 ms coordinator stall
         except KafkaException as exc:
             raise FatalProducerError(
                 f"init_transactions failed for {self._config['transactional.id']}: {exc}"
