@@ -70,10 +70,16 @@ class Row:
     """What exactly was measured, when the label is not enough."""
     ratio_rounds: tuple[float, ...] = field(default=())
     """Per-round ratio ours/anchor (paired by round), for the ratio's min–max."""
+    paired_headline: float | None = None
+    """When set, the headline ratio instead of ``ours.value / anchor.value``: e.g. the median of the paired
+    per-round ratios, for a pair whose sides are measured back to back within a round (pair 5)."""
 
     @property
     def ratio(self) -> float | None:
-        """``ours.value / anchor.value`` (None without an anchor or when the anchor is 0)."""
+        """``paired_headline`` when set, else ``ours.value / anchor.value`` (None without an anchor or when the
+        anchor is 0)."""
+        if self.paired_headline is not None:
+            return self.paired_headline
         if self.anchor is None or self.anchor.value == 0:
             return None
         return self.ours.value / self.anchor.value

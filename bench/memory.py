@@ -1,28 +1,28 @@
 """Pair 5 — memory off the critical path: projector throughput beside the memory extractor.
 
-One topic of complete runs (``bench.projection.publish_workload``). Each round rebuilds the
-projection from nothing (as pair 3's projector side) in three conditions, interleaved:
+One topic of complete runs (``bench.projection.publish_workload``). The figure is a projector rebuild from
+nothing (as pair 3's projector side) with the extractor running, against the same rebuild with that same
+extractor process paused — measured back to back, so the anchor is seconds away from its side, not minutes.
 
-* extractor stopped — the anchor;
-* extractor running — ``runjournal memory-extractor`` (its own process and consumer group, MiniLM
-  embeddings, embedded Qdrant) as deployed by default: niceness 19 (``RUNJOURNAL_MEMORY_NICE``), one
-  onnxruntime thread, the tokenizer's thread pool off; started before the round and busy during all
-  of it (the topic holds far more records than it reads in a round); it is given time to load its
-  model and commit a first batch before the projector starts;
-* Qdrant unreachable — the same extractor with ``RUNJOURNAL_QDRANT_URL`` pointing at a closed port
-  on 127.0.0.1: it consumes, fails to write, backs off and retries;
-* extractor running unbounded — ``RUNJOURNAL_MEMORY_NICE=0`` and ``TOKENIZERS_PARALLELISM=true``: how it
-  ran before issue 20 (the before of the optimisation, informational);
-* the extractor alone, bounded and unbounded — no projector: its own throughput (records/s from its
-  committed offsets over a 10 s window after its first commit), i.e. what the bounds cost it when it has
-  the machine to itself. Beside the projector, its records/s during the projector's window are reported too.
+Conditions, each one ``runjournal memory-extractor`` process (its own consumer group, reset before it starts, so
+it works from the topic's start and is busy throughout; MiniLM embeddings, embedded Qdrant), started once and
+given time to load its model and commit a first batch:
 
-Sides rotate (stopped, running, down; running, down, stopped; …): each condition's round follows
-a different one, so a position effect (the previous side's extractor exiting, Redis rewriting its
-AOF) does not land on one side. The extractor's group is deleted before each start, so it works
-from the topic's start every round (its writes are idempotent by point id). Alongside throughput,
-the projector's own CPU time per 1,000 events (``getrusage`` of the bench process, which runs only
-the projector then) separates "the projector does more work / waits on memory" from "it gets less CPU".
+* running — as deployed by default (``RUNJOURNAL_MEMORY_NICE`` 19, ``RUNJOURNAL_MEMORY_SCHED``, one onnxruntime
+  thread, the tokenizer's thread pool off);
+* running with the other scheduling policy (``idle`` when the default is ``other`` and vice versa);
+* Qdrant unreachable — ``RUNJOURNAL_QDRANT_URL`` on a closed port: it consumes, fails to write, backs off, retries;
+* running unbounded (full runs) — ``RUNJOURNAL_MEMORY_NICE=0``, ``TOKENIZERS_PARALLELISM=true``: how it ran before
+  issue 20 (the before of the optimisation, informational).
+
+Per condition, ``rounds`` rounds of two rebuilds: extractor paused (SIGSTOP: no CPU, no fetches — the anchor)
+and extractor running (SIGCONT), in alternating order (paused first on even rounds). The headline ratio is the
+median of the per-round paired ratios (running ÷ paused, same round), so machine-wide load that changes
+between rounds cancels; the range is their min–max. The extractor alone, bounded and unbounded (full runs), is
+measured by its committed offsets over a 10 s window with no projector: what the bounds cost it when it has
+the machine to itself. Alongside throughput, the projector's own CPU time per 1,000 events (``getrusage`` of
+the bench process, which runs only the projector then) separates "the projector does more work / waits on
+memory" from "it gets less CPU".
 
 On this 2-core machine the running extractor competes with the projector (and the broker) for CPU:
 that is the cost being measured, not a coupling (the projector never waits on memory).
@@ -32,16 +32,16 @@ from __future__ import annotations
 
 import resource
 import signal
+import statistics
 import subprocess
 import sys
 import time
-from typing import Any
 
 from confluent_kafka import TopicPartition
 
 from bench._env import BenchEnv, child_env
 from bench._model import Row, goal_met, paired_ratios, summarise
-from bench._rounds import Side, interleave, progress
+from bench._rounds import progress
 from bench.projection import projector_rate, publish_workload
 from runjournal.consumers.memory.service import memory_group
 from runjournal.core import kafka
@@ -76,8 +76,8 @@ class _Extractor:
     """``runjournal memory-extractor`` as a child process, started and stopped around a round."""
 
     def __init__(self, settings: Settings, *, qdrant_url: str | None, unbounded: bool = False,
-                 sched: str | None = None) -> None:
-        self.settings = settings
+                 sched: str | None = None, label: str = "") -> None:
+        self.settings, self.label = settings, label
         extra = {"RUNJOURNAL_QDRANT_URL": qdrant_url} if qdrant_url else {}
         if sched is not None:
             extra["RUNJOURNAL_MEMORY_SCHED"] = sched
@@ -105,6 +105,11 @@ class _Extractor:
             if self.reachable and _committed(self.settings) > before:
                 return
 
+    def pause(self, paused: bool) -> None:
+        """SIGSTOP (no CPU, no fetches: the anchor) or SIGCONT the running extractor."""
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGSTOP if paused else signal.SIGCONT)
+
     def stop(self) -> None:
         if self.proc is None:
             return
@@ -122,22 +127,36 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _with(extractor: _Extractor | None, settings: Settings, n: int, cpu: list[float],
-          own: list[float] | None = None) -> float:
-    """One projector rebuild with ``extractor`` running (or not); appends its CPU ms per 1k events to ``cpu`` and
-    the extractor's records/s over the same window to ``own``."""
-    if extractor is not None:
-        extractor.start()
+def _rebuild(settings: Settings, n: int, cpu: list[float]) -> float:
+    """One projector rebuild; appends its CPU ms per 1k events to ``cpu``; returns events/s."""
+    before = _cpu_s()
+    rate = projector_rate(settings, n)
+    cpu.append((_cpu_s() - before) * 1000 / (n / 1000))
+    return rate
+
+
+def _paired(extractor: _Extractor, settings: Settings, n: int, rounds: int) -> dict[str, list[float]]:
+    """``rounds`` × (rebuild with ``extractor`` paused, rebuild with it running), alternating which comes first.
+
+    Returns per-round lists: ``paused`` / ``running`` events/s, their CPU ms per 1k events, and the extractor's
+    committed records/s during the running rebuilds (``own``).
+    """
+    out: dict[str, list[float]] = {k: [] for k in ("paused", "running", "cpu_paused", "cpu_running", "own")}
+    extractor.start()
     try:
-        before, started, read = _cpu_s(), time.monotonic(), _committed(settings) if own is not None else 0
-        rate = projector_rate(settings, n)
-        cpu.append((_cpu_s() - before) * 1000 / (n / 1000))
-        if own is not None:
-            own.append((_committed(settings) - read) / (time.monotonic() - started))
-        return rate
+        for r in range(rounds):
+            for side in (("paused", "running") if r % 2 == 0 else ("running", "paused")):
+                extractor.pause(side == "paused")
+                read, started = _committed(settings), time.monotonic()
+                out[side].append(_rebuild(settings, n, out[f"cpu_{side}"]))
+                if side == "running":
+                    out["own"].append((_committed(settings) - read) / (time.monotonic() - started))
+            progress(f"{PAIR} {extractor.label} round {r + 1}/{rounds}: paused={out['paused'][-1]:,.0f}, "
+                     f"running={out['running'][-1]:,.0f} events/s")
     finally:
-        if extractor is not None:
-            extractor.stop()
+        extractor.pause(False)
+        extractor.stop()
+    return out
 
 
 def _alone(extractor: _Extractor, settings: Settings, window_s: float = 10.0) -> float:
@@ -151,62 +170,58 @@ def _alone(extractor: _Extractor, settings: Settings, window_s: float = 10.0) ->
         extractor.stop()
 
 
+def _ratio_row(label: str, got: dict[str, list[float]], goal: str | None, note: str = "") -> Row:
+    ratios = paired_ratios(got["running"], got["paused"])
+    ours, anchor = summarise(got["running"]), summarise(got["paused"])
+    value = statistics.median(ratios)
+    return Row(PAIR, "events/s", label, ours, "projector, the same extractor paused (SIGSTOP), same round", anchor,
+               goal=goal, met=goal_met(value, goal) if goal else None, note=note, ratio_rounds=ratios,
+               paired_headline=value)
+
+
 def run_memory(env: BenchEnv, events: int, rounds: int, *, nice: bool = True) -> list[Row]:
     """Run pair 5; returns its rows (see the module docstring). ``nice``: also the unbounded (before) and alone
     sides (full runs)."""
     settings = env.pair_settings("memory")
     n = publish_workload(settings, events // 50, 50, seed=5)
-    running = _Extractor(settings, qdrant_url=None)
     other = "other" if settings.memory_sched == "idle" else "idle"  # the policy the default does not use
-    alternative = _Extractor(settings, qdrant_url=None, sched=other)
-    down = _Extractor(settings, qdrant_url=f"http://127.0.0.1:{free_port()}")
-    unbounded = _Extractor(settings, qdrant_url=None, unbounded=True)
-    alt = f"running, sched {other}"
-    cpu: dict[str, list[float]] = {k: [] for k in ("stopped", "running", "qdrant down", "running unbounded", alt)}
-    own: dict[str, list[float]] = {"running": [], "running unbounded": [], alt: []}
-    sides = [Side("stopped", lambda: _with(None, settings, n, cpu["stopped"])),
-             Side("running", lambda: _with(running, settings, n, cpu["running"], own["running"])),
-             Side("qdrant down", lambda: _with(down, settings, n, cpu["qdrant down"])),
-             Side(alt, lambda: _with(alternative, settings, n, cpu[alt], own[alt]))]
+    conditions = {"running": _Extractor(settings, qdrant_url=None, label="default"),
+                  f"sched {other}": _Extractor(settings, qdrant_url=None, sched=other, label=f"sched {other}"),
+                  "qdrant down": _Extractor(settings, qdrant_url=f"http://127.0.0.1:{free_port()}",
+                                            label="qdrant down")}
     if nice:
-        sides += [Side("running unbounded", lambda: _with(unbounded, settings, n, cpu["running unbounded"],
-                                                          own["running unbounded"])),
-                  Side("alone", lambda: _alone(running, settings)),
-                  Side("alone unbounded", lambda: _alone(unbounded, settings))]
-    res: dict[str, Any] = interleave(PAIR, sides, rounds=rounds, warmup=0, rotate=True)
+        conditions["unbounded"] = _Extractor(settings, qdrant_url=None, unbounded=True, label="unbounded")
+    got = {name: _paired(ext, settings, n, rounds) for name, ext in conditions.items()}
+    alone = {}
+    if nice:
+        alone = {"bounded": [_alone(conditions["running"], settings) for _ in range(2)],
+                 "unbounded": [_alone(conditions["unbounded"], settings) for _ in range(2)]}
     progress(f"{PAIR}: extractor committed {_committed(settings)} of {n} records over all rounds")
-    anchor = summarise(res["stopped"])
-    note = (f"{n} events; projector rebuilt from nothing per round; extractor = `runjournal memory-extractor` "
+    note = (f"{n} events; projector rebuilt from nothing per side; extractor = `runjournal memory-extractor` "
             "(MiniLM int8, embedded Qdrant) in its own process on the same 2 cores, bounded by default "
-            f"(nice {settings.memory_nice}, sched {settings.memory_sched}, 1 onnxruntime thread, no tokenizer pool)")
-    rows = []
-    for label, side, goal in (("running", "projector, extractor running", "≥ 0.95"),
-                              ("qdrant down", "projector, extractor with Qdrant unreachable", "≥ 0.95"),
-                              (alt, f"projector, extractor running with sched {other}", None),
-                              ("running unbounded", "projector, extractor unbounded (nice 0, tokenizer pool; "
-                                                    "before)", None)):
-        if label not in res:
-            continue
-        ours = summarise(res[label])
-        rows.append(Row(PAIR, "events/s", side, ours, "projector, extractor stopped", anchor,
-                        goal=goal, met=goal_met(ours.value / anchor.value, goal) if goal else None,
-                        note=note if label == "running" else "",
-                        ratio_rounds=paired_ratios(res[label], res["stopped"])))
-    for label in ("running", "qdrant down"):
-        rows.append(Row(PAIR, "projector CPU ms / 1k events", f"extractor {label}", summarise(cpu[label]),
-                        "extractor stopped", summarise(cpu["stopped"]),
-                        note="same work per event ⇒ a slowdown above is CPU contention, not coupling"
-                        if label == "running" else "", ratio_rounds=paired_ratios(cpu[label], cpu["stopped"])))
+            f"(nice {settings.memory_nice}, sched {settings.memory_sched}, 1 onnxruntime thread, no tokenizer "
+            "pool); ratio = median of the rounds' running/paused ratios")
+    rows = [_ratio_row("projector, extractor running", got["running"], "≥ 0.95", note),
+            _ratio_row(f"projector, extractor running with sched {other}", got[f"sched {other}"], None),
+            _ratio_row("projector, extractor with Qdrant unreachable", got["qdrant down"], "≥ 0.95")]
     if nice:
-        rows.append(Row(PAIR, "extractor records/s, alone", "bounded (default)", summarise(res["alone"]),
-                        "unbounded (before)", summarise(res["alone unbounded"]),
+        rows.append(_ratio_row("projector, extractor unbounded (nice 0, tokenizer pool; before)", got["unbounded"],
+                               None))
+    rows.append(Row(PAIR, "projector CPU ms / 1k events", "extractor running", summarise(got["running"]["cpu_running"]),
+                    "extractor paused", summarise(got["running"]["cpu_paused"]),
+                    note="same work per event ⇒ a slowdown above is CPU contention, not coupling",
+                    ratio_rounds=paired_ratios(got["running"]["cpu_running"], got["running"]["cpu_paused"])))
+    own = {name: summarise(g["own"]) for name, g in got.items()}
+    rows.append(Row(PAIR, "extractor records/s, beside projector", "bounded (default)", own["running"],
+                    f"sched {other}", own[f"sched {other}"],
+                    note="during the projector's rebuild: the lag memory takes so that the projector does not",
+                    ratio_rounds=paired_ratios(got["running"]["own"], got[f"sched {other}"]["own"])))
+    if nice:
+        rows.append(Row(PAIR, "extractor records/s, beside projector", "bounded (default)", own["running"],
+                        "unbounded (before)", own["unbounded"],
+                        ratio_rounds=paired_ratios(got["running"]["own"], got["unbounded"]["own"])))
+        rows.append(Row(PAIR, "extractor records/s, alone", "bounded (default)", summarise(alone["bounded"]),
+                        "unbounded (before)", summarise(alone["unbounded"]),
                         note="what the bounds cost the extractor with the machine to itself",
-                        ratio_rounds=paired_ratios(res["alone"], res["alone unbounded"])))
-        rows.append(Row(PAIR, "extractor records/s, beside projector", "bounded (default)",
-                        summarise(own["running"]), "unbounded (before)", summarise(own["running unbounded"]),
-                        note="during the projector's rebuild: the lag memory takes so that the projector does not",
-                        ratio_rounds=paired_ratios(own["running"], own["running unbounded"])))
-    rows.append(Row(PAIR, "extractor records/s, beside projector", "bounded (default)", summarise(own["running"]),
-                    f"sched {other}", summarise(own[alt]),
-                    ratio_rounds=paired_ratios(own["running"], own[alt])))
+                        ratio_rounds=paired_ratios(alone["bounded"], alone["unbounded"])))
     return rows

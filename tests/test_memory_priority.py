@@ -4,7 +4,8 @@ The old extractor ran at the niceness it was started with (0), and its tokenizer
 of the machine: beside the projector on 2 cores it took 14-22 % of the projector's throughput (bench/README.md,
 pair 5). Now the process raises its niceness to ``RUNJOURNAL_MEMORY_NICE`` (default 19) before it starts any
 thread, so librdkafka's, onnxruntime's and the read server's threads all inherit it; ``RUNJOURNAL_MEMORY_NICE=0``
-leaves it as started. Run the way a user runs it: the command in a subprocess on the real stack.
+leaves it as started; and it moves every thread to ``SCHED_IDLE`` (``RUNJOURNAL_MEMORY_SCHED``, default ``idle``). Run the
+way a user runs it: the command in a subprocess on the real stack.
 """
 
 from __future__ import annotations
@@ -67,7 +68,8 @@ def test_every_thread_takes_the_scheduling_policy_it_is_given(topics: Settings, 
     """``RUNJOURNAL_MEMORY_SCHED=idle``: every thread (librdkafka's, onnxruntime's, the read server's) runs under
     SCHED_IDLE — only on CPU time no normal thread wants; ``other``: the time-sharing policy, niceness alone."""
     publish(topics, run_events("sched-run"))
-    policies = _running_extractor_nices({**service_env, "RUNJOURNAL_MEMORY_SCHED": "idle"}, topics, field=41)
+    env = {k: v for k, v in service_env.items() if k != "RUNJOURNAL_MEMORY_SCHED"}
+    policies = _running_extractor_nices(env, topics, field=41)  # the default
     assert len(policies) > 3 and set(policies.values()) == {os.SCHED_IDLE}, policies
     policies = _running_extractor_nices({**service_env, "RUNJOURNAL_MEMORY_SCHED": "other"}, topics, field=41)
     assert set(policies.values()) == {os.SCHED_OTHER}, policies

@@ -34,7 +34,8 @@ def memory_extractor_command(
     """Run the memory extractor (group ``{prefix}.memory``) until SIGINT/SIGTERM, or until caught up.
 
     It owns the embedded Qdrant directory and serves memory and knowledge reads to other processes. It runs at
-    niceness ``RUNJOURNAL_MEMORY_NICE`` (default 19: it yields the CPU to the projector and agents). Exits 1
+    niceness ``RUNJOURNAL_MEMORY_NICE`` (default 19) under the ``RUNJOURNAL_MEMORY_SCHED`` policy (default ``idle``:
+    ``SCHED_IDLE``, it runs only on CPU time the projector and agents do not want). Exits 1
     naming the cause when the stack or topic is missing, or a dependency stays away past the outage budget.
     """
     from runjournal.cli._errors import cli_errors

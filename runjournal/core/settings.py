@@ -148,9 +148,10 @@ class Settings(BaseSettings):
     """CPU niceness ``runjournal memory-extractor`` gives its process after its preflight (0 … 19, 19 = lowest priority;
     0 leaves it as started): memory may lag, the projector, recovery and agents on the same host must not
     wait for CPU behind embeddings (README § Memory)."""
-    memory_sched: Literal["idle", "other"] = "other"
-    """Linux scheduling policy of every ``runjournal memory-extractor`` thread: ``idle`` (``SCHED_IDLE``: only CPU time
-    no normal thread wants) or ``other`` (time-sharing, bounded by ``memory_nice``)."""
+    memory_sched: Literal["idle", "other"] = "idle"
+    """Linux scheduling policy of every ``runjournal memory-extractor`` thread: ``idle`` (``SCHED_IDLE``, the default:
+    only CPU time no normal thread wants; nice 19 alone still took 16-24 % of a projector's speed on 2 cores, bench
+    pair 5) or ``other`` (time-sharing, bounded by ``memory_nice``)."""
 
     @field_validator("log_level")
     @classmethod
