@@ -4,8 +4,8 @@ The old extractor ran at the niceness it was started with (0), and its tokenizer
 of the machine: beside the projector on 2 cores it took 14-22 % of the projector's throughput (bench/README.md,
 pair 5). Now the process raises its niceness to ``RUNJOURNAL_MEMORY_NICE`` (default 19) before it starts any
 thread, so librdkafka's, onnxruntime's and the read server's threads all inherit it; ``RUNJOURNAL_MEMORY_NICE=0``
-leaves it as started; and it moves every thread to ``SCHED_IDLE`` (``RUNJOURNAL_MEMORY_SCHED``, default ``idle``). Run the
-way a user runs it: the command in a subprocess on the real stack.
+leaves it as started; and it moves every thread to ``SCHED_IDLE`` (``RUNJOURNAL_MEMORY_SCHED``, default
+``idle``). Run the way a user runs it: the command in a subprocess on the real stack.
 """
 
 from __future__ import annotations
