@@ -9,11 +9,15 @@ an empty poll), plus the distribution ``runjournal_projector_event_age_seconds``
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from runjournal.core import metrics as m
+from runjournal.model.reducer import CallStatus
 
-__all__ = ["ProjectorMetrics"]
+__all__ = ["ProjectorMetrics", "count_outcomes"]
+
+_NO_RECORDS: Mapping[str, Any] = {}
 
 
 class ProjectorMetrics:
@@ -67,20 +71,31 @@ class ProjectorMetrics:
         return self.server
 
 
-def count_transitions(metrics: ProjectorMetrics, old: Any, new: Any) -> None:
-    """Count what one batch changed in a run (``old`` → ``new``, both ``RunState``; ``old`` may be None): each
-    execution record entering a new status, as an outcome class, and stale-epoch rejections.
+def count_outcomes(metrics: ProjectorMetrics, before: Mapping[str, Any], after: Mapping[str, Any]) -> None:
+    """Count what one batch changed in its runs (``before[run_id]`` → ``after[run_id]``, ``RunState`` or None): each
+    execution record entering a new status, as an outcome class, and stale-epoch rejections. A run absent from
+    ``before`` (or None there) is new; None in ``after`` (erased) counts nothing.
 
-    Records the reducer did not touch are the same objects (copy-on-write), so this costs one identity check
-    per unchanged record.
+    Records the reducer did not touch are the same objects (copy-on-write), so this costs one identity check per
+    unchanged record (none for a run whose records mapping is unchanged); each metric child is incremented once
+    per batch with the batch's total.
     """
-    old_records = old.records if old is not None else {}
-    for call_id, record in new.records.items():
-        previous = old_records.get(call_id)
-        if previous is record or (previous is not None and previous.status is record.status):
+    outcomes: dict[str, int] = {}
+    fenced = 0
+    for run_id, new in after.items():
+        if new is None:
             continue
-        if record.status.value != "INTENDED":
-            metrics.outcomes.labels(record.status.value.lower()).inc()
-    rejected = new.rejected_stale_epoch - (old.rejected_stale_epoch if old is not None else 0)
-    if rejected > 0:
-        metrics.fenced.inc(rejected)
+        old = before.get(run_id)
+        old_records = old.records if old is not None else _NO_RECORDS
+        if new.records is not old_records:
+            for call_id, record in new.records.items():
+                previous = old_records.get(call_id)
+                if previous is record or (previous is not None and previous.status is record.status):
+                    continue
+                if record.status is not CallStatus.INTENDED:
+                    outcomes[record.status.value] = outcomes.get(record.status.value, 0) + 1
+        fenced += max(0, new.rejected_stale_epoch - (old.rejected_stale_epoch if old is not None else 0))
+    for status, n in outcomes.items():
+        metrics.outcomes.labels(status.lower()).inc(n)
+    if fenced:
+        metrics.fenced.inc(fenced)

@@ -32,7 +32,6 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from typing import Any
 
 import redis
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
@@ -50,7 +49,8 @@ from runjournal.consumers.failures import (
     stops_consumer,
 )
 from runjournal.consumers.projector._cache import StateCache
-from runjournal.consumers.projector.metrics import ProjectorMetrics, count_transitions
+from runjournal.consumers.projector._decode import Decoded, decode_batch
+from runjournal.consumers.projector.metrics import ProjectorMetrics, count_outcomes
 from runjournal.consumers.projector.stats import ProjectorStats
 from runjournal.consumers.projector.store import ProjectionStore
 from runjournal.consumers.topic_identity import TopicMismatchError, check_projection, describe_events_topic
@@ -60,6 +60,7 @@ from runjournal.core.settings import Settings
 from runjournal.model.reducer import RunState, RunStatus, apply, block
 from runjournal.schemas import EventCodec, codec_from_settings
 from runjournal.schemas.errors import SchemaError
+from runjournal.schemas.events import Event
 
 __all__ = ["Projector", "ProjectorStats", "projector_group"]
 
@@ -98,6 +99,7 @@ class Projector:
                  group_instance_id: str | None = None, state_cache_runs: int = 10_000,
                  max_outage_s: float = 240.0) -> None:
         self.settings = settings
+        self._critical = settings.critical_types  # parsed once, not per event
         self.topic = settings.events_topic
         self.batch_size = batch_size
         self.poll_timeout_s = poll_timeout_s
@@ -285,15 +287,10 @@ class Projector:
 
     def _apply_partition(self, partition: int, batch: list[Message]) -> None:
         expected = self.applied[partition]
-        fresh = [m for m in batch if m.offset() > expected]
+        fresh = batch if batch[0].offset() > expected else [m for m in batch if m.offset() > expected]
         if not fresh:
             return
-        decoded = []
-        for m in fresh:  # step 3
-            run_id, item = self._decode(m)
-            if isinstance(item, Exception) and classify(item).kind == TRANSIENT:
-                raise item  # a registry outage is no bad record: wait (step 8) before anything is sent
-            decoded.append((run_id, item))
+        decoded = decode_batch(self.codec, self.topic, partition, fresh)  # step 3 (raises on a registry outage)
         for msg, (run_id, item) in zip(fresh, decoded, strict=True):
             if isinstance(item, SchemaError):
                 self._quarantine(msg, run_id, item)
@@ -301,14 +298,7 @@ class Projector:
         cached, missing = self.cache.split(partition, expected, run_ids)  # step 4
         states: dict[str, RunState | None] = {**cached, **self.store.load(partition, missing)}
         before = dict(states)
-        dirty: dict[str, RunState | None] = {}
-        for msg, (run_id, item) in zip(fresh, decoded, strict=True):
-            if run_id is None:
-                continue
-            new = self._fold(states.get(run_id), item, partition, msg.offset(), run_id)
-            if new is not states.get(run_id):
-                states[run_id] = new
-                dirty[run_id] = new
+        dirty = self._fold_batch(partition, fresh, decoded, states)
         if self.dlq.sent:
             self.dlq.flush()  # step 5
         last = fresh[-1].offset()
@@ -333,30 +323,35 @@ class Projector:
         self._count_outcomes(dirty, before)
         self._quarantined = {w for w in self._quarantined if w[0] != partition}
 
-    def _fold(self, state: RunState | None, item: Any, partition: int, offset: int, run_id: str) -> RunState | None:
-        if item is None:  # tombstone: the run is being erased
+    def _fold_batch(self, partition: int, fresh: list[Message], decoded: list[Decoded],
+                    states: dict[str, RunState | None]) -> dict[str, RunState | None]:
+        """Fold every decoded record into ``states`` (updated in place); returns the runs that changed."""
+        dirty: dict[str, RunState | None] = {}
+        critical = self._critical
+        for msg, (run_id, item) in zip(fresh, decoded, strict=True):
+            if run_id is None:
+                continue
+            state = states.get(run_id)
+            if type(item) is Event:
+                new = apply(state, item, partition=partition, offset=msg.offset(), critical=critical)
+            else:
+                new = self._fold_other(state, item, partition, msg.offset(), run_id)
+            if new is not state:
+                states[run_id] = dirty[run_id] = new
+        return dirty
+
+    def _fold_other(self, state: RunState | None, item: SchemaError | None, partition: int, offset: int,
+                    run_id: str) -> RunState | None:
+        """A tombstone (None: the run is erased) or an undecodable record (the run is BLOCKED)."""
+        if item is None:
             if state is not None:
                 self.stats.erased += 1
                 self.metrics.erased.inc()
             return None
-        if isinstance(item, SchemaError):
-            if run_id not in self.stats.blocked_runs:
-                self.metrics.blocked.inc()
-            self.stats.blocked_runs.add(run_id)
-            return block(state, run_id, f"{type(item).__name__}: {item}", partition=partition, offset=offset)
-        return apply(state, item, partition=partition, offset=offset, critical=self.settings.critical_types)
-
-    def _decode(self, msg: Message) -> tuple[str | None, Any]:
-        """``(run_id, Event | None(tombstone) | SchemaError)``; run_id None when even the key is unreadable."""
-        run_id = _run_id_from_key(msg.key())
-        value = msg.value()
-        if value is None:
-            return run_id, None
-        try:
-            event = self.codec.decode(value, topic=msg.topic(), partition=msg.partition(), offset=msg.offset())
-        except SchemaError as exc:
-            return run_id, exc
-        return event.run_id, event
+        if run_id not in self.stats.blocked_runs:
+            self.metrics.blocked.inc()
+        self.stats.blocked_runs.add(run_id)
+        return block(state, run_id, f"{type(item).__name__}: {item}", partition=partition, offset=offset)
 
     def _quarantine(self, msg: Message, run_id: str | None, exc: SchemaError) -> None:
         """Copy an undecodable record to the DLQ once (a batch folded again after an outage sends nothing twice)."""
@@ -372,12 +367,10 @@ class Projector:
 
     def _count_outcomes(self, dirty: dict[str, RunState | None], before: dict[str, RunState | None]) -> None:
         for run_id, state in dirty.items():
-            if state is None:
-                continue
-            if state.status == RunStatus.GAP and run_id not in self.stats.parked_runs:
+            if state is not None and state.status == RunStatus.GAP and run_id not in self.stats.parked_runs:
                 self.stats.parked_runs.add(run_id)
                 self.metrics.parked.inc()
-            count_transitions(self.metrics, before.get(run_id), state)
+        count_outcomes(self.metrics, before, dirty)
 
     def _resync(self, partition: int, stored: int) -> None:
         """Redis's applied offset is not ours (Redis lost its last second, or another instance wrote): re-seek."""
@@ -404,14 +397,3 @@ class Projector:
             self.metrics.lag.labels(str(partition)).set(lag)
         return not any(lags.values())
 
-
-def _run_id_from_key(key: bytes | None) -> str | None:
-    """``run_id`` from a key ``{run_id}:{epoch}:{seq}``; None when the key is not of that form."""
-    if not key:
-        return None
-    try:
-        run_id, epoch, seq = key.decode("utf-8").rsplit(":", 2)
-        int(epoch), int(seq)
-    except ValueError:
-        return None
-    return run_id or None

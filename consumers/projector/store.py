@@ -144,7 +144,7 @@ class ProjectionStore:
         ids = list(states)
         keys = [self.offset_key(partition), self.runs_key(partition), self.index_key(partition),
                 *(self.run_key(partition, r) for r in ids)]
-        values = [s.to_json() if s is not None else "" for s in states.values()]
+        values = [s.to_json_bytes() if s is not None else b"" for s in states.values()]
         summaries = [summary_json(s) if s is not None else b"" for s in states.values()]
         args: list[Any] = [str(expected_offset), str(new_offset), str(len(ids)), *values, *ids, *summaries]
         code, stored = self._apply(keys=keys, args=args)
