@@ -72,7 +72,8 @@ class ProjectionConfig:
 
 
 class TimedProjector(Projector):
-    """The projector, unchanged, with the time of its first and last handled batch recorded."""
+    """The projector, unchanged, with the time of its first handled batch and of its last write's end recorded
+    (with write-behind the last batch's write ends after its ``_handle`` returns: the window runs until it has)."""
 
     first: float | None = None
     last: float | None = None
@@ -81,7 +82,11 @@ class TimedProjector(Projector):
         if self.first is None:
             self.first = time.perf_counter()
         super()._handle(msgs)
-        self.last = time.perf_counter()
+        self.last = max(self.last or 0.0, time.perf_counter())
+
+    def _take(self, outcome: Any, leaving: set[int]) -> None:
+        self.last = max(self.last or 0.0, outcome.done_at)
+        super()._take(outcome, leaving)
 
 
 def publish_workload(settings: Settings, runs: int, events_per_run: int, *, json_topic: str | None = None,

@@ -9,13 +9,17 @@ an empty poll), plus the distribution ``runjournal_projector_event_age_seconds``
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Mapping
 from typing import Any
+
+import redis
 
 from runjournal.core import metrics as m
 from runjournal.model.reducer import CallStatus
 
-__all__ = ["ProjectorMetrics", "count_outcomes"]
+__all__ = ["ProjectorMetrics", "count_outcomes", "store_poll_lag"]
 
 _NO_RECORDS: Mapping[str, Any] = {}
 
@@ -99,3 +103,25 @@ def count_outcomes(metrics: ProjectorMetrics, before: Mapping[str, Any], after: 
         metrics.outcomes.labels(status.lower()).inc(n)
     if fenced:
         metrics.fenced.inc(fenced)
+
+
+def store_poll_lag(metrics: ProjectorMetrics, client: Any, key: str, msgs: list[Any], log: logging.Logger) -> None:
+    """Lag of one poll: now minus the oldest record's CreateTime (ms), observed in ``metrics`` and pushed to the
+    Redis list ``key`` (``"<unix ms>:<lag ms>"``, newest first, the last 10,000 kept) for dashboards and the demo.
+
+    A Redis failure is logged and passed over: a dashboard sample is never worth a wait.
+    """
+    stamps = [m.timestamp()[1] for m in msgs if not m.error() and m.timestamp()[1] > 0]
+    if not stamps:
+        return
+    now_ms = int(time.time() * 1000)
+    lag_ms = max(0, now_ms - min(stamps))
+    metrics.event_age.observe(lag_ms / 1000)
+    metrics.lag_seconds.set(lag_ms / 1000)
+    pipe = client.pipeline(transaction=False)
+    pipe.lpush(key, f"{now_ms}:{lag_ms}")
+    pipe.ltrim(key, 0, 9999)
+    try:
+        pipe.execute()
+    except redis.RedisError as exc:
+        log.warning("lag sample not stored", extra={"error": str(exc)})
