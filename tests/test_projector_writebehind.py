@@ -1,7 +1,8 @@
-"""Write-behind (``consumers/projector/_writebehind.py``) against the real broker and Redis: a write that fails while
-the next batch is folded from it, a reply lost after the script ran, a refused batch, and a revoke while a write is
-in flight. Each ends equal to a fresh fold of the topic, with every applied write continuing the one before it
-(``expected`` = the previous write's end: nothing applied twice, nothing skipped) and no group offset ahead of Redis.
+"""Write-behind (``consumers/projector/_writebehind.py``) against the real broker and Redis: a write that fails
+while the next batch is folded from it, a reply lost after the script ran, a refused batch, and a revoke or a loss
+while a write is in flight. Each ends equal to a fresh fold of the topic, with every applied write continuing the one
+before it (``expected`` = the previous write's end: nothing applied twice, nothing skipped) and no group offset ahead
+of Redis.
 
 SIGKILLs at the write-behind failpoints (``projector.write_in_flight`` among them) are in ``test_projector_crash.py``.
 """
@@ -19,7 +20,7 @@ from typing import Any
 
 import pytest
 import redis
-from confluent_kafka import TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_INVALID, TopicPartition
 
 from runjournal.consumers.projector import ApplyResult, Projector
 from runjournal.consumers.projector.store import PreparedBatch
@@ -162,57 +163,43 @@ def test_a_refused_write_re_seeks_and_the_next_batch_is_not_written(topics: Sett
     assert_chained(calls)
 
 
-class _RevokeWatch(Projector):
-    """Records whether a write was in flight when a revoke began and whether it had ended when the revoke ended."""
+@pytest.mark.parametrize("how", ["revoked", "lost"])
+def test_a_rebalance_waits_for_the_write_in_flight(topics: Settings, how: str) -> None:
+    """A partition revoked (or lost) while its batch's write is in flight: the callback returns only after the write
+    ended; a revoke then commits exactly the offset Redis holds, a loss commits nothing; the member forgets it."""
+    ids = workload(topics, 10, seed=43, partition=0)
+    total = records(topics, ids)
+    a = Projector(topics, group_id=f"{topics.topic_prefix}.wb-{uuid.uuid4().hex[:6]}")
+    held, release = threading.Event(), threading.Event()
 
-    revokes: list[tuple[bool, bool]]
-
-    def _on_revoke(self, consumer: Any, partitions: list[TopicPartition]) -> None:
-        began = self.writer.in_flight is not None
-        self.revoke_began.set()
-        super()._on_revoke(consumer, partitions)
-        self.revokes.append((began, self.writer.in_flight is None))
-
-
-def test_a_revoke_waits_for_the_write_in_flight(topics: Settings) -> None:
-    """One run's records (one poll, one write) are written while a second member joins: the write is held until the
-    rebalance has begun, so the revoke meets it in flight (the member polls for up to 10 s after it)."""
-    a = _RevokeWatch(topics, batch_size=100, poll_timeout_s=10.0)
-    a.revokes, a.revoke_began = [], threading.Event()
-    held, released = threading.Event(), threading.Event()
-
-    def hold_first(n: int, batch: PreparedBatch, real: Callable[[], ApplyResult]) -> ApplyResult:
-        if n == 1:
-            held.set()
-            a.revoke_began.wait(30)  # the rebalance begins while this write is in flight …
-            time.sleep(0.3)
-            released.set()  # … and has to wait for it
+    def hold(n: int, batch: PreparedBatch, real: Callable[[], ApplyResult]) -> ApplyResult:
+        held.set()
+        assert release.wait(30)
         return real()
 
-    calls = instrument(a, hold_first)
-    stop = threading.Event()
-    members = [threading.Thread(target=a.run, kwargs={"stop": stop})]
-    members[0].start()
+    calls = instrument(a, hold)
+    a.consumer.incremental_assign([TopicPartition(topics.events_topic, 0, OFFSET_BEGINNING)])
+    a.positions.assign(0, -1)
+    msgs: list[Any] = []
+    deadline = time.monotonic() + 30
+    while len(msgs) < total and time.monotonic() < deadline:
+        msgs += [m for m in a.consumer.consume(1000, timeout=1.0) if m.error() is None]
+    assert len(msgs) == total
     try:
-        assert a._assigned_once.wait(60)
-        first = run_events("rv-first", calls=2)
-        publish(topics, first)
-        assert held.wait(60)
-        b = Projector(topics, batch_size=25)
-        members.append(threading.Thread(target=b.run, kwargs={"stop": stop}))
-        members[1].start()
-        assert released.wait(60)
-        ids = [first[0].run_id, *workload(topics, 30, seed=43)]
-        expected = topic_fold_digests(topics, ids)
-        deadline = time.monotonic() + 90
-        while redis_digests(topics, ids) != expected and time.monotonic() < deadline:
-            time.sleep(0.3)
-        assert redis_digests(topics, ids) == expected
+        a._handle(msgs)  # folds the batch and hands its write over: it is in flight (held) when _handle returns
+        assert held.wait(10) and a.writer.in_flight is not None
+        threading.Timer(0.5, release.set).start()
+        started = time.monotonic()
+        callback = a._on_revoke if how == "revoked" else a._on_lost
+        callback(a.consumer, [TopicPartition(topics.events_topic, 0)])
+        assert time.monotonic() - started >= 0.4  # it waited for the write …
+        assert a.writer.in_flight is None and 0 not in a.applied  # … took its outcome, and forgot the partition
+        (committed,) = a.consumer.committed([TopicPartition(topics.events_topic, 0)], timeout=10)
+        stored = a.store.applied_offset(0)
+        assert calls == [(0, -1, stored, "applied")]
+        assert committed.offset == (stored + 1 if how == "revoked" else OFFSET_INVALID)
+        assert redis_digests(topics, ids) == topic_fold_digests(topics, ids)
     finally:
-        stop.set()
-        for t in members:
-            t.join(60)
-    assert a.revokes and a.revokes[0] == (True, True)  # began with the write in flight, ended after it
-    assert a.stats.conflicts == 0 and b.stats.conflicts == 0  # b started from the offsets Redis holds
-    assert_chained(calls)
-    assert_group_not_ahead(topics, a)
+        release.set()
+        a.writer.close()
+        a.consumer.close()

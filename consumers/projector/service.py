@@ -54,7 +54,6 @@ from runjournal.consumers.failures import (
     stops_consumer,
 )
 from runjournal.consumers.projector._cache import StateCache
-from runjournal.consumers.projector._decode import decode_batch
 from runjournal.consumers.projector._fold import BatchFolder
 from runjournal.consumers.projector._gc import cyclic_gc_paused
 from runjournal.consumers.projector._positions import Positions
@@ -227,7 +226,9 @@ class Projector:
             self.consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
                                     on_lost=self._on_lost)
             while not stop.is_set():
-                msgs = self.consumer.consume(self.batch_size, timeout=self.poll_timeout_s)  # step 1
+                # step 1; with a write in flight, a short poll: an idle stream takes its outcome at once (step 7)
+                timeout_s = self.poll_timeout_s if self.writer.in_flight is None else min(self.poll_timeout_s, 0.01)
+                msgs = self.consumer.consume(self.batch_size, timeout=timeout_s)
                 self._raise_if_fatal()
                 try:
                     if msgs:
@@ -297,12 +298,9 @@ class Projector:
         fresh = batch if batch[0].offset() > expected else [m for m in batch if m.offset() > expected]
         if not fresh:
             return
-        decoded = decode_batch(self.codec, self.topic, partition, fresh)  # step 3 (raises on a registry outage)
-        self._folder.quarantine(fresh, decoded)
-        run_ids = {run_id for run_id, _ in decoded if run_id is not None}
-        states = states_at(self.cache, self.writer, self.store, partition, expected, run_ids)  # step 4
-        before = dict(states)
-        dirty = self._folder.fold(partition, fresh, decoded, states)
+        folded = self._folder.decode_fold(self.codec, self.topic, partition, fresh, lambda run_ids: states_at(
+            self.cache, self.writer, self.store, partition, expected, run_ids))  # steps 3-4
+        states, before, dirty = folded.states, folded.before, folded.dirty
         if self.dlq.sent:
             self.dlq.flush()  # step 5
         prepared = self.store.prepare_batch(partition, expected_offset=expected, new_offset=fresh[-1].offset(),
