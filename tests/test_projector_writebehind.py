@@ -179,7 +179,7 @@ def test_a_rebalance_waits_for_the_write_in_flight(topics: Settings, how: str) -
 
     calls = instrument(a, hold)
     a.consumer.incremental_assign([TopicPartition(topics.events_topic, 0, OFFSET_BEGINNING)])
-    a.positions.assign(0, -1)
+    a.positions.assign(0, -1, set())
     msgs: list[Any] = []
     deadline = time.monotonic() + 30
     while len(msgs) < total and time.monotonic() < deadline:

@@ -35,11 +35,14 @@ class Positions:
         """Partition -> the applied offset Redis holds, to re-seek to (None: read it from Redis first)."""
         self._ids = itertools.count(1)
 
-    def assign(self, partition: int, stored: int) -> None:
-        """``partition`` is (re)assigned, with ``stored`` the applied offset Redis holds (-1: none)."""
+    def assign(self, partition: int, stored: int, known: set[str] | None) -> None:
+        """``partition`` is (re)assigned, with ``stored`` the applied offset Redis holds (-1: none) and ``known`` the
+        runs Redis holds for it (read after the offset; None: not read)."""
         self.forget(partition)
         self.applied[partition] = stored
         self.views[partition] = next(self._ids)
+        if known is not None:
+            self.cache.know(partition, stored, known)
 
     def forget(self, partition: int) -> None:
         """``partition`` is revoked or lost: drop its offset, view, cache and a due re-seek (not its commit)."""
@@ -56,11 +59,13 @@ class Positions:
         self.pending_commit.pop(partition, None)
         self.reseek_due[partition] = stored
 
-    def reseeked(self, partition: int, stored: int) -> None:
+    def reseeked(self, partition: int, stored: int, known: set[str] | None) -> None:
         """The consumer was re-seeked to ``stored + 1``: records fetched before are void, folding goes on from
-        ``stored``."""
+        ``stored``, with ``known`` the runs Redis holds for it (read after the offset; None: not read)."""
         self.reseek_due.pop(partition, None)
         self.applied[partition] = stored
         self.views[partition] = next(self._ids)
         self.cache.drop(partition)
         self.pending_commit.pop(partition, None)
+        if known is not None:
+            self.cache.know(partition, stored, known)

@@ -110,6 +110,11 @@ class WriteBehind:
             raise RuntimeError("a write is in flight: wait() for its outcome before the next one")
         self._inflight = (write, self._pool.submit(self._execute, write))
 
+    def aside(self, job: Callable[[], None]) -> None:
+        """Run ``job`` on the write thread after what is queued there (a side write nobody waits for, such as a lag
+        sample); ``job`` handles its own failures."""
+        self._pool.submit(job)
+
     def wait(self) -> WriteOutcome | None:
         """Block until the in-flight write ends and return its outcome (None when none is in flight)."""
         if self._inflight is None:

@@ -19,7 +19,7 @@ import redis
 from runjournal.core import metrics as m
 from runjournal.model.reducer import CallStatus
 
-__all__ = ["ProjectorMetrics", "count_outcomes", "store_poll_lag"]
+__all__ = ["ProjectorMetrics", "count_outcomes", "poll_lag_ms", "store_lag_sample"]
 
 _NO_RECORDS: Mapping[str, Any] = {}
 
@@ -105,21 +105,23 @@ def count_outcomes(metrics: ProjectorMetrics, before: Mapping[str, Any], after: 
         metrics.fenced.inc(fenced)
 
 
-def store_poll_lag(metrics: ProjectorMetrics, client: Any, key: str, msgs: list[Any], log: logging.Logger) -> None:
-    """Lag of one poll: now minus the oldest record's CreateTime (ms), observed in ``metrics`` and pushed to the
-    Redis list ``key`` (``"<unix ms>:<lag ms>"``, newest first, the last 10,000 kept) for dashboards and the demo.
-
-    A Redis failure is logged and passed over: a dashboard sample is never worth a wait.
-    """
+def poll_lag_ms(metrics: ProjectorMetrics, msgs: list[Any]) -> int | None:
+    """Lag of one poll: now minus the oldest record's CreateTime, ms (None: no record has one), observed in
+    ``metrics`` (``runjournal_projector_event_age_seconds``, ``runjournal_projector_lag_seconds``)."""
     stamps = [m.timestamp()[1] for m in msgs if not m.error() and m.timestamp()[1] > 0]
     if not stamps:
-        return
-    now_ms = int(time.time() * 1000)
-    lag_ms = max(0, now_ms - min(stamps))
+        return None
+    lag_ms = max(0, int(time.time() * 1000) - min(stamps))
     metrics.event_age.observe(lag_ms / 1000)
     metrics.lag_seconds.set(lag_ms / 1000)
+    return lag_ms
+
+
+def store_lag_sample(client: Any, key: str, lag_ms: int, log: logging.Logger) -> None:
+    """Push ``"<unix ms now>:<lag ms>"`` to the Redis list ``key`` (newest first, the last 10,000 kept) for dashboards
+    and the demo. A Redis failure is logged and passed over: a dashboard sample is never worth a wait."""
     pipe = client.pipeline(transaction=False)
-    pipe.lpush(key, f"{now_ms}:{lag_ms}")
+    pipe.lpush(key, f"{int(time.time() * 1000)}:{lag_ms}")
     pipe.ltrim(key, 0, 9999)
     try:
         pipe.execute()

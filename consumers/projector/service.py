@@ -58,7 +58,7 @@ from runjournal.consumers.projector._fold import BatchFolder
 from runjournal.consumers.projector._gc import cyclic_gc_paused
 from runjournal.consumers.projector._positions import Positions
 from runjournal.consumers.projector._writebehind import PendingWrite, WriteBehind, WriteOutcome, states_at
-from runjournal.consumers.projector.metrics import ProjectorMetrics, store_poll_lag
+from runjournal.consumers.projector.metrics import ProjectorMetrics, poll_lag_ms, store_lag_sample
 from runjournal.consumers.projector.stats import ProjectorStats
 from runjournal.consumers.projector.store import ApplyResult, ProjectionStore
 from runjournal.consumers.topic_identity import TopicMismatchError, check_projection, describe_events_topic
@@ -171,9 +171,10 @@ class Projector:
                     f"the projection says partition {p} of {self.topic} was applied up to offset {offset}, but the "
                     f"partition ends at {high}: the topic was re-created or truncated")
                 return  # nothing assigned: the main loop stops on the mismatch
+        known = {p: self.store.run_ids_upto(p, self.cache.max_known) for p in applied}  # after the offsets (_cache)
         for tp in partitions:
             stored = applied[tp.partition]
-            self.positions.assign(tp.partition, stored)
+            self.positions.assign(tp.partition, stored, known[tp.partition])
             tp.offset = stored + 1 if stored >= 0 else OFFSET_BEGINNING
         consumer.incremental_assign(partitions)
         self._assigned_once.set()
@@ -242,8 +243,9 @@ class Projector:
                     if stop.is_set() and classify(exc).kind == TRANSIENT:
                         break  # stopped while waiting out an outage: this batch is not committed
                     raise
-                if msgs:
-                    store_poll_lag(self.metrics, self.redis, self.lag_key, msgs, log)
+                lag_ms = poll_lag_ms(self.metrics, msgs) if msgs else None
+                if lag_ms is not None:  # its Redis sample is pushed by the write thread, after the write in flight
+                    self.writer.aside(lambda ms=lag_ms: store_lag_sample(self.redis, self.lag_key, ms, log))
                 self._commit(set(self.positions.pending_commit), asynchronous=True)  # step 7
                 if not msgs:
                     self.metrics.lag_seconds.set(0)
@@ -366,14 +368,18 @@ class Projector:
     def _reseek(self) -> None:
         """Re-seek every partition whose last write was not applied to the applied offset Redis holds (read first
         when the write failed: step 8 waits out an outage)."""
-        for partition, stored in list(self.positions.reseek_due.items()):
-            if stored is None:
-                stored = self.policy.call(f"read the applied offset of partition {partition}",
-                                          lambda p=partition: self.store.applied_offset(p))  # type: ignore[misc]
-            self.positions.reseeked(partition, stored)
+        for partition, due in list(self.positions.reseek_due.items()):
+            stored, known = self.policy.call(f"read the applied offset of partition {partition}",
+                                             lambda p=partition, d=due: self._stored(p, d))  # type: ignore[misc]
+            self.positions.reseeked(partition, stored, known)
             target = stored + 1 if stored >= 0 else OFFSET_BEGINNING
             self.consumer.seek(TopicPartition(self.topic, partition, target))
             log.info("re-seeked to Redis's applied offset", extra={"partition": partition, "offset": stored})
+
+    def _stored(self, partition: int, stored: int | None) -> tuple[int, set[str] | None]:
+        """Redis's applied offset of ``partition`` (read unless given) and then its runs (``_cache``)."""
+        offset = self.store.applied_offset(partition) if stored is None else stored
+        return offset, self.store.run_ids_upto(partition, self.cache.max_known)
 
     def _commit(self, partitions: set[int], *, asynchronous: bool) -> None:
         # Group offsets are advisory here (Redis holds the truth): a failed commit is only logged.

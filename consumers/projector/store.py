@@ -139,6 +139,16 @@ class ProjectionStore:
         """All run ids projected in ``partition``."""
         return {m.decode() for m in self.client.smembers(self.runs_key(partition))}
 
+    def run_ids_upto(self, partition: int, limit: int) -> set[str] | None:
+        """:meth:`run_ids`, or None when the partition holds more than ``limit`` runs (not read).
+
+        Read after the applied offset it is to go with: the apply script adds a run to the set only as it moves the
+        offset, so a set read later holds at least the runs Redis had at that offset.
+        """
+        if int(self.client.scard(self.runs_key(partition))) > limit:
+            return None
+        return self.run_ids(partition)
+
     # -- the one write ------------------------------------------------------------------------
     def apply_batch(
         self, partition: int, *, expected_offset: int, new_offset: int, states: Mapping[str, RunState | None]
