@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import redis
+from confluent_kafka import Message
 
 from runjournal.core import metrics as m
 from runjournal.model.reducer import CallStatus
@@ -22,6 +23,7 @@ from runjournal.model.reducer import CallStatus
 __all__ = ["ProjectorMetrics", "count_outcomes", "poll_lag_ms", "store_lag_sample"]
 
 _NO_RECORDS: Mapping[str, Any] = {}
+_timestamp = Message.timestamp
 
 
 class ProjectorMetrics:
@@ -37,10 +39,11 @@ class ProjectorMetrics:
         self.events = m.counter(r, "runjournal_projector_events", "Records handled (no-ops included)", ["partition"])
         self.batches = m.counter(r, "runjournal_projector_batches", "Partition batches written to Redis")
         self.batch_seconds = m.histogram(r, "runjournal_projector_batch_apply_seconds",
-                                         "Decode + fold + atomic Redis write of one partition batch, seconds")
+                                         "Decode + fold of one partition batch and the hand-off of its write (the "
+                                         "wait for the write before it included), seconds")
         self.commit_seconds = m.histogram(r, "runjournal_projector_commit_seconds",
                                           "The atomic Redis write of a batch's states and the partition's applied "
-                                          "offset (the projection's commit), seconds")
+                                          "offset (the projection's commit; on the write-behind thread), seconds")
         self.lag = m.gauge(r, "runjournal_projector_lag_records", "End offset minus position, per partition",
                            ["partition"])
         self.lag_seconds = m.gauge(r, "runjournal_projector_lag_seconds",
@@ -108,10 +111,10 @@ def count_outcomes(metrics: ProjectorMetrics, before: Mapping[str, Any], after: 
 def poll_lag_ms(metrics: ProjectorMetrics, msgs: list[Any]) -> int | None:
     """Lag of one poll: now minus the oldest record's CreateTime, ms (None: no record has one), observed in
     ``metrics`` (``runjournal_projector_event_age_seconds``, ``runjournal_projector_lag_seconds``)."""
-    stamps = [m.timestamp()[1] for m in msgs if not m.error() and m.timestamp()[1] > 0]
-    if not stamps:
+    oldest = min((t for _kind, t in map(_timestamp, msgs) if t > 0), default=0)  # an error has none (-1)
+    if not oldest:
         return None
-    lag_ms = max(0, int(time.time() * 1000) - min(stamps))
+    lag_ms = max(0, int(time.time() * 1000) - oldest)
     metrics.event_age.observe(lag_ms / 1000)
     metrics.lag_seconds.set(lag_ms / 1000)
     return lag_ms
