@@ -55,7 +55,7 @@ from runjournal.consumers.failures import (
 )
 from runjournal.consumers.projector._cache import StateCache
 from runjournal.consumers.projector._fold import BatchFolder
-from runjournal.consumers.projector._gc import cyclic_gc_paused
+from runjournal.consumers.projector._gc import GcPause
 from runjournal.consumers.projector._positions import Positions
 from runjournal.consumers.projector._writebehind import PendingWrite, WriteBehind, WriteOutcome, states_at
 from runjournal.consumers.projector.metrics import ProjectorMetrics, poll_lag_ms, store_lag_sample
@@ -222,6 +222,7 @@ class Projector:
         self._stop = self.policy.stop = stop
         started = time.monotonic()
         last_data = time.monotonic()
+        gc_pause = GcPause()
         try:
             self._check_topic()  # before any stored offset is used
             self.consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
@@ -234,9 +235,11 @@ class Projector:
                 try:
                     if msgs:
                         last_data = time.monotonic()
-                        with cyclic_gc_paused():
-                            self._handle(msgs)  # steps 2-6
+                        gc_pause.busy()
+                        self._handle(msgs)  # steps 2-6
+                        gc_pause.handled()
                     else:  # idle: the write in flight lands, a partition it did not apply re-seeks
+                        gc_pause.resume()
                         self._settle()
                         self._reseek()
                 except Exception as exc:
@@ -257,6 +260,7 @@ class Projector:
             self._settle()  # the last write's outcome, before the last commit
             self._commit(set(self.positions.pending_commit), asynchronous=False)
         finally:
+            gc_pause.resume()
             self.writer.close()  # a write still in flight (an exception above) ends; nothing is committed for it
             self.stats.elapsed_s = time.monotonic() - started
             self.consumer.close()
