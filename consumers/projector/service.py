@@ -72,6 +72,16 @@ __all__ = ["Projector", "ProjectorStats", "projector_group"]
 log = logging.getLogger("runjournal.consumers.projector")
 
 
+def _consumer_config(group_id: str, session_timeout_ms: int, instance_id: str | None) -> dict[str, object]:
+    """The projector's consumer settings: offsets stored by hand (Redis holds the truth), read_committed."""
+    return {"group.id": group_id, "enable.auto.commit": False, "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest", "isolation.level": "read_committed",
+            "partition.assignment.strategy": "cooperative-sticky", "session.timeout.ms": session_timeout_ms,
+            **({"group.instance.id": instance_id} if instance_id else {}),
+            "heartbeat.interval.ms": max(1000, session_timeout_ms // 4), "fetch.min.bytes": 1,
+            "queued.max.messages.kbytes": 65536}
+
+
 def projector_group(settings: Settings) -> str:
     """The projector's consumer group id: ``{prefix}.projector``."""
     return f"{settings.topic_prefix}.projector"
@@ -138,19 +148,8 @@ class Projector:
         self._lag_export = LagExport(self.metrics.lag)
         self.stats = ProjectorStats()
         self._folder = BatchFolder(settings.critical_types, self.stats, self.metrics, self.dlq, log)
-        self.consumer = kafka.consumer(settings, **{"group.id": self.group_id,
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "auto.offset.reset": "earliest",
-            "isolation.level": "read_committed",
-            "partition.assignment.strategy": "cooperative-sticky",
-            "session.timeout.ms": session_timeout_ms,
-            **({"group.instance.id": group_instance_id} if group_instance_id else {}),
-            "heartbeat.interval.ms": max(1000, session_timeout_ms // 4),
-            "fetch.min.bytes": 1,
-            "queued.max.messages.kbytes": 65536,
-            "error_cb": self._on_error,
-        })
+        self.consumer = kafka.consumer(settings, **_consumer_config(self.group_id, session_timeout_ms,
+                                                                    group_instance_id), error_cb=self._on_error)
 
     def _on_error(self, err: KafkaError) -> None:
         """librdkafka's error callback: fatal ones (a fenced static member …) stop the main loop."""
