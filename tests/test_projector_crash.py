@@ -44,7 +44,7 @@ def workload(settings: Settings, n: int, seed: int) -> list[str]:
     return [r[0].run_id for r in runs]
 
 
-@pytest.mark.parametrize("point", ["projector.before_write", "projector.after_write"])
+@pytest.mark.parametrize("point", ["projector.before_write", "projector.after_write", "projector.write_in_flight"])
 def test_sigkill_mid_batch_then_restart_equals_uninterrupted(topics: Settings, service_env: dict[str, str],
                                                              point: str) -> None:
     ids = workload(topics, 60, seed=11)

@@ -9,11 +9,21 @@ an empty poll), plus the distribution ``runjournal_projector_event_age_seconds``
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Mapping
 from typing import Any
 
-from runjournal.core import metrics as m
+import redis
+from confluent_kafka import Message
 
-__all__ = ["ProjectorMetrics"]
+from runjournal.core import metrics as m
+from runjournal.model.reducer import CallStatus
+
+__all__ = ["ProjectorMetrics", "count_outcomes", "poll_lag_ms", "store_lag_sample"]
+
+_NO_RECORDS: Mapping[str, Any] = {}
+_timestamp = Message.timestamp
 
 
 class ProjectorMetrics:
@@ -29,10 +39,11 @@ class ProjectorMetrics:
         self.events = m.counter(r, "runjournal_projector_events", "Records handled (no-ops included)", ["partition"])
         self.batches = m.counter(r, "runjournal_projector_batches", "Partition batches written to Redis")
         self.batch_seconds = m.histogram(r, "runjournal_projector_batch_apply_seconds",
-                                         "Decode + fold + atomic Redis write of one partition batch, seconds")
+                                         "Decode + fold of one partition batch and the hand-off of its write (the "
+                                         "wait for the write before it included), seconds")
         self.commit_seconds = m.histogram(r, "runjournal_projector_commit_seconds",
                                           "The atomic Redis write of a batch's states and the partition's applied "
-                                          "offset (the projection's commit), seconds")
+                                          "offset (the projection's commit; on the write-behind thread), seconds")
         self.lag = m.gauge(r, "runjournal_projector_lag_records", "End offset minus position, per partition",
                            ["partition"])
         self.lag_seconds = m.gauge(r, "runjournal_projector_lag_seconds",
@@ -67,20 +78,55 @@ class ProjectorMetrics:
         return self.server
 
 
-def count_transitions(metrics: ProjectorMetrics, old: Any, new: Any) -> None:
-    """Count what one batch changed in a run (``old`` → ``new``, both ``RunState``; ``old`` may be None): each
-    execution record entering a new status, as an outcome class, and stale-epoch rejections.
+def count_outcomes(metrics: ProjectorMetrics, before: Mapping[str, Any], after: Mapping[str, Any]) -> None:
+    """Count what one batch changed in its runs (``before[run_id]`` → ``after[run_id]``, ``RunState`` or None): each
+    execution record entering a new status, as an outcome class, and stale-epoch rejections. A run absent from
+    ``before`` (or None there) is new; None in ``after`` (erased) counts nothing.
 
-    Records the reducer did not touch are the same objects (copy-on-write), so this costs one identity check
-    per unchanged record.
+    Records the reducer did not touch are the same objects (copy-on-write), so this costs one identity check per
+    unchanged record (none for a run whose records mapping is unchanged); each metric child is incremented once
+    per batch with the batch's total.
     """
-    old_records = old.records if old is not None else {}
-    for call_id, record in new.records.items():
-        previous = old_records.get(call_id)
-        if previous is record or (previous is not None and previous.status is record.status):
+    outcomes: dict[str, int] = {}
+    fenced = 0
+    for run_id, new in after.items():
+        if new is None:
             continue
-        if record.status.value != "INTENDED":
-            metrics.outcomes.labels(record.status.value.lower()).inc()
-    rejected = new.rejected_stale_epoch - (old.rejected_stale_epoch if old is not None else 0)
-    if rejected > 0:
-        metrics.fenced.inc(rejected)
+        old = before.get(run_id)
+        old_records = old.records if old is not None else _NO_RECORDS
+        if new.records is not old_records:
+            for call_id, record in new.records.items():
+                previous = old_records.get(call_id)
+                if previous is record or (previous is not None and previous.status is record.status):
+                    continue
+                if record.status is not CallStatus.INTENDED:
+                    outcomes[record.status.value] = outcomes.get(record.status.value, 0) + 1
+        fenced += max(0, new.rejected_stale_epoch - (old.rejected_stale_epoch if old is not None else 0))
+    for status, n in outcomes.items():
+        metrics.outcomes.labels(status.lower()).inc(n)
+    if fenced:
+        metrics.fenced.inc(fenced)
+
+
+def poll_lag_ms(metrics: ProjectorMetrics, msgs: list[Any]) -> int | None:
+    """Lag of one poll: now minus the oldest record's CreateTime, ms (None: no record has one), observed in
+    ``metrics`` (``runjournal_projector_event_age_seconds``, ``runjournal_projector_lag_seconds``)."""
+    oldest = min((t for _kind, t in map(_timestamp, msgs) if t > 0), default=0)  # an error has none (-1)
+    if not oldest:
+        return None
+    lag_ms = max(0, int(time.time() * 1000) - oldest)
+    metrics.event_age.observe(lag_ms / 1000)
+    metrics.lag_seconds.set(lag_ms / 1000)
+    return lag_ms
+
+
+def store_lag_sample(client: Any, key: str, lag_ms: int, log: logging.Logger) -> None:
+    """Push ``"<unix ms now>:<lag ms>"`` to the Redis list ``key`` (newest first, the last 10,000 kept) for dashboards
+    and the demo. A Redis failure is logged and passed over: a dashboard sample is never worth a wait."""
+    pipe = client.pipeline(transaction=False)
+    pipe.lpush(key, f"{int(time.time() * 1000)}:{lag_ms}")
+    pipe.ltrim(key, 0, 9999)
+    try:
+        pipe.execute()
+    except redis.RedisError as exc:
+        log.warning("lag sample not stored", extra={"error": str(exc)})

@@ -3,23 +3,28 @@
 Per poll (DESIGN.md § Projector; numbered as in the code):
 
 1. ``consume`` up to ``batch_size`` records (``read_committed``: aborted transactions are never seen).
-2. Split by partition; drop records at or below the partition's applied offset (redelivery).
+2. Split by partition; drop records at or below the partition's applied offset (redelivery), and a partition's
+   records fetched before it was re-seeked (they come again).
 3. Decode. A tombstone (null value) erases its run. An undecodable record is copied to the
    events DLQ with its offset and its run (parsed from the key) is marked BLOCKED; the
    partition's other runs go on. A registry that cannot be reached is not a bad record: the
    batch waits (step 8).
 4. Take the touched runs' states from the in-memory cache when it is valid at the partition's
-   applied offset (``runjournal.consumers.projector._cache``), the others from Redis (one MGET), and fold
-   each event with the pure reducer (``runjournal.model.reducer.apply``).
+   applied offset (``runjournal.consumers.projector._cache``), else from the batch whose write is in flight,
+   else from Redis (one MGET), and fold each event with the pure reducer (``runjournal.model.reducer.apply``).
 5. Flush the DLQ (durable before the offset passes the record).
-6. One script call writes every changed state and advances the partition's applied offset,
-   atomically, refusing a batch folded from a stale view (then: reload and re-seek).
-7. Commit the group offset (last handled + 1), asynchronously — for lag monitoring and tools;
-   on (re)assignment the projector seeks to the offset stored in Redis, not the group's.
+6. Write behind (``runjournal.consumers.projector._writebehind``, its rules 1-5): serialise the changed states,
+   take the outcome of the write in flight, then hand this batch's one script call — every changed state and the
+   partition's applied offset, atomically, refusing a batch folded from a stale view — to the write thread, and
+   go on with the next batch while it runs. A write that was not applied (refused, or failed) re-seeks its
+   partition to the applied offset Redis holds, and the batch folded after it is dropped.
+7. Commit the group offset (last applied + 1, only once its write's outcome said applied), asynchronously — for
+   lag monitoring and tools; on (re)assignment the projector seeks to the offset stored in Redis, not the group's.
 8. Failures go through the one failure policy (``runjournal.consumers.failures``): a transient one
-   (registry, Redis, broker) waits with capped backoff and folds the same batch again — nothing was
-   written, so nothing moves; a fatal one (fenced static member, unauthorised, topic gone) stops the
-   projector with :class:`~runjournal.consumers.failures.FatalDependencyError`.
+   (registry, Redis, broker) before the hand-off waits with capped backoff and folds the same batch again —
+   nothing was written, so nothing moves; a write that fails makes its partition re-read its applied offset from
+   Redis (waiting out the outage) and re-seek; a fatal one (fenced static member, unauthorised, topic gone) stops
+   the projector with :class:`~runjournal.consumers.failures.FatalDependencyError`.
 
 Before any stored offset is used, the topic is checked against what the projection stored about it
 (``runjournal.consumers.topic_identity``): a re-created topic or another partition count stops the
@@ -32,7 +37,6 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from typing import Any
 
 import redis
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
@@ -50,20 +54,32 @@ from runjournal.consumers.failures import (
     stops_consumer,
 )
 from runjournal.consumers.projector._cache import StateCache
-from runjournal.consumers.projector.metrics import ProjectorMetrics, count_transitions
+from runjournal.consumers.projector._fold import BatchFolder
+from runjournal.consumers.projector._gc import GcPause
+from runjournal.consumers.projector._positions import Positions
+from runjournal.consumers.projector._writebehind import PendingWrite, WriteBehind, WriteOutcome, states_at
+from runjournal.consumers.projector.metrics import ProjectorMetrics, poll_lag_ms, store_lag_sample
 from runjournal.consumers.projector.stats import ProjectorStats
-from runjournal.consumers.projector.store import ProjectionStore
+from runjournal.consumers.projector.store import ApplyResult, ProjectionStore
 from runjournal.consumers.topic_identity import TopicMismatchError, check_projection, describe_events_topic
 from runjournal.core import failpoints, kafka, redis_client
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
-from runjournal.model.reducer import RunState, RunStatus, apply, block
 from runjournal.schemas import EventCodec, codec_from_settings
-from runjournal.schemas.errors import SchemaError
 
 __all__ = ["Projector", "ProjectorStats", "projector_group"]
 
 log = logging.getLogger("runjournal.consumers.projector")
+
+
+def _consumer_config(group_id: str, session_timeout_ms: int, instance_id: str | None) -> dict[str, object]:
+    """The projector's consumer settings: offsets stored by hand (Redis holds the truth), read_committed."""
+    return {"group.id": group_id, "enable.auto.commit": False, "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest", "isolation.level": "read_committed",
+            "partition.assignment.strategy": "cooperative-sticky", "session.timeout.ms": session_timeout_ms,
+            **({"group.instance.id": instance_id} if instance_id else {}),
+            "heartbeat.interval.ms": max(1000, session_timeout_ms // 4), "fetch.min.bytes": 1,
+            "queued.max.messages.kbytes": 65536}
 
 
 def projector_group(settings: Settings) -> str:
@@ -90,13 +106,15 @@ class Projector:
             used only while the partition's applied offset in Redis is the one they were written at
             (``runjournal.consumers.projector._cache``). Saves the per-batch MGET and JSON parse of each run.
         max_outage_s: longest one dependency outage is waited out before the projector stops (s, 240).
+        write_behind: run each batch's Redis write while the next batch is decoded and folded (default True;
+            ``runjournal.consumers.projector._writebehind``). False waits for every write before going on.
     """
 
     def __init__(self, settings: Settings, *, batch_size: int = 2000, poll_timeout_s: float = 0.2,
                  codec: EventCodec | None = None, metrics: ProjectorMetrics | None = None,
                  group_id: str | None = None, session_timeout_ms: int = 10_000,
                  group_instance_id: str | None = None, state_cache_runs: int = 10_000,
-                 max_outage_s: float = 240.0) -> None:
+                 max_outage_s: float = 240.0, write_behind: bool = True) -> None:
         self.settings = settings
         self.topic = settings.events_topic
         self.batch_size = batch_size
@@ -114,32 +132,24 @@ class Projector:
         self.policy = FailurePolicy("projector", log, registry=self.metrics.registry, max_wait_s=max_outage_s,
                                     stop=self._stop)
         self._fatal: KafkaError | None = None
-        self._quarantined: set[tuple[int, int]] = set()
         self._mismatch: TopicMismatchError | None = None
         self.store = ProjectionStore(self.redis, settings.topic_prefix)
         self.lag_key = RedisKeys(settings.topic_prefix).projector_lag()
         """Redis list of the last 10,000 per-poll lag samples ``"<unix ms>:<lag ms>"``, newest first."""
         self.dlq = DeadLetters(settings, settings.events_dlq_topic)
         self.group_id = group_id or projector_group(settings)
-        self.applied: dict[int, int] = {}
         self.cache = StateCache(state_cache_runs)
-        self._pending_commit: dict[int, int] = {}
+        self.positions = Positions(self.cache)
+        self.applied = self.positions.applied
+        """Assigned partition -> the offset its next batch folds from (the end of the write in flight, if any)."""
+        self.write_behind = write_behind
+        self.writer = WriteBehind(self.store.run_batch)
         self._assigned_once = threading.Event()
         self._lag_export = LagExport(self.metrics.lag)
         self.stats = ProjectorStats()
-        self.consumer = kafka.consumer(settings, **{"group.id": self.group_id,
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "auto.offset.reset": "earliest",
-            "isolation.level": "read_committed",
-            "partition.assignment.strategy": "cooperative-sticky",
-            "session.timeout.ms": session_timeout_ms,
-            **({"group.instance.id": group_instance_id} if group_instance_id else {}),
-            "heartbeat.interval.ms": max(1000, session_timeout_ms // 4),
-            "fetch.min.bytes": 1,
-            "queued.max.messages.kbytes": 65536,
-            "error_cb": self._on_error,
-        })
+        self._folder = BatchFolder(settings.critical_types, self.stats, self.metrics, self.dlq, log)
+        self.consumer = kafka.consumer(settings, **_consumer_config(self.group_id, session_timeout_ms,
+                                                                    group_instance_id), error_cb=self._on_error)
 
     def _on_error(self, err: KafkaError) -> None:
         """librdkafka's error callback: fatal ones (a fenced static member …) stop the main loop."""
@@ -160,32 +170,36 @@ class Projector:
                     f"the projection says partition {p} of {self.topic} was applied up to offset {offset}, but the "
                     f"partition ends at {high}: the topic was re-created or truncated")
                 return  # nothing assigned: the main loop stops on the mismatch
+        known = {p: self.store.run_ids_upto(p, self.cache.max_known) for p in applied}  # after the offsets (_cache)
         for tp in partitions:
             stored = applied[tp.partition]
-            self.applied[tp.partition] = stored
-            self.cache.drop(tp.partition)
+            self.positions.assign(tp.partition, stored, known[tp.partition])
             tp.offset = stored + 1 if stored >= 0 else OFFSET_BEGINNING
         consumer.incremental_assign(partitions)
         self._assigned_once.set()
         log.info("assigned", extra={"partitions": {tp.partition: tp.offset for tp in partitions}})
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        # Batches are processed to completion before the next consume() call, in which this
-        # callback runs, so nothing is in flight: record the revoked partitions' offsets and go.
-        self._commit({tp.partition for tp in partitions}, asynchronous=False)
-        for tp in partitions:
-            self.applied.pop(tp.partition, None)
-            self.cache.drop(tp.partition)
+        # The write in flight ends first (write-behind rule 5), so the offsets committed for the revoked
+        # partitions are the ones Redis holds; then they go.
+        revoked = {tp.partition for tp in partitions}
+        self._settle(leaving=revoked)
+        self._commit(revoked, asynchronous=False)
+        for p in revoked:
+            self.positions.forget(p)
         consumer.incremental_unassign(partitions)
-        log.info("revoked", extra={"partitions": [tp.partition for tp in partitions]})
+        log.info("revoked", extra={"partitions": sorted(revoked)})
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        for tp in partitions:
-            self.applied.pop(tp.partition, None)
-            self._pending_commit.pop(tp.partition, None)
-            self.cache.drop(tp.partition)
+        # Another member may own them already: the write in flight ends (the apply script refuses it if that
+        # member wrote first), nothing is committed for them.
+        lost = {tp.partition for tp in partitions}
+        self._settle(leaving=lost)
+        for p in lost:
+            self.positions.pending_commit.pop(p, None)
+            self.positions.forget(p)
         consumer.incremental_unassign(partitions)
-        log.warning("partitions lost", extra={"partitions": [tp.partition for tp in partitions]})
+        log.warning("partitions lost", extra={"partitions": sorted(lost)})
 
     # -- main loop ------------------------------------------------------------------------------
     def run(self, *, until_caught_up: bool = False, stop: threading.Event | None = None,
@@ -193,7 +207,7 @@ class Projector:
         """Consume until ``stop`` is set (or, with ``until_caught_up``, until lag is 0 on every assigned partition).
 
         Returns:
-            :class:`ProjectorStats` of this run.
+            :class:`ProjectorStats` of this run (every write it made has ended and its outcome counted).
 
         Raises:
             TopicNotFoundError: the events topic does not exist (``runjournal topics create``).
@@ -207,32 +221,46 @@ class Projector:
         self._stop = self.policy.stop = stop
         started = time.monotonic()
         last_data = time.monotonic()
+        gc_pause = GcPause()
         try:
             self._check_topic()  # before any stored offset is used
             self.consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
                                     on_lost=self._on_lost)
             while not stop.is_set():
-                msgs = self.consumer.consume(self.batch_size, timeout=self.poll_timeout_s)  # step 1
+                # step 1; with a write in flight, a short poll: an idle stream takes its outcome at once (step 7)
+                timeout_s = self.poll_timeout_s if self.writer.in_flight is None else min(self.poll_timeout_s, 0.01)
+                msgs = self.consumer.consume(self.batch_size, timeout=timeout_s)
                 self._raise_if_fatal()
-                if msgs:
-                    last_data = time.monotonic()
-                    try:
-                        self._handle(msgs)
-                    except Exception as exc:
-                        if stop.is_set() and classify(exc).kind == TRANSIENT:
-                            break  # stopped while waiting out an outage: this batch is not committed
-                        raise
-                    self._record_lag(msgs)
-                    self._commit(set(self._pending_commit), asynchronous=True)  # step 7
-                else:
+                try:
+                    if msgs:
+                        last_data = time.monotonic()
+                        gc_pause.busy()
+                        self._handle(msgs)  # steps 2-6
+                        gc_pause.handled()
+                    else:  # idle: the write in flight lands, a partition it did not apply re-seeks
+                        gc_pause.resume()
+                        self._settle()
+                        self._reseek()
+                except Exception as exc:
+                    if stop.is_set() and classify(exc).kind == TRANSIENT:
+                        break  # stopped while waiting out an outage: this batch is not committed
+                    raise
+                lag_ms = poll_lag_ms(self.metrics, msgs) if msgs else None
+                if lag_ms is not None:  # its Redis sample is pushed by the write thread, after the write in flight
+                    self.writer.aside(lambda ms=lag_ms: store_lag_sample(self.redis, self.lag_key, ms, log))
+                self._commit(set(self.positions.pending_commit), asynchronous=True)  # step 7
+                if not msgs:
                     self.metrics.lag_seconds.set(0)
                     if until_caught_up and self._caught_up():
                         break
                 self._lag_export.maybe(self.consumer, self.applied)
                 if idle_timeout_s is not None and time.monotonic() - last_data > idle_timeout_s:
                     break
-            self._commit(set(self._pending_commit), asynchronous=False)
+            self._settle()  # the last write's outcome, before the last commit
+            self._commit(set(self.positions.pending_commit), asynchronous=False)
         finally:
+            gc_pause.resume()
+            self.writer.close()  # a write still in flight (an exception above) ends; nothing is committed for it
             self.stats.elapsed_s = time.monotonic() - started
             self.consumer.close()
         return self.stats
@@ -250,23 +278,6 @@ class Projector:
         if self._fatal is not None:
             raise FatalDependencyError("kafka", kafka_error_verdict(self._fatal).cause)
 
-    def _record_lag(self, msgs: list[Message]) -> None:
-        """Lag of this poll: now minus the oldest record's CreateTime (ms); kept in Redis for dashboards/demo."""
-        stamps = [m.timestamp()[1] for m in msgs if not m.error() and m.timestamp()[1] > 0]
-        if not stamps:
-            return
-        now_ms = int(time.time() * 1000)
-        lag_ms = max(0, now_ms - min(stamps))
-        self.metrics.event_age.observe(lag_ms / 1000)
-        self.metrics.lag_seconds.set(lag_ms / 1000)
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.lpush(self.lag_key, f"{now_ms}:{lag_ms}")
-        pipe.ltrim(self.lag_key, 0, 9999)
-        try:
-            pipe.execute()
-        except redis.RedisError as exc:  # a dashboard sample: never worth a wait
-            log.warning("lag sample not stored", extra={"error": str(exc)})
-
     def _handle(self, msgs: list[Message]) -> None:
         by_partition: dict[int, list[Message]] = defaultdict(list)
         for msg in msgs:
@@ -276,142 +287,112 @@ class Projector:
                 log.warning("consumer error", extra={"error": str(msg.error())})
                 continue
             by_partition[msg.partition()].append(msg)  # step 2
+        views = dict(self.positions.views)  # the views these records were fetched under: a later re-seek drops them
+        self._reseek()
         for partition, batch in by_partition.items():
             if partition in self.applied:
                 started = time.perf_counter()
                 self.policy.call(f"apply partition {partition}",  # step 8
-                                 lambda p=partition, b=batch: self._apply_partition(p, b))  # type: ignore[misc]
+                                 lambda p=partition, b=batch: self._apply_partition(p, b, views.get(p)))  # type: ignore[misc]
                 self.metrics.batch_seconds.observe(time.perf_counter() - started)
 
-    def _apply_partition(self, partition: int, batch: list[Message]) -> None:
+    def _apply_partition(self, partition: int, batch: list[Message], view: int | None) -> None:
+        if view is None or self.positions.views.get(partition) != view:
+            return  # re-seeked since these records were fetched: they come again (step 2)
         expected = self.applied[partition]
-        fresh = [m for m in batch if m.offset() > expected]
+        fresh = batch if batch[0].offset() > expected else [m for m in batch if m.offset() > expected]
         if not fresh:
             return
-        decoded = []
-        for m in fresh:  # step 3
-            run_id, item = self._decode(m)
-            if isinstance(item, Exception) and classify(item).kind == TRANSIENT:
-                raise item  # a registry outage is no bad record: wait (step 8) before anything is sent
-            decoded.append((run_id, item))
-        for msg, (run_id, item) in zip(fresh, decoded, strict=True):
-            if isinstance(item, SchemaError):
-                self._quarantine(msg, run_id, item)
-        run_ids = {run_id for run_id, _ in decoded if run_id is not None}
-        cached, missing = self.cache.split(partition, expected, run_ids)  # step 4
-        states: dict[str, RunState | None] = {**cached, **self.store.load(partition, missing)}
-        before = dict(states)
-        dirty: dict[str, RunState | None] = {}
-        for msg, (run_id, item) in zip(fresh, decoded, strict=True):
-            if run_id is None:
-                continue
-            new = self._fold(states.get(run_id), item, partition, msg.offset(), run_id)
-            if new is not states.get(run_id):
-                states[run_id] = new
-                dirty[run_id] = new
+        folded = self._folder.decode_fold(self.codec, self.topic, partition, fresh, lambda run_ids: states_at(
+            self.cache, self.writer, self.store, partition, expected, run_ids))  # steps 3-4
+        states, before, dirty = folded.states, folded.before, folded.dirty
         if self.dlq.sent:
             self.dlq.flush()  # step 5
-        last = fresh[-1].offset()
-        failpoints.hit("projector.before_write")
-        write_started = time.perf_counter()
-        result = self.store.apply_batch(partition, expected_offset=expected, new_offset=last, states=dirty)  # 6
-        self.metrics.commit_seconds.observe(time.perf_counter() - write_started)
-        if result.status == "conflict":
-            self._resync(partition, result.stored_offset)
-            return
-        if result.status == "applied":
-            self.cache.advance(partition, expected, last, states)
-        else:  # Redis is ahead of this batch (another writer): what we folded is not what it holds
-            self.cache.drop(partition)
-        failpoints.hit("projector.after_write")
-        self.applied[partition] = max(last, result.stored_offset)
-        self._pending_commit[partition] = self.applied[partition] + 1
-        self.stats.events += len(fresh)
+        prepared = self.store.prepare_batch(partition, expected_offset=expected, new_offset=fresh[-1].offset(),
+                                            states=dirty)  # step 6
+        self._settle()  # write-behind rule 1: the write before this one has ended
+        if self.positions.views.get(partition) != view:
+            return  # it was not applied: the partition re-seeks and this batch is folded again
+        self.writer.submit(PendingWrite(prepared, view, dirty, before, len(fresh)))
+        failpoints.hit("projector.write_in_flight")
+        self.applied[partition] = prepared.new_offset  # rule 2: the next batch folds from this one
+        self.cache.advance(partition, expected, prepared.new_offset, states)
+        if not self.write_behind:
+            self._settle()
+
+    # -- write outcomes ---------------------------------------------------------------------------
+    def _settle(self, *, leaving: set[int] | None = None) -> WriteOutcome | None:
+        """Take the outcome of the write in flight, if any (write-behind rules 3-5); ``leaving``: partitions being
+        revoked or lost (a write of theirs that was not applied needs no re-seek).
+
+        Raises:
+            Exception: the write failed for a reason no waiting fixes (unauthorised, a script error): re-raised.
+        """
+        outcome = self.writer.wait()
+        if outcome is not None:
+            self._take(outcome, leaving or set())
+        return outcome
+
+    def _take(self, outcome: WriteOutcome, leaving: set[int]) -> None:
+        write, result = outcome.write, outcome.result
+        partition = write.partition
+        if result is not None:
+            self.metrics.commit_seconds.observe(outcome.seconds)
+            if result.status != "conflict":  # applied, or already applied (Redis is ahead: another writer)
+                self._applied(write, result)
+                if result.status == "applied":
+                    return
+        if partition in leaving or self.positions.views.get(partition) != write.view:
+            return  # going to another member, or already re-seeked: it reads Redis's offset anyway
+        if result is None:
+            assert outcome.error is not None
+            if classify(outcome.error).kind != TRANSIENT:
+                raise outcome.error
+            log.warning("write failed; re-reading the partition's applied offset from Redis",
+                        extra={"partition": partition, "error": f"{type(outcome.error).__name__}: {outcome.error}"})
+        elif result.status == "conflict":
+            self.stats.conflicts += 1
+            self.metrics.conflicts.inc()
+            log.warning("stale view; re-seeking to Redis's applied offset",
+                        extra={"partition": partition, "ours": write.batch.expected_offset,
+                               "redis": result.stored_offset})
+        self.positions.void(partition, result.stored_offset if result is not None else None)
+
+    def _applied(self, write: PendingWrite, result: ApplyResult) -> None:
+        """``write`` is in Redis (or Redis was already past it): its group offset may be committed (step 7)."""
+        partition = write.partition
+        self.positions.pending_commit[partition] = max(write.last, result.stored_offset) + 1
+        self.stats.events += write.records
         self.stats.batches += 1
-        self.metrics.events.labels(str(partition)).inc(len(fresh))
+        self.metrics.events.labels(str(partition)).inc(write.records)
         self.metrics.batches.inc()
-        self._count_outcomes(dirty, before)
-        self._quarantined = {w for w in self._quarantined if w[0] != partition}
+        self._folder.applied(partition, write.last, write.dirty, write.before)
 
-    def _fold(self, state: RunState | None, item: Any, partition: int, offset: int, run_id: str) -> RunState | None:
-        if item is None:  # tombstone: the run is being erased
-            if state is not None:
-                self.stats.erased += 1
-                self.metrics.erased.inc()
-            return None
-        if isinstance(item, SchemaError):
-            if run_id not in self.stats.blocked_runs:
-                self.metrics.blocked.inc()
-            self.stats.blocked_runs.add(run_id)
-            return block(state, run_id, f"{type(item).__name__}: {item}", partition=partition, offset=offset)
-        return apply(state, item, partition=partition, offset=offset, critical=self.settings.critical_types)
+    def _reseek(self) -> None:
+        """Re-seek every partition whose last write was not applied to the applied offset Redis holds (read first
+        when the write failed: step 8 waits out an outage)."""
+        for partition, due in list(self.positions.reseek_due.items()):
+            stored, known = self.policy.call(f"read the applied offset of partition {partition}",
+                                             lambda p=partition, d=due: self._stored(p, d))  # type: ignore[misc]
+            self.positions.reseeked(partition, stored, known)
+            target = stored + 1 if stored >= 0 else OFFSET_BEGINNING
+            self.consumer.seek(TopicPartition(self.topic, partition, target))
+            log.info("re-seeked to Redis's applied offset", extra={"partition": partition, "offset": stored})
 
-    def _decode(self, msg: Message) -> tuple[str | None, Any]:
-        """``(run_id, Event | None(tombstone) | SchemaError)``; run_id None when even the key is unreadable."""
-        run_id = _run_id_from_key(msg.key())
-        value = msg.value()
-        if value is None:
-            return run_id, None
-        try:
-            event = self.codec.decode(value, topic=msg.topic(), partition=msg.partition(), offset=msg.offset())
-        except SchemaError as exc:
-            return run_id, exc
-        return event.run_id, event
-
-    def _quarantine(self, msg: Message, run_id: str | None, exc: SchemaError) -> None:
-        """Copy an undecodable record to the DLQ once (a batch folded again after an outage sends nothing twice)."""
-        where = (msg.partition(), msg.offset())
-        if where in self._quarantined:
-            return
-        self._quarantined.add(where)
-        self.dlq.send(msg, exc)
-        self.stats.dead_lettered += 1
-        self.metrics.dead_lettered.labels(type(exc).__name__).inc()
-        log.warning("quarantined", extra={"topic": msg.topic(), "partition": msg.partition(),
-                                          "offset": msg.offset(), "error": str(exc), "run_id": run_id})
-
-    def _count_outcomes(self, dirty: dict[str, RunState | None], before: dict[str, RunState | None]) -> None:
-        for run_id, state in dirty.items():
-            if state is None:
-                continue
-            if state.status == RunStatus.GAP and run_id not in self.stats.parked_runs:
-                self.stats.parked_runs.add(run_id)
-                self.metrics.parked.inc()
-            count_transitions(self.metrics, before.get(run_id), state)
-
-    def _resync(self, partition: int, stored: int) -> None:
-        """Redis's applied offset is not ours (Redis lost its last second, or another instance wrote): re-seek."""
-        self.stats.conflicts += 1
-        self.metrics.conflicts.inc()
-        log.warning("stale view; re-seeking to Redis's applied offset",
-                    extra={"partition": partition, "ours": self.applied.get(partition), "redis": stored})
-        self.applied[partition] = stored
-        self._pending_commit.pop(partition, None)
-        self.cache.drop(partition)
-        target = stored + 1 if stored >= 0 else OFFSET_BEGINNING
-        self.consumer.seek(TopicPartition(self.topic, partition, target))
+    def _stored(self, partition: int, stored: int | None) -> tuple[int, set[str] | None]:
+        """Redis's applied offset of ``partition`` (read unless given) and then its runs (``_cache``)."""
+        offset = self.store.applied_offset(partition) if stored is None else stored
+        return offset, self.store.run_ids_upto(partition, self.cache.max_known)
 
     def _commit(self, partitions: set[int], *, asynchronous: bool) -> None:
         # Group offsets are advisory here (Redis holds the truth): a failed commit is only logged.
-        commit_pending(self.consumer, self.topic, self._pending_commit, partitions, asynchronous=asynchronous,
+        commit_pending(self.consumer, self.topic, self.positions.pending_commit, partitions, asynchronous=asynchronous,
                        log=log)
 
     def _caught_up(self) -> bool:
-        if not self._assigned_once.is_set():
+        if not self._assigned_once.is_set() or self.positions.reseek_due or self.writer.in_flight is not None:
             return False
         lags = partition_lags(self.consumer, self.applied)
         for partition, lag in lags.items():
             self.metrics.lag.labels(str(partition)).set(lag)
         return not any(lags.values())
-
-
-def _run_id_from_key(key: bytes | None) -> str | None:
-    """``run_id`` from a key ``{run_id}:{epoch}:{seq}``; None when the key is not of that form."""
-    if not key:
-        return None
-    try:
-        run_id, epoch, seq = key.decode("utf-8").rsplit(":", 2)
-        int(epoch), int(seq)
-    except ValueError:
-        return None
-    return run_id or None

@@ -29,7 +29,7 @@ from runjournal.core import redis_client
 from runjournal.core.redis_keys import RedisKeys, partition_tag
 from runjournal.model.reducer import RunState
 
-__all__ = ["ApplyResult", "ProjectionStore", "partition_tag"]
+__all__ = ["ApplyResult", "PreparedBatch", "ProjectionStore", "partition_tag"]
 
 _APPLY_LUA = """
 -- KEYS[1] offset key, KEYS[2] runs-set key, KEYS[3] index key, KEYS[4..3+n] run keys
@@ -66,6 +66,22 @@ class ApplyResult:
     """``"applied"``, ``"duplicate"`` (already applied: a redelivery) or ``"conflict"`` (stale view)."""
     stored_offset: int
     """The partition's applied offset in Redis after the call (-1: none)."""
+
+
+@dataclass(frozen=True)
+class PreparedBatch:
+    """One partition batch serialised for the apply script (:meth:`ProjectionStore.prepare_batch`)."""
+
+    partition: int
+    """The source partition (its keys share the hash tag ``{P.p}``)."""
+    expected_offset: int
+    """The applied offset the batch was folded from (-1: none); the script refuses the batch unless Redis holds it."""
+    new_offset: int
+    """The last offset the batch handled; the partition's applied offset once the script ran."""
+    keys: list[str]
+    """``KEYS`` of ``_APPLY_LUA``: offset, runs set, index, then one key per run."""
+    args: list[Any]
+    """``ARGV`` of ``_APPLY_LUA``: the two offsets, the run count, the state JSONs, the run ids, the summaries."""
 
 
 class ProjectionStore:
@@ -148,11 +164,24 @@ class ProjectionStore:
         """All run ids projected in ``partition``."""
         return {m.decode() for m in self.client.smembers(self.runs_key(partition))}
 
+    def run_ids_upto(self, partition: int, limit: int) -> set[str] | None:
+        """:meth:`run_ids`, or None when the partition holds more than ``limit`` runs (not read).
+
+        Read after the applied offset it is to go with: the apply script adds a run to the set only as it moves the
+        offset, so a set read later holds at least the runs Redis had at that offset.
+        """
+        if int(self.client.scard(self.runs_key(partition))) > limit:
+            return None
+        return self.run_ids(partition)
+
     # -- the one write ------------------------------------------------------------------------
     def apply_batch(
         self, partition: int, *, expected_offset: int, new_offset: int, states: Mapping[str, RunState | None]
     ) -> ApplyResult:
         """Write ``states`` (None = erase the run), their index entries, and the applied offset, atomically.
+
+        :meth:`prepare_batch` then :meth:`run_batch` (the projector calls the two apart: it serialises on its
+        main thread and runs the script on its write-behind thread).
 
         Args:
             partition: the source partition.
@@ -166,13 +195,39 @@ class ProjectionStore:
         Raises:
             redis.RedisError: Redis unreachable (the caller retries with backoff; nothing was written).
         """
+        return self.run_batch(self.prepare_batch(partition, expected_offset=expected_offset, new_offset=new_offset,
+                                                 states=states))
+
+    def prepare_batch(
+        self, partition: int, *, expected_offset: int, new_offset: int, states: Mapping[str, RunState | None]
+    ) -> PreparedBatch:
+        """The apply script's keys and arguments for one batch (see :meth:`apply_batch` for the arguments): every
+        state serialised (``RunState.to_json_bytes``, ~12 KB for a run with 12 calls) with its index entry.
+
+        Raises:
+            UnicodeEncodeError: a string of a state holds a lone surrogate (never so for decoded events).
+        """
         ids = list(states)
         keys = [self.offset_key(partition), self.runs_key(partition), self.index_key(partition),
                 *(self.run_key(partition, r) for r in ids)]
-        values = [s.to_json() if s is not None else "" for s in states.values()]
+        values = [s.to_json_bytes() if s is not None else b"" for s in states.values()]
         summaries = [summary_json(s) if s is not None else b"" for s in states.values()]
         args: list[Any] = [str(expected_offset), str(new_offset), str(len(ids)), *values, *ids, *summaries]
-        code, stored = self._apply(keys=keys, args=args)
+        return PreparedBatch(partition, expected_offset, new_offset, keys, args)
+
+    def run_batch(self, batch: PreparedBatch) -> ApplyResult:
+        """Run the apply script for a :meth:`prepare_batch` result: one ``EVALSHA`` (``EVAL`` after a NOSCRIPT).
+
+        Thread-safe (redis-py's connection pool): the projector runs it on its write-behind thread.
+
+        Returns:
+            :class:`ApplyResult`.
+
+        Raises:
+            redis.RedisError: Redis unreachable or the reply lost — then the batch may or may not be applied: read
+                the applied offset again before anything else.
+        """
+        code, stored = self._apply(keys=batch.keys, args=batch.args)
         status = {1: "applied", 0: "duplicate", -1: "conflict"}[int(code)]
         return ApplyResult(status=status, stored_offset=int(stored))
 

@@ -63,9 +63,10 @@ def _replace(records: Records, record: ExecutionRecord) -> Records:
 _OPTIONAL: dict[str, Any] = {f.name: f.default for f in fields(ExecutionRecord) if f.default is not MISSING}
 
 
-def _new_from(event: Event, status: CallStatus) -> ExecutionRecord:
-    """The first record of a call, from the event's own fields. Built like ``evolve`` does (no ``__init__``:
-    a frozen dataclass's sets each of its 22 fields through ``object.__setattr__``); the reducer's hot path."""
+def _new_from(event: Event, status: CallStatus, fields: dict[str, Any] | None = None) -> ExecutionRecord:
+    """The first record of a call, from the event's own fields (then ``fields``, when given). Built like ``evolve``
+    does (no ``__init__``: a frozen dataclass's sets each of its 22 fields through ``object.__setattr__``); the
+    reducer's hot path."""
     attrs: dict[str, Any] = {
         "call_id": required(event, "call_id"),
         "tool": required(event, "tool"),
@@ -78,6 +79,8 @@ def _new_from(event: Event, status: CallStatus) -> ExecutionRecord:
         **_OPTIONAL,
     }
     attrs["node_id"] = event.node_id
+    if fields:
+        attrs.update(fields)
     record = object.__new__(ExecutionRecord)
     object.__setattr__(record, "__dict__", attrs)
     return record
@@ -88,13 +91,16 @@ def intend(records: Records, event: Event, offset: int, *, run_epoch: int) -> Re
     stale = event.epoch < run_epoch
     side_effect, timeout_ms = required(event, "side_effect"), required(event, "timeout_ms")
     previous = records.get(required(event, "call_id"))
-    if previous is None:
-        previous = _new_from(event, CallStatus.INTENDED)
-    elif previous.effect_committed:
+    status = CallStatus.OUTCOME_UNKNOWN if stale else CallStatus.INTENDED
+    if previous is None:  # the call's first fact: built at once with the intent's fields (no outcome to clear)
+        return _replace(records, _new_from(event, status, {
+            "side_effect": side_effect, "attempts": 1, "timeout_ms": timeout_ms,
+            "intended_at_ms": ms(event.occurred_at), "intended_offset": offset, "zombie": stale}))
+    if previous.effect_committed:
         return _replace(records, evolve(previous, attempts=previous.attempts + 1))
     record = evolve(
         previous,
-        status=CallStatus.OUTCOME_UNKNOWN if stale else CallStatus.INTENDED,
+        status=status,
         attempts=previous.attempts + 1,
         epoch=event.epoch,
         side_effect=side_effect,
