@@ -29,6 +29,7 @@ from fastavro.validation import ValidationError, validate
 from runjournal.core.errors import ConfigError
 from runjournal.schemas._avro_body import read_body
 from runjournal.schemas._open_union import writer_symbol_by_branch
+from runjournal.schemas._record import payload_body
 from runjournal.schemas._validate import RecordValidator
 from runjournal.schemas._writers import WriterSchemas
 from runjournal.schemas.errors import (
@@ -38,7 +39,7 @@ from runjournal.schemas.errors import (
     TombstoneError,
     UnsupportedSchemaError,
 )
-from runjournal.schemas.events import PAYLOAD_FIELDS, Event, EventType, NaiveDatetimeError
+from runjournal.schemas.events import Event, EventType, NaiveDatetimeError
 from runjournal.schemas.upcasters import upcast
 from runjournal.schemas.versions import MAGIC, SchemaVersion, load_versions, payload_record_name
 
@@ -62,11 +63,6 @@ _UNKNOWN = EventType.UNKNOWN.value
 _TYPE_BY_SYMBOL: dict[str, EventType] = {t.value: t for t in EventType if t is not EventType.UNKNOWN}
 _RECORD_NAME: dict[EventType, str] = {t: payload_record_name(t.value) for t in _TYPE_BY_SYMBOL.values()}
 _SYMBOL_BY_RECORD: dict[str, str] = {name: t.value for t, name in _RECORD_NAME.items()}
-_FIELDS: dict[EventType, tuple[tuple[str, type, bool], ...]] = {
-    t: tuple((name, py, required) for name, (py, required) in fields.items())
-    for t, fields in PAYLOAD_FIELDS.items()
-}
-_FIELD_NAMES: dict[EventType, frozenset[str]] = {t: frozenset(f) for t, f in PAYLOAD_FIELDS.items()}
 _BAD_RECORD = (TypeError, ValueError, AttributeError, OverflowError, KeyError)
 
 
@@ -275,7 +271,7 @@ class EventCodec:
             "occurred_at": at,
             "node_id": event.node_id,
             "traceparent": event.traceparent,
-            "payload": (_RECORD_NAME[etype], _payload_body(etype, event.payload)),
+            "payload": (_RECORD_NAME[etype], payload_body(etype, event.payload)),
         }
 
     def _to_event(self, record: dict[str, Any], version: SchemaVersion, where: dict[str, Any]) -> Event:
@@ -341,37 +337,6 @@ class EventCodec:
         except ValidationError as verr:
             return InvalidEventError(f"event {record['event_id']} does not fit {self._current.label}: {verr}")
         return InvalidEventError(f"event {record['event_id']} does not fit {self._current.label}: {exc!r}")
-
-
-def _payload_body(etype: EventType, payload: dict[str, Any]) -> dict[str, Any]:
-    """``payload`` checked against PAYLOAD_FIELDS and completed with None for absent optional fields."""
-    unknown = payload.keys() - _FIELD_NAMES[etype]
-    if unknown:
-        name = sorted(unknown)[0]
-        raise InvalidEventError(f"{etype} has no payload field {name!r}", field=f"payload.{name}")
-    body: dict[str, Any] = {}
-    for name, py, required in _FIELDS[etype]:
-        value = payload.get(name)
-        if value is None:
-            if required:
-                raise InvalidEventError(f"{etype} payload needs {name!r}", field=f"payload.{name}")
-        elif not _fits(value, py):
-            raise InvalidEventError(
-                f"{etype} payload {name!r} must be {py.__name__}, got {type(value).__name__}",
-                field=f"payload.{name}",
-            )
-        body[name] = value
-    return body
-
-
-def _fits(value: Any, py: type) -> bool:
-    if py is bool:
-        return type(value) is bool
-    if py is int:
-        return isinstance(value, int) and type(value) is not bool
-    if py is list:
-        return isinstance(value, list) and all(isinstance(item, str) for item in value)
-    return isinstance(value, py)
 
 
 def codec_from_settings(settings: Settings, *, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> EventCodec:
