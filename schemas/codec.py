@@ -28,6 +28,7 @@ from fastavro.validation import ValidationError, validate
 
 from runjournal.core.errors import ConfigError
 from runjournal.schemas._avro_body import read_body
+from runjournal.schemas._direct import DirectWriter
 from runjournal.schemas._open_union import writer_symbol_by_branch
 from runjournal.schemas._record import payload_body
 from runjournal.schemas._validate import RecordValidator
@@ -39,7 +40,7 @@ from runjournal.schemas.errors import (
     TombstoneError,
     UnsupportedSchemaError,
 )
-from runjournal.schemas.events import Event, EventType, NaiveDatetimeError
+from runjournal.schemas.events import PAYLOAD_FIELDS, Event, EventType, NaiveDatetimeError
 from runjournal.schemas.upcasters import upcast
 from runjournal.schemas.versions import MAGIC, SchemaVersion, load_versions, payload_record_name
 
@@ -108,6 +109,8 @@ class EventCodec:
         versions = load_versions()
         self._current: SchemaVersion = versions[-1]
         self._validate = RecordValidator(self._current.parsed)  # type and range of every value, before writing
+        # The same bytes for the events it accepts, without walking the schema per value (schemas/_direct.py).
+        self._direct = DirectWriter.compile(self._current.parsed, record_names=_RECORD_NAME, contract=PAYLOAD_FIELDS)
         self._max_event_bytes = max_event_bytes
         self._topic = topic
         self._catalog = catalog
@@ -152,6 +155,9 @@ class EventCodec:
 
         The first call (per registry subject) publishes the writer schema to the schemas topic and
         waits for the broker's ack, so no reader ever meets an event whose schema it cannot find.
+        After that, an event the generated writer accepts (``runjournal.schemas._direct``: exact types, values in
+        range, ``occurred_at`` in UTC) is written by it — the same bytes — and any other goes through the checked
+        path (record dict, validation, fastavro), which raises the errors below.
 
         Args:
             event: the event; ``occurred_at`` is written as UTC milliseconds (sub-ms truncated).
@@ -168,20 +174,28 @@ class EventCodec:
             UnregisteredSchemaError: registry framing: the schema is not registered under the subject.
             RegistryError: the registry or the schemas topic is unavailable; nothing was encoded.
         """
-        record = self._to_record(event)
-        self._validate(record)
-        buf = BytesIO()
-        buf.write(self._header(topic or self._topic))
-        try:
-            schemaless_writer(buf, self._current.parsed, record)
-        except _BAD_RECORD as exc:
-            raise self._invalid(record, exc) from exc
-        data = buf.getvalue()
+        topic = topic or self._topic
+        header = self._headers.get(topic if self._registry is not None else "")  # None before the first event
+        data = None if header is None or self._direct is None else self._direct(event, header)
+        if data is None:
+            data = self._encode_checked(event, topic)
         if len(data) > self._max_event_bytes:
             raise EventTooLargeError(
                 size_bytes=len(data), limit_bytes=self._max_event_bytes, event_id=event.event_id
             )
         return data
+
+    def _encode_checked(self, event: Event, topic: str) -> bytes:
+        """The checked path: record dict, :class:`RecordValidator`, then fastavro (raises as :meth:`encode`)."""
+        record = self._to_record(event)
+        self._validate(record)
+        buf = BytesIO()
+        buf.write(self._header(topic))
+        try:
+            schemaless_writer(buf, self._current.parsed, record)
+        except _BAD_RECORD as exc:
+            raise self._invalid(record, exc) from exc
+        return buf.getvalue()
 
     def _header(self, topic: str) -> bytes:
         """The framing header for ``topic``'s events; announces the writer schema on first use."""

@@ -1,0 +1,321 @@
+"""The current envelope's Avro binary, written directly by code generated once per event type.
+
+Private: :class:`~runjournal.schemas.codec.EventCodec` tries it before its checked path (the record dict,
+:class:`~runjournal.schemas._validate.RecordValidator`, fastavro's ``schemaless_writer``). For the envelope that
+path costs ~35 µs per event here, most of it in walking the schema per value (an 18-branch payload union among
+it); everything it decides is fixed by the schema and the event type, so :meth:`DirectWriter.compile` decides it
+once: for every type symbol it generates one straight-line Python function (``exec`` of source built from the
+parsed schema, kept in :attr:`DirectWriter.source`) that reads the event's fields and writes their Avro binary
+(Avro specification 1.11, § Binary Encoding):
+
+| Avro | written as | accepted only when |
+|---|---|---|
+| int / long | zig-zag varint | exactly ``int`` (not ``bool``), inside [-2**31, 2**31-1] / [-2**63, 2**63-1] |
+| string | varint byte length + UTF-8 | exactly ``str`` that encodes as UTF-8 (no lone surrogates) |
+| boolean | one byte 00 / 01 | ``True`` or ``False`` |
+| timestamp-millis | the long: floor of ms since the Unix epoch | exactly ``datetime``, ``tzinfo`` ``datetime.UTC`` |
+| array of string | block count, the strings, 0 (an empty array: 0) | exactly ``list`` of exactly ``str`` |
+| ``["null", T]`` | branch index, then T | ``None``, or what T accepts |
+| the ``type`` enum, the payload union | the symbol's index, the branch index | (constants of the type) |
+
+The payload must be exactly a ``dict`` whose keys are fields of the type, and a field the contract
+(``PAYLOAD_FIELDS``) requires must not be None. Whatever is not accepted — a ``str`` subclass, an aware datetime
+in another zone, a value out of range, an unknown key — makes the writer return None, and the codec takes its
+checked path, which raises exactly as it always did (``InvalidEventError`` naming the field,
+``NaiveDatetimeError``) or writes the same bytes. So the writer accepts a subset of what the checked path accepts,
+and writes byte for byte what fastavro writes for it (``tests/test_schemas_direct.py`` holds it to that over
+generated events of every type and every type at its field extremes). A schema with anything the table does not
+list (a map, a float, another logical type, a named-type reference) gets no writer (:meth:`DirectWriter.compile`
+returns None) and a payload record that does not match the contract gets none for its type: those are written by
+the checked path only.
+
+Pure apart from a one-entry cache of the last timestamp's bytes; thread-safe.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from runjournal.schemas.events import Event, EventType
+
+__all__ = ["DirectWriter", "zigzag_varint"]
+
+WriteFn = Callable[[Event, bytes], "bytes | None"]
+"""A generated writer: ``(event, header) -> header + Avro body``, or None when it does not accept the event."""
+
+_INT = (-(2**31), 2**31 - 1)
+_LONG = (-(2**63), 2**63 - 1)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_ONE_MS = timedelta(milliseconds=1)
+_SMALL_N = 4096
+_PRIMITIVE = ("string", "int", "long", "boolean")
+_PY_FOR = {"string": str, "int": int, "long": int, "boolean": bool, "array<string>": list}
+
+
+def zigzag_varint(n: int) -> bytes:
+    """Avro's encoding of an int or long ``n`` (within the long range): zig-zag, then base-128 varint."""
+    z = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while z > 0x7F:
+        out.append(z & 0x7F | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
+
+
+_SMALL: tuple[bytes, ...] = tuple(zigzag_varint(n) for n in range(_SMALL_N))
+"""``zigzag_varint(n)`` for 0 <= n < 4096 (1-2 bytes; lengths of most strings, small ints)."""
+
+
+class _Millis:
+    """``occurred_at`` → the varint of its epoch milliseconds; remembers the last datetime object (the journal's
+    clock hands out one object per millisecond, so most events of a busy instance share it)."""
+
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        self._last: tuple[datetime | None, bytes] = (None, b"")
+
+    def __call__(self, at: datetime) -> bytes:
+        last = self._last
+        if last[0] is at:
+            return last[1]
+        ms = (at - _EPOCH) // _ONE_MS  # floor, as fastavro: (days*86400 + s)*1000 + int(µs/1000)
+        out = _SMALL[ms] if 0 <= ms < _SMALL_N else zigzag_varint(ms)
+        self._last = (at, out)
+        return out
+
+
+def _strings(items: list[Any]) -> bytes | None:
+    """An array of strings as fastavro writes it (one block, then 0); None if an item is not exactly a str."""
+    if not items:
+        return b"\x00"
+    k = len(items)
+    out = [_SMALL[k] if k < _SMALL_N else zigzag_varint(k)]
+    for item in items:
+        if item.__class__ is not str:
+            return None
+        data = item.encode()
+        n = len(data)
+        out.append(_SMALL[n] if n < _SMALL_N else zigzag_varint(n))
+        out.append(data)
+    out.append(b"\x00")
+    return b"".join(out)
+
+
+# -- code generation -------------------------------------------------------------------------------------
+Kind = str | tuple[str, int, str]
+"""``"string"`` / ``"int"`` / ``"long"`` / ``"boolean"`` / ``"timestamp-millis"`` / ``"array<string>"``, or
+``("optional", index of the null branch, the other branch's kind)`` for ``["null", T]`` with a primitive T."""
+
+
+def _kind(schema: Any) -> Kind | None:
+    """The :data:`Kind` of an Avro schema, or None when it is not written directly."""
+    if isinstance(schema, str):
+        return schema if schema in _PRIMITIVE else None
+    if isinstance(schema, list):
+        if len(schema) != 2 or "null" not in schema:
+            return None
+        null = schema.index("null")
+        inner = _kind(schema[1 - null])
+        return ("optional", null, inner) if isinstance(inner, str) and inner in _PRIMITIVE else None
+    if not isinstance(schema, Mapping):
+        return None
+    kind, logical = schema.get("type"), schema.get("logicalType")
+    if kind == "long" and logical == "timestamp-millis":
+        return "timestamp-millis"
+    if logical is not None:
+        return None
+    if kind == "array":
+        return "array<string>" if _kind(schema.get("items")) == "string" else None
+    return kind if isinstance(kind, str) and kind in _PRIMITIVE else None
+
+
+def _value_code(kind: str, i: int) -> tuple[list[str], list[str]]:
+    """Lines that check ``v`` (not None) for ``kind`` and put its bytes in piece variables: (lines, pieces)."""
+    if kind == "string":
+        return (["if v.__class__ is not str: return None",
+                 f"b{i} = v.encode(); n = len(b{i})",
+                 f"l{i} = SMALL[n] if n < SMALL_N else varint(n)"], [f"l{i}", f"b{i}"])
+    if kind in ("int", "long"):
+        low, high = _INT if kind == "int" else _LONG
+        return ([f"if v.__class__ is not int or v < {low} or v > {high}: return None",
+                 f"x{i} = SMALL[v] if 0 <= v < SMALL_N else varint(v)"], [f"x{i}"])
+    if kind == "boolean":
+        return ([f"if v is True: x{i} = TRUE", f"elif v is False: x{i} = FALSE", "else: return None"], [f"x{i}"])
+    if kind == "timestamp-millis":
+        return (["if v.__class__ is not datetime or v.tzinfo is not UTC: return None", f"x{i} = millis(v)"],
+                [f"x{i}"])
+    if kind == "array<string>":
+        return (["if v.__class__ is not list: return None", f"x{i} = strings(v)", f"if x{i} is None: return None"],
+                [f"x{i}"])
+    raise AssertionError(f"no code for {kind}")
+
+
+def _field_code(kind: Kind, expr: str, i: int, *, required: bool) -> tuple[list[str], list[str]]:
+    """Lines that read ``expr`` into ``v`` and write it (a union: its branch index first): (lines, pieces).
+
+    ``required``: None is refused (returns None) even where Avro allows it — the contract requires the field.
+    """
+    if isinstance(kind, str):
+        lines, pieces = _value_code(kind, i)
+        return [f"v = {expr}", *lines], pieces
+    _, null, inner = kind
+    lines, pieces = _value_code(inner, i)
+    if required:
+        return [f"v = {expr}", "if v is None: return None", f"u{i} = B{1 - null}", *lines], [f"u{i}", *pieces]
+    return ([f"v = {expr}", f"if v is None: u{i} = B{null}; {' = '.join(pieces)} = EMPTY", "else:",
+             f"    u{i} = B{1 - null}", *(f"    {line}" for line in lines)], [f"u{i}", *pieces])
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Envelope:
+    """The envelope's fields as code: everything but ``type`` and ``payload`` read from the event."""
+
+    lines: list[str]
+    """Statements writing the fields, in schema order; pieces are interleaved by :attr:`pieces`."""
+    pieces: list[str]
+    """Variable names (or the markers ``TYPE`` / ``PAYLOAD``) in write order."""
+    symbols: list[str]
+    """The ``type`` enum's symbols, in index order."""
+    branches: list[Any]
+    """The payload union's branches (parsed record schemas), in index order."""
+
+
+def _envelope(parsed: Mapping[str, Any]) -> _Envelope | None:
+    """The envelope record compiled to code, or None when a field is not written directly."""
+    attributes = {f.name for f in dataclasses.fields(Event)}
+    lines: list[str] = []
+    pieces: list[str] = []
+    symbols: list[str] = []
+    branches: list[Any] = []
+    for i, field in enumerate(parsed.get("fields", ())):
+        name, schema = field["name"], field["type"]
+        if name == "type" and isinstance(schema, Mapping) and schema.get("type") == "enum":
+            symbols = list(schema["symbols"])
+            pieces.append("TYPE")
+        elif name == "payload" and isinstance(schema, list) and all(isinstance(b, Mapping) for b in schema):
+            branches = list(schema)
+            pieces.append("PAYLOAD")
+        elif name in attributes and name not in ("type", "payload") and (kind := _kind(schema)) is not None:
+            code, names = _field_code(kind, f"e.{name}", i, required=False)
+            lines += code
+            pieces += names
+        else:
+            return None
+    if "TYPE" not in pieces or "PAYLOAD" not in pieces:
+        return None
+    return _Envelope(lines, pieces, symbols, branches)
+
+
+def _payload_code(record: Any, contract: Mapping[str, tuple[type, bool]]) -> tuple[list[str], list[str]] | None:
+    """Lines writing payload ``p``'s fields in the record's order: (lines, pieces); None when the record does not
+    match the contract (other field names, or a kind that does not carry the contract's Python type)."""
+    if not isinstance(record, Mapping) or record.get("type") != "record":
+        return None
+    fields = record.get("fields", ())
+    if {f["name"] for f in fields} != set(contract):
+        return None
+    lines: list[str] = []
+    pieces: list[str] = []
+    for k, field in enumerate(fields):
+        py, required = contract[field["name"]]
+        kind = _kind(field["type"])
+        if kind is None or _PY_FOR.get(kind if isinstance(kind, str) else kind[2]) is not py:
+            return None
+        code, names = _field_code(kind, f"p.get({field['name']!r})", 100 + k, required=required)
+        lines += code
+        pieces += names
+    return lines, pieces
+
+
+def _function(symbol: str, envelope: _Envelope, payload: tuple[list[str], list[str]]) -> str:
+    """Source of ``write_<symbol>(e, header)``."""
+    lines, names = payload
+    pieces = ["header"]
+    for piece in envelope.pieces:
+        pieces += [f"TYPE_{symbol}"] if piece == "TYPE" else [f"BRANCH_{symbol}", *names] if piece == "PAYLOAD" \
+            else [piece]
+    body = [*envelope.lines, "p = e.payload",
+            f"if p.__class__ is not dict or not p.keys() <= NAMES_{symbol}: return None", *lines,
+            f"return JOIN(({', '.join(pieces)}))"]
+    return f"def write_{symbol}(e, header):\n" + "".join(f"    {line}\n" for line in body)
+
+
+class DirectWriter:
+    """Writes events of the types it was compiled for (see the module docstring); thread-safe.
+
+    Build with :meth:`compile`. Call ``writer(event, header)``.
+    """
+
+    def __init__(self, writers: dict[EventType, WriteFn], source: str) -> None:
+        self._writers = writers
+        self.source = source
+        """The generated Python source (one function per type), for reading and debugging."""
+
+    @classmethod
+    def compile(
+        cls,
+        parsed: Mapping[str, Any],
+        *,
+        record_names: Mapping[EventType, str],
+        contract: Mapping[EventType, Mapping[str, tuple[type, bool]]],
+    ) -> DirectWriter | None:
+        """Generate the writers for an envelope schema.
+
+        Args:
+            parsed: the envelope, ``fastavro.parse_schema`` output (the codec's current version).
+            record_names: each type's payload record full name (``runjournal.MessagePayload``).
+            contract: each type's payload fields, name -> (Python type, required) (``PAYLOAD_FIELDS``).
+
+        Returns:
+            A writer for every type whose payload record matches its contract (the others go to the checked
+            path), or None when the envelope holds a field it cannot write or no type matches.
+        """
+        envelope = _envelope(parsed)
+        if envelope is None:
+            return None
+        names = [b.get("name") for b in envelope.branches]
+        namespace: dict[str, Any] = {
+            "SMALL": _SMALL, "SMALL_N": _SMALL_N, "varint": zigzag_varint, "strings": _strings,
+            "millis": _Millis(), "datetime": datetime, "UTC": UTC, "JOIN": b"".join, "EMPTY": b"",
+            "TRUE": b"\x01", "FALSE": b"\x00", "B0": _SMALL[0], "B1": _SMALL[1]}
+        sources: list[str] = []
+        for etype, record_name in record_names.items():
+            symbol = etype.value
+            if symbol not in envelope.symbols or record_name not in names or etype not in contract:
+                continue
+            payload = _payload_code(envelope.branches[names.index(record_name)], contract[etype])
+            if payload is None:
+                continue
+            namespace[f"TYPE_{symbol}"] = zigzag_varint(envelope.symbols.index(symbol))
+            namespace[f"BRANCH_{symbol}"] = zigzag_varint(names.index(record_name))
+            namespace[f"NAMES_{symbol}"] = frozenset(contract[etype])
+            sources.append(_function(symbol, envelope, payload))
+        if not sources:
+            return None
+        source = "\n".join(sources)
+        exec(compile(source, "<runjournal.schemas._direct>", "exec"), namespace)  # noqa: S102 - our own source
+        writers = {etype: namespace[f"write_{etype.value}"] for etype in record_names
+                   if f"write_{etype.value}" in namespace}
+        return cls(writers, source)
+
+    @property
+    def types(self) -> frozenset[EventType]:
+        """The event types written directly."""
+        return frozenset(self._writers)
+
+    def __call__(self, event: Event, header: bytes) -> bytes | None:
+        """``header`` + the Avro body of ``event``, or None when this writer does not accept it (the codec's
+        checked path then decides). Never raises for a value that does not fit."""
+        etype = event.type
+        write = self._writers.get(etype) if etype.__class__ is EventType else None
+        if write is None:
+            return None
+        try:
+            return write(event, header)
+        except UnicodeEncodeError:  # a lone surrogate: the checked path names the field
+            return None
