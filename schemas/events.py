@@ -2,7 +2,7 @@
 
 Every service works on :class:`Event` (the *current* shape, after upcasting). The Avro
 schemas under ``schemas/avro/`` are the wire form of the same thing; ``runjournal.schemas.codec``
-converts between the two. Nothing here does I/O.
+converts between the two. Nothing here does I/O (bar reading ``os.urandom`` for event ids).
 
 Rules (``DESIGN.md`` § Events):
 
@@ -14,9 +14,12 @@ Rules (``DESIGN.md`` § Events):
 
 from __future__ import annotations
 
-import uuid
+import itertools
+import os
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -159,15 +162,78 @@ class NaiveDatetimeError(SchemaError, ValueError):
     """
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_now: tuple[int, datetime] = (0, _EPOCH)
+"""The last millisecond :func:`utcnow` saw and its datetime (swapped as one tuple: safe across threads)."""
+
+
 def utcnow() -> datetime:
-    """Now, timezone-aware UTC, truncated to milliseconds (Avro timestamp-millis)."""
-    now = datetime.now(UTC)
-    return now.replace(microsecond=now.microsecond // 1000 * 1000)
+    """Now, timezone-aware UTC (``tzinfo`` is ``datetime.UTC``), truncated to milliseconds (Avro timestamp-millis).
+
+    Read from ``time.time_ns()`` (the clock ``datetime.now`` reads). Calls within one millisecond return the same
+    datetime object (immutable): ~0.1 µs instead of ~1.4 µs for ``datetime.now(UTC)`` and truncation, and the
+    codec writes a timestamp it has just written from its cache.
+    """
+    global _now
+    ms = time.time_ns() // 1_000_000
+    last = _now
+    if last[0] == ms:
+        return last[1]
+    at = _EPOCH + timedelta(milliseconds=ms)
+    _now = (ms, at)
+    return at
+
+
+_IDS_PER_DRAW = 256
+_ID_TEXT = b"00000000-0000-4000-8000-000000000000,"  # a canonical uuid4 and a separator, per id
+_ID_HEX_AT = tuple(i for i, c in enumerate(_ID_TEXT[:36]) if c != ord("-") and i != 14)  # 31: all but the version
+_ID_VARIANT_AT = 19
+_VARIANT = bytes.maketrans(b"0123456789abcdef", b"89ab89ab89ab89ab")  # a random hex digit's low 2 bits -> 10xx
+_EXHAUSTED: tuple[list[str], Iterator[int]] = ([], itertools.count(_IDS_PER_DRAW))
+
+
+def _draw_ids() -> tuple[list[str], Iterator[int]]:
+    """256 fresh uuid4 texts from one ``os.urandom`` read, and a counter handing out their indexes.
+
+    Every id gets 31 random hex digits at the 31 positions of the text other than the version digit ``4``
+    (bytewise column assignment, no per-id Python work); the one at the variant position is mapped to 8/9/a/b.
+    That is 30 x 4 + 2 = 122 random bits, the bits a uuid4 has.
+    """
+    hexed = os.urandom(16 * _IDS_PER_DRAW).hex().encode("ascii")
+    text = bytearray(_ID_TEXT * _IDS_PER_DRAW)
+    stride = len(_ID_TEXT)
+    for digit, at in enumerate(_ID_HEX_AT):
+        column = hexed[digit::32]
+        text[at::stride] = column.translate(_VARIANT) if at == _ID_VARIANT_AT else column
+    return text[:-1].decode("ascii").split(","), itertools.count()
+
+
+_ids = _EXHAUSTED
+"""The current draw: ``(ids, counter)``. ``next(counter)`` is atomic, so no index is handed out twice, from any
+thread; a thread finding the draw used up installs a new one (a race only discards unused ids)."""
+
+
+def _forget_ids() -> None:
+    global _ids
+    _ids = _EXHAUSTED  # a forked child must never hand out the ids its parent still holds
+
+
+os.register_at_fork(after_in_child=_forget_ids)
 
 
 def new_event_id() -> str:
-    """A fresh event id: a uuid4 in canonical text form (36 chars)."""
-    return str(uuid.uuid4())
+    """A fresh event id: a uuid4 in canonical text form (36 chars, lower-case hex, version 4, RFC 4122 variant).
+
+    From ``os.urandom`` (the source ``uuid.uuid4`` reads), 256 ids per read: ~0.3 µs instead of ~3 µs for
+    ``str(uuid.uuid4())``. A forked child starts a draw of its own.
+    """
+    global _ids
+    while True:
+        ids, taken = _ids
+        index = next(taken)
+        if index < _IDS_PER_DRAW:
+            return ids[index]
+        _ids = _draw_ids()
 
 
 @dataclass(frozen=True, slots=True)
