@@ -240,7 +240,7 @@ def _function(symbol: str, envelope: _Envelope, payload: tuple[list[str], list[s
         pieces += [f"TYPE_{symbol}"] if piece == "TYPE" else [f"BRANCH_{symbol}", *names] if piece == "PAYLOAD" \
             else [piece]
     body = [*envelope.lines, "p = e.payload",
-            f"if p.__class__ is not dict or not p.keys() <= NAMES_{symbol}: return None", *lines,
+            f"if p.__class__ is not dict or not NAMES_{symbol}.issuperset(p): return None", *lines,
             f"return JOIN(({', '.join(pieces)}))"]
     return f"def write_{symbol}(e, header):\n" + "".join(f"    {line}\n" for line in body)
 
