@@ -167,9 +167,11 @@ class TxnPublisher(FailureHandling):
         if item.durable:
             self._settle()
         with self._lock:
-            self._usable()
+            if self._closed or self._fenced_for_good or self._producer is None:  # checked under the lock
+                self._usable()  # raises (closed, fenced) or rebuilds the producer
             try:
-                self._ensure_txn()
+                if not self._txn_open:
+                    self._ensure_txn()
                 self._produce(item)
             except KafkaException as exc:
                 if classify(exc) in (
