@@ -4,9 +4,11 @@ Private: :class:`~runjournal.schemas.codec.EventCodec` tries it before its check
 :class:`~runjournal.schemas._validate.RecordValidator`, fastavro's ``schemaless_writer``). For the envelope that
 path costs ~35 µs per event here, most of it in walking the schema per value (an 18-branch payload union among
 it); everything it decides is fixed by the schema and the event type, so :meth:`DirectWriter.compile` decides it
-once: for every type symbol it generates one straight-line Python function (``exec`` of source built from the
-parsed schema, kept in :attr:`DirectWriter.source`) that reads the event's fields and writes their Avro binary
-(Avro specification 1.11, § Binary Encoding):
+once: for every type symbol it generates straight-line Python (``exec`` of source built from the parsed schema,
+kept in :attr:`DirectWriter.source`) that reads the event's fields and writes their Avro binary (Avro specification
+1.11, § Binary Encoding) — a fast function taking string lengths and non-negative ints below 4096 straight from a
+table of their varints, and a general one it hands the event to on anything else (negative or larger ints, longer
+strings), which tests ranges and computes varints:
 
 | Avro | written as | accepted only when |
 |---|---|---|
@@ -134,13 +136,19 @@ def _kind(schema: Any) -> Kind | None:
     return kind if isinstance(kind, str) and kind in _PRIMITIVE else None
 
 
-def _value_code(kind: str, i: int) -> tuple[list[str], list[str]]:
-    """Lines that check ``v`` (not None) for ``kind`` and put its bytes in piece variables: (lines, pieces)."""
+def _value_code(kind: str, i: int, *, fast: bool) -> tuple[list[str], list[str]]:
+    """Lines that check ``v`` (not None) for ``kind`` and put its bytes in piece variables: (lines, pieces).
+
+    ``fast``: lengths and ints straight from the table, no range test: an IndexError (a value >= 4096, or out of
+    its Avro range) or a negative int sends the event to the general variant, which tests and uses ``varint``.
+    """
     if kind == "string":
-        return (["if v.__class__ is not str: return None",
-                 f"b{i} = v.encode(); n = len(b{i})",
-                 f"l{i} = SMALL[n] if n < SMALL_N else varint(n)"], [f"l{i}", f"b{i}"])
+        length = f"SMALL[len(b{i})]" if fast else f"SMALL[n] if (n := len(b{i})) < SMALL_N else varint(n)"
+        return (["if v.__class__ is not str: return None", f"b{i} = v.encode()", f"l{i} = {length}"],
+                [f"l{i}", f"b{i}"])
     if kind in ("int", "long"):
+        if fast:
+            return (["if v.__class__ is not int or v < 0: return ANY(e, header)", f"x{i} = SMALL[v]"], [f"x{i}"])
         low, high = _INT if kind == "int" else _LONG
         return ([f"if v.__class__ is not int or v < {low} or v > {high}: return None",
                  f"x{i} = SMALL[v] if 0 <= v < SMALL_N else varint(v)"], [f"x{i}"])
@@ -155,16 +163,16 @@ def _value_code(kind: str, i: int) -> tuple[list[str], list[str]]:
     raise AssertionError(f"no code for {kind}")
 
 
-def _field_code(kind: Kind, expr: str, i: int, *, required: bool) -> tuple[list[str], list[str]]:
+def _field_code(kind: Kind, expr: str, i: int, *, required: bool, fast: bool) -> tuple[list[str], list[str]]:
     """Lines that read ``expr`` into ``v`` and write it (a union: its branch index first): (lines, pieces).
 
     ``required``: None is refused (returns None) even where Avro allows it — the contract requires the field.
     """
     if isinstance(kind, str):
-        lines, pieces = _value_code(kind, i)
+        lines, pieces = _value_code(kind, i, fast=fast)
         return [f"v = {expr}", *lines], pieces
     _, null, inner = kind
-    lines, pieces = _value_code(inner, i)
+    lines, pieces = _value_code(inner, i, fast=fast)
     if required:
         return [f"v = {expr}", "if v is None: return None", f"u{i} = B{1 - null}", *lines], [f"u{i}", *pieces]
     return ([f"v = {expr}", f"if v is None: u{i} = B{null}; {' = '.join(pieces)} = EMPTY", "else:",
@@ -185,8 +193,9 @@ class _Envelope:
     """The payload union's branches (parsed record schemas), in index order."""
 
 
-def _envelope(parsed: Mapping[str, Any]) -> _Envelope | None:
-    """The envelope record compiled to code, or None when a field is not written directly."""
+def _envelope(parsed: Mapping[str, Any], *, fast: bool) -> _Envelope | None:
+    """The envelope record compiled to code (``fast``: see :func:`_value_code`), or None when a field is not
+    written directly."""
     attributes = {f.name for f in dataclasses.fields(Event)}
     lines: list[str] = []
     pieces: list[str] = []
@@ -201,7 +210,7 @@ def _envelope(parsed: Mapping[str, Any]) -> _Envelope | None:
             branches = list(schema)
             pieces.append("PAYLOAD")
         elif name in attributes and name not in ("type", "payload") and (kind := _kind(schema)) is not None:
-            code, names = _field_code(kind, f"e.{name}", i, required=False)
+            code, names = _field_code(kind, f"e.{name}", i, required=False, fast=fast)
             lines += code
             pieces += names
         else:
@@ -211,7 +220,8 @@ def _envelope(parsed: Mapping[str, Any]) -> _Envelope | None:
     return _Envelope(lines, pieces, symbols, branches)
 
 
-def _payload_code(record: Any, contract: Mapping[str, tuple[type, bool]]) -> tuple[list[str], list[str]] | None:
+def _payload_code(record: Any, contract: Mapping[str, tuple[type, bool]], *,
+                  fast: bool) -> tuple[list[str], list[str]] | None:
     """Lines writing payload ``p``'s fields in the record's order: (lines, pieces); None when the record does not
     match the contract (other field names, or a kind that does not carry the contract's Python type)."""
     if not isinstance(record, Mapping) or record.get("type") != "record":
@@ -226,15 +236,16 @@ def _payload_code(record: Any, contract: Mapping[str, tuple[type, bool]]) -> tup
         kind = _kind(field["type"])
         if kind is None or _PY_FOR.get(kind if isinstance(kind, str) else kind[2]) is not py:
             return None
-        code, names = _field_code(kind, f"p.get({field['name']!r})", 100 + k, required=required)
+        code, names = _field_code(kind, f"p.get({field['name']!r})", 100 + k, required=required, fast=fast)
         lines += code
         pieces += names
     return lines, pieces
 
 
-def _function(symbol: str, envelope: _Envelope, payload: tuple[list[str], list[str]]) -> str:
-    """Source of ``write_<symbol>(e, header)``."""
+def _function(symbol: str, envelope: _Envelope, payload: tuple[list[str], list[str]], *, fast: bool) -> str:
+    """Source of ``write_<symbol>(e, header)`` (``fast``) or of its general variant ``write_<symbol>_any``."""
     lines, names = payload
+    general = f"write_{symbol}_any"
     pieces = ["header"]
     for piece in envelope.pieces:
         pieces += [f"TYPE_{symbol}"] if piece == "TYPE" else [f"BRANCH_{symbol}", *names] if piece == "PAYLOAD" \
@@ -242,7 +253,11 @@ def _function(symbol: str, envelope: _Envelope, payload: tuple[list[str], list[s
     body = [*envelope.lines, "p = e.payload",
             f"if p.__class__ is not dict or not NAMES_{symbol}.issuperset(p): return None", *lines,
             f"return JOIN(({', '.join(pieces)}))"]
-    return f"def write_{symbol}(e, header):\n" + "".join(f"    {line}\n" for line in body)
+    handlers = ["except IndexError:", f"    return {general}(e, header)"] if fast else []
+    handlers += ["except UnicodeEncodeError:", "    return None  # a lone surrogate: the checked path names the field"]
+    return (f"def {f'write_{symbol}' if fast else general}(e, header):\n    try:\n"
+            + "".join(f"        {line.replace('ANY(', f'{general}(')}\n" for line in body)
+            + "".join(f"    {line}\n" for line in handlers))
 
 
 class DirectWriter:
@@ -252,7 +267,8 @@ class DirectWriter:
     """
 
     def __init__(self, writers: dict[EventType, WriteFn], source: str) -> None:
-        self._writers = writers
+        self.writers: Mapping[EventType, WriteFn] = writers
+        """The writer of each type it writes (the codec calls them itself: one call less per event)."""
         self.source = source
         """The generated Python source (one function per type), for reading and debugging."""
 
@@ -275,8 +291,8 @@ class DirectWriter:
             A writer for every type whose payload record matches its contract (the others go to the checked
             path), or None when the envelope holds a field it cannot write or no type matches.
         """
-        envelope = _envelope(parsed)
-        if envelope is None:
+        envelope, general = _envelope(parsed, fast=True), _envelope(parsed, fast=False)
+        if envelope is None or general is None:
             return None
         names = [b.get("name") for b in envelope.branches]
         namespace: dict[str, Any] = {
@@ -288,13 +304,16 @@ class DirectWriter:
             symbol = etype.value
             if symbol not in envelope.symbols or record_name not in names or etype not in contract:
                 continue
-            payload = _payload_code(envelope.branches[names.index(record_name)], contract[etype])
-            if payload is None:
+            record = envelope.branches[names.index(record_name)]
+            payload = _payload_code(record, contract[etype], fast=True)
+            payload_any = _payload_code(record, contract[etype], fast=False)
+            if payload is None or payload_any is None:
                 continue
             namespace[f"TYPE_{symbol}"] = zigzag_varint(envelope.symbols.index(symbol))
             namespace[f"BRANCH_{symbol}"] = zigzag_varint(names.index(record_name))
             namespace[f"NAMES_{symbol}"] = frozenset(contract[etype])
-            sources.append(_function(symbol, envelope, payload))
+            sources += [_function(symbol, envelope, payload, fast=True), _function(symbol, general, payload_any,
+                                                                                    fast=False)]
         if not sources:
             return None
         source = "\n".join(sources)
@@ -306,16 +325,11 @@ class DirectWriter:
     @property
     def types(self) -> frozenset[EventType]:
         """The event types written directly."""
-        return frozenset(self._writers)
+        return frozenset(self.writers)
 
     def __call__(self, event: Event, header: bytes) -> bytes | None:
         """``header`` + the Avro body of ``event``, or None when this writer does not accept it (the codec's
         checked path then decides). Never raises for a value that does not fit."""
         etype = event.type
-        write = self._writers.get(etype) if etype.__class__ is EventType else None
-        if write is None:
-            return None
-        try:
-            return write(event, header)
-        except UnicodeEncodeError:  # a lone surrogate: the checked path names the field
-            return None
+        write = self.writers.get(etype) if etype.__class__ is EventType else None
+        return None if write is None else write(event, header)

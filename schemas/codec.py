@@ -111,6 +111,7 @@ class EventCodec:
         self._validate = RecordValidator(self._current.parsed)  # type and range of every value, before writing
         # The same bytes for the events it accepts, without walking the schema per value (schemas/_direct.py).
         self._direct = DirectWriter.compile(self._current.parsed, record_names=_RECORD_NAME, contract=PAYLOAD_FIELDS)
+        self._direct_by_type = self._direct.writers if self._direct is not None else {}
         self._max_event_bytes = max_event_bytes
         self._topic = topic
         self._catalog = catalog
@@ -176,7 +177,9 @@ class EventCodec:
         """
         topic = topic or self._topic
         header = self._headers.get(topic if self._registry is not None else "")  # None before the first event
-        data = None if header is None or self._direct is None else self._direct(event, header)
+        etype, data = event.type, None
+        if header is not None and etype.__class__ is EventType and (write := self._direct_by_type.get(etype)):
+            data = write(event, header)
         if data is None:
             data = self._encode_checked(event, topic)
         if len(data) > self._max_event_bytes:
