@@ -267,7 +267,8 @@ class TxnPublisher(FailureHandling):
             self._txn_opened_at = time.monotonic()
 
     def _produce(self, item: Item) -> None:
-        for attempt in range(self._queue_full_retries + 1):
+        attempt = 0
+        while True:
             try:
                 self._producer.produce(
                     item.topic or self._topic,
@@ -281,7 +282,8 @@ class TxnPublisher(FailureHandling):
             except BufferError:
                 if attempt == self._queue_full_retries:
                     break
-                self._serve(0.05 * (attempt + 1))
+                attempt += 1
+                self._serve(0.05 * attempt)
         raise QueueFullError(
             f"local produce queue full after {self._queue_full_retries} retries ({item.key})",
             retry_after_s=1.0,
