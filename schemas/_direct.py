@@ -31,13 +31,14 @@ list (a map, a float, another logical type, a named-type reference) gets no writ
 returns None) and a payload record that does not match the contract gets none for its type: those are written by
 the checked path only.
 
-Pure apart from a one-entry cache of the last timestamp's bytes; thread-safe.
+Pure apart from two caches: the last timestamp's bytes, and the length-prefixed UTF-8 of the envelope strings that
+repeat across events (``repeated``: a run's ids; at most 2,048 texts). Thread-safe.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -76,19 +77,34 @@ class _Millis:
     """``occurred_at`` → the varint of its epoch milliseconds; remembers the last datetime object (the journal's
     clock hands out one object per millisecond, so most events of a busy instance share it)."""
 
-    __slots__ = ("_last",)
+    __slots__ = ("last",)
 
     def __init__(self) -> None:
-        self._last: tuple[datetime | None, bytes] = (None, b"")
+        self.last: tuple[datetime | None, bytes] = (None, b"")
+        """The last datetime written and its bytes (one tuple: swapped atomically; the generated code reads it
+        before calling)."""
 
     def __call__(self, at: datetime) -> bytes:
-        last = self._last
-        if last[0] is at:
-            return last[1]
         ms = (at - _EPOCH) // _ONE_MS  # floor, as fastavro: (days*86400 + s)*1000 + int(µs/1000)
         out = _SMALL[ms] if 0 <= ms < _SMALL_N else zigzag_varint(ms)
-        self._last = (at, out)
+        self.last = (at, out)
         return out
+
+
+def _remembering(limit: int) -> dict[str, Any]:
+    """``REMEMBERED`` (text -> its length-prefixed UTF-8) and ``remember(text)``, which fills it (clearing it
+    when it holds ``limit`` texts). Raises UnicodeEncodeError for a lone surrogate (nothing remembered)."""
+    remembered: dict[str, bytes] = {}
+
+    def remember(text: str) -> bytes:
+        data = text.encode()
+        out = zigzag_varint(len(data)) + data
+        if len(remembered) >= limit:
+            remembered.clear()
+        remembered[text] = out
+        return out
+
+    return {"REMEMBERED": remembered, "remember": remember}
 
 
 def _strings(items: list[Any]) -> bytes | None:
@@ -142,6 +158,9 @@ def _value_code(kind: str, i: int, *, fast: bool) -> tuple[list[str], list[str]]
     ``fast``: lengths and ints straight from the table, no range test: an IndexError (a value >= 4096, or out of
     its Avro range) or a negative int sends the event to the general variant, which tests and uses ``varint``.
     """
+    if kind == "string*":  # repeated across events (a run's identity): its bytes are remembered
+        return (["if v.__class__ is not str: return None", f"c{i} = REMEMBERED.get(v)",
+                 f"if c{i} is None: c{i} = remember(v)"], [f"c{i}"])
     if kind == "string":
         length = f"SMALL[len(b{i})]" if fast else f"SMALL[n] if (n := len(b{i})) < SMALL_N else varint(n)"
         return (["if v.__class__ is not str: return None", f"b{i} = v.encode()", f"l{i} = {length}"],
@@ -155,8 +174,8 @@ def _value_code(kind: str, i: int, *, fast: bool) -> tuple[list[str], list[str]]
     if kind == "boolean":
         return ([f"if v is True: x{i} = TRUE", f"elif v is False: x{i} = FALSE", "else: return None"], [f"x{i}"])
     if kind == "timestamp-millis":
-        return (["if v.__class__ is not datetime or v.tzinfo is not UTC: return None", f"x{i} = millis(v)"],
-                [f"x{i}"])
+        return (["if v.__class__ is not datetime or v.tzinfo is not UTC: return None",
+                 f"x{i} = last[1] if (last := millis.last)[0] is v else millis(v)"], [f"x{i}"])
     if kind == "array<string>":
         return (["if v.__class__ is not list: return None", f"x{i} = strings(v)", f"if x{i} is None: return None"],
                 [f"x{i}"])
@@ -193,9 +212,9 @@ class _Envelope:
     """The payload union's branches (parsed record schemas), in index order."""
 
 
-def _envelope(parsed: Mapping[str, Any], *, fast: bool) -> _Envelope | None:
-    """The envelope record compiled to code (``fast``: see :func:`_value_code`), or None when a field is not
-    written directly."""
+def _envelope(parsed: Mapping[str, Any], *, fast: bool, repeated: Collection[str]) -> _Envelope | None:
+    """The envelope record compiled to code (``fast``: see :func:`_value_code`; ``repeated``: string fields whose
+    bytes are remembered), or None when a field is not written directly."""
     attributes = {f.name for f in dataclasses.fields(Event)}
     lines: list[str] = []
     pieces: list[str] = []
@@ -210,6 +229,9 @@ def _envelope(parsed: Mapping[str, Any], *, fast: bool) -> _Envelope | None:
             branches = list(schema)
             pieces.append("PAYLOAD")
         elif name in attributes and name not in ("type", "payload") and (kind := _kind(schema)) is not None:
+            if name in repeated:
+                kind = "string*" if kind == "string" else ("optional", kind[1], "string*") \
+                    if isinstance(kind, tuple) and kind[2] == "string" else kind
             code, names = _field_code(kind, f"e.{name}", i, required=False, fast=fast)
             lines += code
             pieces += names
@@ -279,6 +301,7 @@ class DirectWriter:
         *,
         record_names: Mapping[EventType, str],
         contract: Mapping[EventType, Mapping[str, tuple[type, bool]]],
+        repeated: Collection[str] = (),
     ) -> DirectWriter | None:
         """Generate the writers for an envelope schema.
 
@@ -286,18 +309,21 @@ class DirectWriter:
             parsed: the envelope, ``fastavro.parse_schema`` output (the codec's current version).
             record_names: each type's payload record full name (``runjournal.MessagePayload``).
             contract: each type's payload fields, name -> (Python type, required) (``PAYLOAD_FIELDS``).
+            repeated: envelope string fields that repeat across events (``run_id``, ``tenant_id``, ``producer_id``):
+                their length-prefixed UTF-8 is remembered, for up to 2,048 distinct values (then it starts over).
 
         Returns:
             A writer for every type whose payload record matches its contract (the others go to the checked
             path), or None when the envelope holds a field it cannot write or no type matches.
         """
-        envelope, general = _envelope(parsed, fast=True), _envelope(parsed, fast=False)
+        envelope = _envelope(parsed, fast=True, repeated=repeated)
+        general = _envelope(parsed, fast=False, repeated=repeated)
         if envelope is None or general is None:
             return None
         names = [b.get("name") for b in envelope.branches]
         namespace: dict[str, Any] = {
             "SMALL": _SMALL, "SMALL_N": _SMALL_N, "varint": zigzag_varint, "strings": _strings,
-            "millis": _Millis(), "datetime": datetime, "UTC": UTC, "JOIN": b"".join, "EMPTY": b"",
+            "millis": _Millis(), "datetime": datetime, **_remembering(2048), "UTC": UTC, "JOIN": b"".join, "EMPTY": b"",
             "TRUE": b"\x01", "FALSE": b"\x00", "B0": _SMALL[0], "B1": _SMALL[1]}
         sources: list[str] = []
         for etype, record_name in record_names.items():

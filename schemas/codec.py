@@ -110,7 +110,8 @@ class EventCodec:
         self._current: SchemaVersion = versions[-1]
         self._validate = RecordValidator(self._current.parsed)  # type and range of every value, before writing
         # The same bytes for the events it accepts, without walking the schema per value (schemas/_direct.py).
-        self._direct = DirectWriter.compile(self._current.parsed, record_names=_RECORD_NAME, contract=PAYLOAD_FIELDS)
+        self._direct = DirectWriter.compile(self._current.parsed, record_names=_RECORD_NAME, contract=PAYLOAD_FIELDS,
+                                            repeated=("run_id", "tenant_id", "producer_id"))
         self._direct_by_type = self._direct.writers if self._direct is not None else {}
         self._max_event_bytes = max_event_bytes
         self._topic = topic

@@ -230,6 +230,15 @@ def test_the_timestamp_cache_follows_the_object() -> None:
         _assert_direct_or_declined(dataclasses.replace(base, occurred_at=at))
 
 
+def test_a_runs_remembered_identity_is_right_for_many_runs_and_after_it_starts_over() -> None:
+    base = _base(EventType.MESSAGE)
+    for i in range(5000):  # more distinct run ids than it remembers (2,048): it starts over, twice
+        event = dataclasses.replace(base, run_id=f"run-{i}-é", tenant_id=f"t{i % 7}", producer_id="agent#2")
+        assert _assert_direct_or_declined(event) is not None
+    remembered = WRITER.writers[EventType.MESSAGE].__globals__["REMEMBERED"]  # the generated code's namespace
+    assert 0 < len(remembered) <= 2048
+
+
 # -- framing, cap, first use, compile -------------------------------------------------------------------------
 
 class _FakeRegistry:
