@@ -282,6 +282,24 @@ def _function(symbol: str, envelope: _Envelope, payload: tuple[list[str], list[s
             + "".join(f"    {line}\n" for line in handlers))
 
 
+def _type_source(etype: EventType, record_name: str, envelopes: tuple[_Envelope, _Envelope],
+                 contract: Mapping[EventType, Mapping[str, tuple[type, bool]]], namespace: dict[str, Any]) -> str:
+    """Source of ``etype``'s two writers (fast, general), its constants put in ``namespace``; "" when its payload
+    record is missing or does not match the contract."""
+    fast, general = envelopes
+    symbol, names = etype.value, [b.get("name") for b in fast.branches]
+    if symbol not in fast.symbols or record_name not in names or etype not in contract:
+        return ""
+    record = fast.branches[names.index(record_name)]
+    payload, payload_any = (_payload_code(record, contract[etype], fast=f) for f in (True, False))
+    if payload is None or payload_any is None:
+        return ""
+    namespace[f"TYPE_{symbol}"] = zigzag_varint(fast.symbols.index(symbol))
+    namespace[f"BRANCH_{symbol}"] = zigzag_varint(names.index(record_name))
+    namespace[f"NAMES_{symbol}"] = frozenset(contract[etype])
+    return _function(symbol, fast, payload, fast=True) + "\n" + _function(symbol, general, payload_any, fast=False)
+
+
 class DirectWriter:
     """Writes events of the types it was compiled for (see the module docstring); thread-safe.
 
@@ -320,26 +338,12 @@ class DirectWriter:
         general = _envelope(parsed, fast=False, repeated=repeated)
         if envelope is None or general is None:
             return None
-        names = [b.get("name") for b in envelope.branches]
         namespace: dict[str, Any] = {
             "SMALL": _SMALL, "SMALL_N": _SMALL_N, "varint": zigzag_varint, "strings": _strings,
             "millis": _Millis(), "datetime": datetime, **_remembering(2048), "UTC": UTC, "JOIN": b"".join, "EMPTY": b"",
             "TRUE": b"\x01", "FALSE": b"\x00", "B0": _SMALL[0], "B1": _SMALL[1]}
-        sources: list[str] = []
-        for etype, record_name in record_names.items():
-            symbol = etype.value
-            if symbol not in envelope.symbols or record_name not in names or etype not in contract:
-                continue
-            record = envelope.branches[names.index(record_name)]
-            payload = _payload_code(record, contract[etype], fast=True)
-            payload_any = _payload_code(record, contract[etype], fast=False)
-            if payload is None or payload_any is None:
-                continue
-            namespace[f"TYPE_{symbol}"] = zigzag_varint(envelope.symbols.index(symbol))
-            namespace[f"BRANCH_{symbol}"] = zigzag_varint(names.index(record_name))
-            namespace[f"NAMES_{symbol}"] = frozenset(contract[etype])
-            sources += [_function(symbol, envelope, payload, fast=True), _function(symbol, general, payload_any,
-                                                                                    fast=False)]
+        sources = [source for etype, record_name in record_names.items()
+                   if (source := _type_source(etype, record_name, (envelope, general), contract, namespace))]
         if not sources:
             return None
         source = "\n".join(sources)
