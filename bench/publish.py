@@ -9,11 +9,16 @@ commits every ``max_txn_age_ms`` = 1 s), then ``flush()`` (commit). Anchors, on 
   of the same events (same sizes, keys, partitions), committing when the transaction is 1 s old
   and at the end — the same cadence; ``poll(0)`` and a delivery callback per record, as ours.
 * raw idempotent: the same without transactions (acks=all, idempotence), ``flush()`` at the end.
+* before/after of the generated envelope writer (``runjournal.schemas._direct``): ours again, right after ours,
+  with the codec's direct writers switched off for the round, so every event takes the checked path (record dict,
+  validation, fastavro) as before issue 20 — the same Journal, handles and broker. (Only the encoder: the cheaper
+  ids, clock, ``Event`` construction and publish path stay on.)
 
-Figure: events per second from the first emit to the final commit/flush returning.
+Figure: events per second from the first emit to the final commit/flush returning. Goal (issue 20): emit at
+≥ 0.25 of the raw transactional producer.
 
-The partition is ``confluent_kafka.murmur2`` (C); the pure-Python murmur2 it replaced (and the memo
-that hid its ~6 µs per event) survives only as the test oracle.
+The partition is ``confluent_kafka.murmur2`` (C), remembered per run by the Journal; the pure-Python murmur2 it
+replaced survives only as the test oracle.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from runjournal.schemas import Event, EventType, codec_from_settings, new_event_
 __all__ = ["PublishConfig", "run_publish"]
 
 PAIR = "1 publish"
+BEFORE = "emit, checked encoder"
 RUNS = 100
 _CONTENT = "Sure — I moved you to the 07:40 flight and kept seat 14C; the fare difference is covered. " * 2
 _CYCLE: list[tuple[EventType, dict[str, Any]]] = [
@@ -120,6 +126,16 @@ def _emit_round(journal: Journal, handles: list[RunHandle], events: int) -> floa
     return events / (time.perf_counter() - started)
 
 
+def _checked_encoder_round(journal: Journal, handles: list[RunHandle], events: int) -> float:
+    """One round of ours with every event written by the codec's checked path (the encoder's before)."""
+    codec = journal._codec
+    direct, codec._direct_by_type = codec._direct_by_type, {}
+    try:
+        return _emit_round(journal, handles, events)
+    finally:
+        codec._direct_by_type = direct
+
+
 def run_publish(env: BenchEnv, cfg: PublishConfig) -> list[Row]:
     """Run pair 1; returns its rows (see the module docstring)."""
     settings = env.pair_settings("publish")
@@ -130,6 +146,7 @@ def run_publish(env: BenchEnv, cfg: PublishConfig) -> list[Row]:
         idem = _Raw(journal, handles, cfg.events, transactional=False)
         commits_before = journal.stats["commits"]
         res = interleave(PAIR, [Side("runjournal emit", lambda: _emit_round(journal, handles, cfg.events)),
+                                Side(BEFORE, lambda: _checked_encoder_round(journal, handles, cfg.events)),
                                 Side("raw txn", txn.round), Side("raw idempotent", idem.round)],
                          rounds=cfg.rounds)
         ours_commits = journal.stats["commits"] - commits_before
@@ -137,7 +154,7 @@ def run_publish(env: BenchEnv, cfg: PublishConfig) -> list[Row]:
             f"{len(txn.records[1][1])} B); commits over all rounds: runjournal {ours_commits}, raw txn {txn.commits}")
     ours = summarise(res["runjournal emit"])
     rows = []
-    for label, goal in (("raw txn", "≥ 0.85"), ("raw idempotent", None)):
+    for label, goal in (("raw txn", "≥ 0.25"), ("raw idempotent", None)):
         anchor = summarise(res[label])
         ratio = ours.value / anchor.value
         rows.append(Row(PAIR, "events/s", "runjournal emit", ours,
@@ -148,4 +165,7 @@ def run_publish(env: BenchEnv, cfg: PublishConfig) -> list[Row]:
     rows.append(Row(PAIR, "events/s", "raw txn", summarise(res["raw txn"]), "raw idempotent acks=all",
                     summarise(res["raw idempotent"]), note="what transactions cost raw throughput",
                     ratio_rounds=paired_ratios(res["raw txn"], res["raw idempotent"])))
+    rows.append(Row(PAIR, "events/s", "runjournal emit", ours, "the same, checked encoder (before)",
+                    summarise(res[BEFORE]), note="the generated envelope writer: after / before",
+                    ratio_rounds=paired_ratios(res["runjournal emit"], res[BEFORE])))
     return rows

@@ -31,6 +31,7 @@ from runjournal.producers.errors import (
     ProducerFencedError,
     TopicNotFoundError,
 )
+from runjournal.producers.partitioner import partition_for
 
 if TYPE_CHECKING:
     from runjournal.producers._txn import TxnPublisher
@@ -54,6 +55,7 @@ class InstanceLife:
     _lapse_done: bool
     _fence_count: int
     _partition_error: PartitionCountChangedError | None
+    _partition_of: dict[str, int]
     _max_txn_age_s: float
     _outcome_linger_s: float
     _metadata_interval_s: float
@@ -89,6 +91,15 @@ class InstanceLife:
             self._txn.close(1.0)
             raise TopicNotFoundError(f"topic {self.topic} does not exist (run `runjournal topics create`)")
         return count
+
+    def _memoise_partition(self, run_id: str) -> int:
+        """``partition_for(run_id, self.partitions)``, remembered in ``_partition_of``: a pure function of the run
+        and the partition count, which is read once at start (a change stops publishing: ``_partition_error``).
+        At most 65,536 runs are kept (then it starts over)."""
+        if len(self._partition_of) >= 65_536:
+            self._partition_of.clear()
+        partition = self._partition_of[run_id] = partition_for(run_id, self.partitions)
+        return partition
 
     def _check_partition_count(self) -> None:
         try:

@@ -188,9 +188,11 @@ class TxnPublisher(FailureHandling):
                 self._joined.notify_all()
 
     def _produce_item(self, item: Item) -> int:
-        self._usable()
+        if self._closed or self._fenced_for_good or self._producer is None:  # checked under the lock
+            self._usable()  # raises (closed, fenced) or rebuilds the producer
         try:
-            self._ensure_txn()
+            if not self._txn_open:
+                self._ensure_txn()
             self._produce(item)
         except KafkaException as exc:
             if classify(exc) in (Severity.LOCAL, Severity.RETRIABLE):  # this record only (partition, size)
@@ -301,7 +303,8 @@ class TxnPublisher(FailureHandling):
             self._txn_opened_at = time.monotonic()
 
     def _produce(self, item: Item) -> None:
-        for attempt in range(self._queue_full_retries + 1):
+        attempt = 0
+        while True:
             try:
                 self._producer.produce(
                     item.topic or self._topic,
@@ -315,7 +318,8 @@ class TxnPublisher(FailureHandling):
             except BufferError:
                 if attempt == self._queue_full_retries:
                     break
-                self._serve(0.05 * (attempt + 1))
+                attempt += 1
+                self._serve(0.05 * attempt)
         raise QueueFullError(
             f"local produce queue full after {self._queue_full_retries} retries ({item.key})",
             retry_after_s=1.0,

@@ -227,6 +227,8 @@ class Journal(InstanceLife):
         )
         self.partitions = 0
         """The events topic's partition count, read at start."""
+        self._partition_of: dict[str, int] = {}
+        """run_id -> partition for ``self.partitions`` (``_memoise_partition``)."""
         self._stop = threading.Event()
         self._threads = [
             threading.Thread(target=self._heartbeat, name=f"journal-lease-{self.producer_id}", daemon=True),
@@ -423,20 +425,24 @@ class Journal(InstanceLife):
             )
         value = self._codec.encode(event, topic=self.topic)
         headers = [("traceparent", event.traceparent.encode("ascii"))] if event.traceparent else None
-        partition = partition_for(event.run_id, self.partitions)
-        item = Item(event.run_id, event.key, value, partition, headers, durable, on_lost, deferred=deferred,
-                    smaller=None if smaller is None else self._encoder_of(smaller))
-        started = time.perf_counter()
+        partition = self._partition_of.get(event.run_id)
+        if partition is None:
+            partition = self._memoise_partition(event.run_id)
+        item = Item(event.run_id, event.key, value, partition, headers, durable, on_lost, 0, None,  # positional:
+                    None if smaller is None else self._encoder_of(smaller), deferred)  # cheapest on this path
+        metered = self._metrics is not NO_METRICS  # without metrics, no clock reads and no no-op call per event
+        started = time.perf_counter() if metered else 0.0
         try:
             gen = self._txn.publish(item)
-            if durable and event.type is EventType.TOOL_CALL_INTENDED:
-                failpoints.hit("producers.call.before_intent_commit")  # produced, not yet acknowledged
             if durable:
+                if event.type is EventType.TOOL_CALL_INTENDED:
+                    failpoints.hit("producers.call.before_intent_commit")  # produced, not yet acknowledged
                 self._txn.commit_through(gen)
         except DeliveryError:
             self._check_partition_count()
             raise
-        self._metrics.published(self.producer_id, event, durable=durable, seconds=time.perf_counter() - started)
+        if metered:
+            self._metrics.published(self.producer_id, event, durable=durable, seconds=time.perf_counter() - started)
 
     def _encoder_of(self, make: Callable[[], Event | None]) -> Callable[[], bytes | None]:
         """``make``'s event encoded for this journal's topic (None when ``make`` has none)."""

@@ -28,7 +28,9 @@ from fastavro.validation import ValidationError, validate
 
 from runjournal.core.errors import ConfigError
 from runjournal.schemas._avro_body import read_body
+from runjournal.schemas._direct import DirectWriter
 from runjournal.schemas._open_union import writer_symbol_by_branch
+from runjournal.schemas._record import payload_body
 from runjournal.schemas._validate import RecordValidator
 from runjournal.schemas._writers import WriterSchemas
 from runjournal.schemas.errors import (
@@ -62,11 +64,6 @@ _UNKNOWN = EventType.UNKNOWN.value
 _TYPE_BY_SYMBOL: dict[str, EventType] = {t.value: t for t in EventType if t is not EventType.UNKNOWN}
 _RECORD_NAME: dict[EventType, str] = {t: payload_record_name(t.value) for t in _TYPE_BY_SYMBOL.values()}
 _SYMBOL_BY_RECORD: dict[str, str] = {name: t.value for t, name in _RECORD_NAME.items()}
-_FIELDS: dict[EventType, tuple[tuple[str, type, bool], ...]] = {
-    t: tuple((name, py, required) for name, (py, required) in fields.items())
-    for t, fields in PAYLOAD_FIELDS.items()
-}
-_FIELD_NAMES: dict[EventType, frozenset[str]] = {t: frozenset(f) for t, f in PAYLOAD_FIELDS.items()}
 _BAD_RECORD = (TypeError, ValueError, AttributeError, OverflowError, KeyError)
 
 
@@ -112,6 +109,10 @@ class EventCodec:
         versions = load_versions()
         self._current: SchemaVersion = versions[-1]
         self._validate = RecordValidator(self._current.parsed)  # type and range of every value, before writing
+        # The same bytes for the events it accepts, without walking the schema per value (schemas/_direct.py).
+        self._direct = DirectWriter.compile(self._current.parsed, record_names=_RECORD_NAME, contract=PAYLOAD_FIELDS,
+                                            repeated=("run_id", "tenant_id", "producer_id"))
+        self._direct_by_type = self._direct.writers if self._direct is not None else {}
         self._max_event_bytes = max_event_bytes
         self._topic = topic
         self._catalog = catalog
@@ -156,6 +157,9 @@ class EventCodec:
 
         The first call (per registry subject) publishes the writer schema to the schemas topic and
         waits for the broker's ack, so no reader ever meets an event whose schema it cannot find.
+        After that, an event the generated writer accepts (``runjournal.schemas._direct``: exact types, values in
+        range, ``occurred_at`` in UTC) is written by it — the same bytes — and any other goes through the checked
+        path (record dict, validation, fastavro), which raises the errors below.
 
         Args:
             event: the event; ``occurred_at`` is written as UTC milliseconds (sub-ms truncated).
@@ -172,20 +176,30 @@ class EventCodec:
             UnregisteredSchemaError: registry framing: the schema is not registered under the subject.
             RegistryError: the registry or the schemas topic is unavailable; nothing was encoded.
         """
-        record = self._to_record(event)
-        self._validate(record)
-        buf = BytesIO()
-        buf.write(self._header(topic or self._topic))
-        try:
-            schemaless_writer(buf, self._current.parsed, record)
-        except _BAD_RECORD as exc:
-            raise self._invalid(record, exc) from exc
-        data = buf.getvalue()
+        topic = topic or self._topic
+        header = self._headers.get(topic if self._registry is not None else "")  # None before the first event
+        etype, data = event.type, None
+        if header is not None and etype.__class__ is EventType and (write := self._direct_by_type.get(etype)):
+            data = write(event, header)
+        if data is None:
+            data = self._encode_checked(event, topic)
         if len(data) > self._max_event_bytes:
             raise EventTooLargeError(
                 size_bytes=len(data), limit_bytes=self._max_event_bytes, event_id=event.event_id
             )
         return data
+
+    def _encode_checked(self, event: Event, topic: str) -> bytes:
+        """The checked path: record dict, :class:`RecordValidator`, then fastavro (raises as :meth:`encode`)."""
+        record = self._to_record(event)
+        self._validate(record)
+        buf = BytesIO()
+        buf.write(self._header(topic))
+        try:
+            schemaless_writer(buf, self._current.parsed, record)
+        except _BAD_RECORD as exc:
+            raise self._invalid(record, exc) from exc
+        return buf.getvalue()
 
     def _header(self, topic: str) -> bytes:
         """The framing header for ``topic``'s events; announces the writer schema on first use."""
@@ -275,7 +289,7 @@ class EventCodec:
             "occurred_at": at,
             "node_id": event.node_id,
             "traceparent": event.traceparent,
-            "payload": (_RECORD_NAME[etype], _payload_body(etype, event.payload)),
+            "payload": (_RECORD_NAME[etype], payload_body(etype, event.payload)),
         }
 
     def _to_event(self, record: dict[str, Any], version: SchemaVersion, where: dict[str, Any]) -> Event:
@@ -341,37 +355,6 @@ class EventCodec:
         except ValidationError as verr:
             return InvalidEventError(f"event {record['event_id']} does not fit {self._current.label}: {verr}")
         return InvalidEventError(f"event {record['event_id']} does not fit {self._current.label}: {exc!r}")
-
-
-def _payload_body(etype: EventType, payload: dict[str, Any]) -> dict[str, Any]:
-    """``payload`` checked against PAYLOAD_FIELDS and completed with None for absent optional fields."""
-    unknown = payload.keys() - _FIELD_NAMES[etype]
-    if unknown:
-        name = sorted(unknown)[0]
-        raise InvalidEventError(f"{etype} has no payload field {name!r}", field=f"payload.{name}")
-    body: dict[str, Any] = {}
-    for name, py, required in _FIELDS[etype]:
-        value = payload.get(name)
-        if value is None:
-            if required:
-                raise InvalidEventError(f"{etype} payload needs {name!r}", field=f"payload.{name}")
-        elif not _fits(value, py):
-            raise InvalidEventError(
-                f"{etype} payload {name!r} must be {py.__name__}, got {type(value).__name__}",
-                field=f"payload.{name}",
-            )
-        body[name] = value
-    return body
-
-
-def _fits(value: Any, py: type) -> bool:
-    if py is bool:
-        return type(value) is bool
-    if py is int:
-        return isinstance(value, int) and type(value) is not bool
-    if py is list:
-        return isinstance(value, list) and all(isinstance(item, str) for item in value)
-    return isinstance(value, py)
 
 
 def codec_from_settings(settings: Settings, *, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> EventCodec:

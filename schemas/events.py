@@ -2,7 +2,7 @@
 
 Every service works on :class:`Event` (the *current* shape, after upcasting). The Avro
 schemas under ``schemas/avro/`` are the wire form of the same thing; ``runjournal.schemas.codec``
-converts between the two. Nothing here does I/O.
+converts between the two. Nothing here does I/O (bar reading ``os.urandom`` for event ids).
 
 Rules (``DESIGN.md`` § Events):
 
@@ -14,9 +14,12 @@ Rules (``DESIGN.md`` § Events):
 
 from __future__ import annotations
 
-import uuid
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+import itertools
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field, fields
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -159,20 +162,94 @@ class NaiveDatetimeError(SchemaError, ValueError):
     """
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_now: tuple[int, datetime] = (0, _EPOCH)
+"""The last millisecond :func:`utcnow` saw and its datetime (swapped as one tuple: safe across threads)."""
+
+
 def utcnow() -> datetime:
-    """Now, timezone-aware UTC, truncated to milliseconds (Avro timestamp-millis)."""
-    now = datetime.now(UTC)
-    return now.replace(microsecond=now.microsecond // 1000 * 1000)
+    """Now, timezone-aware UTC (``tzinfo`` is ``datetime.UTC``), truncated to milliseconds (Avro timestamp-millis).
+
+    Read from ``time.time_ns()`` (the clock ``datetime.now`` reads). Calls within one millisecond return the same
+    datetime object (immutable): ~0.1 µs instead of ~1.4 µs for ``datetime.now(UTC)`` and truncation, and the
+    codec writes a timestamp it has just written from its cache.
+    """
+    global _now
+    ms = time.time_ns() // 1_000_000
+    last = _now
+    if last[0] == ms:
+        return last[1]
+    at = _EPOCH + timedelta(milliseconds=ms)
+    _now = (ms, at)
+    return at
+
+
+_IDS_PER_DRAW = 256
+_ID_TEXT = b"00000000-0000-4000-8000-000000000000,"  # a canonical uuid4 and a separator, per id
+_ID_HEX_AT = tuple(i for i, c in enumerate(_ID_TEXT[:36]) if c != ord("-") and i != 14)  # 31: all but the version
+_ID_VARIANT_AT = 19
+_VARIANT = bytes.maketrans(b"0123456789abcdef", b"89ab89ab89ab89ab")  # a random hex digit's low 2 bits -> 10xx
+_EXHAUSTED: tuple[list[str], Iterator[int]] = ([], itertools.count(_IDS_PER_DRAW))
+
+
+def _draw_ids() -> tuple[list[str], Iterator[int]]:
+    """256 fresh uuid4 texts from one ``os.urandom`` read, and a counter handing out their indexes.
+
+    Every id gets 31 random hex digits at the 31 positions of the text other than the version digit ``4``
+    (bytewise column assignment, no per-id Python work); the one at the variant position is mapped to 8/9/a/b.
+    That is 30 x 4 + 2 = 122 random bits, the bits a uuid4 has.
+    """
+    hexed = os.urandom(16 * _IDS_PER_DRAW).hex().encode("ascii")
+    text = bytearray(_ID_TEXT * _IDS_PER_DRAW)
+    stride = len(_ID_TEXT)
+    for digit, at in enumerate(_ID_HEX_AT):
+        column = hexed[digit::32]
+        text[at::stride] = column.translate(_VARIANT) if at == _ID_VARIANT_AT else column
+    return text[:-1].decode("ascii").split(","), itertools.count()
+
+
+_ids = _EXHAUSTED
+"""The current draw: ``(ids, counter)``. ``next(counter)`` is atomic, so no index is handed out twice, from any
+thread; a thread finding the draw used up installs a new one (a race only discards unused ids)."""
+
+
+def _forget_ids() -> None:
+    global _ids
+    _ids = _EXHAUSTED  # a forked child must never hand out the ids its parent still holds
+
+
+os.register_at_fork(after_in_child=_forget_ids)
 
 
 def new_event_id() -> str:
-    """A fresh event id: a uuid4 in canonical text form (36 chars)."""
-    return str(uuid.uuid4())
+    """A fresh event id: a uuid4 in canonical text form (36 chars, lower-case hex, version 4, RFC 4122 variant).
+
+    From ``os.urandom`` (the source ``uuid.uuid4`` reads), 256 ids per read: ~0.3 µs instead of ~3 µs for
+    ``str(uuid.uuid4())``. A forked child starts a draw of its own.
+    """
+    global _ids
+    while True:
+        ids, taken = _ids
+        index = next(taken)
+        if index < _IDS_PER_DRAW:
+            return ids[index]
+        _ids = _draw_ids()
 
 
-@dataclass(frozen=True, slots=True)
+_NO_PAYLOAD: Any = object()  # "payload not given" (an explicit None is kept, as a default_factory field keeps it)
+
+
+@dataclass(frozen=True, slots=True, init=False)
 class Event:
-    """One immutable journal fact, in the current schema's shape."""
+    """One immutable journal fact, in the current schema's shape.
+
+    Construct it by keyword or position (the fields' order); ``payload`` defaults to a new empty dict,
+    ``node_id`` and ``traceparent`` to None; a ``type`` given as its symbol text becomes the EventType.
+
+    Raises:
+        NaiveDatetimeError: ``occurred_at`` has no timezone.
+        ValueError: ``type`` is no EventType symbol.
+    """
 
     event_id: str
     """uuid4 text; fixed before the first send attempt (a retry is the same event)."""
@@ -198,16 +275,45 @@ class Event:
     traceparent: str | None = None
     """W3C trace context of the writer, when one was active (envelope v2+)."""
 
-    def __post_init__(self) -> None:
-        if self.occurred_at.tzinfo is None or self.occurred_at.utcoffset() is None:
+    def __init__(
+        self,
+        event_id: str,
+        run_id: str,
+        tenant_id: str,
+        seq: int,
+        epoch: int,
+        producer_id: str,
+        type: EventType,
+        occurred_at: datetime,
+        payload: dict[str, Any] = _NO_PAYLOAD,
+        node_id: str | None = None,
+        traceparent: str | None = None,
+    ) -> None:
+        # What the generated frozen __init__ + __post_init__ did, at ~half the cost (every event is built on the
+        # publish path and again on every decode): the slots are set through their descriptors directly, as
+        # object.__setattr__ would after looking them up.
+        zone = occurred_at.tzinfo
+        if zone is not UTC and (zone is None or occurred_at.utcoffset() is None):
             raise NaiveDatetimeError(
-                f"occurred_at must be timezone-aware (got naive {self.occurred_at!r}) "
-                f"for event {self.event_id}"
+                f"occurred_at must be timezone-aware (got naive {occurred_at!r}) for event {event_id}"
             )
-        if not isinstance(self.type, EventType):
-            object.__setattr__(self, "type", EventType(self.type))
+        _set_event_id(self, event_id)
+        _set_run_id(self, run_id)
+        _set_tenant_id(self, tenant_id)
+        _set_seq(self, seq)
+        _set_epoch(self, epoch)
+        _set_producer_id(self, producer_id)
+        _set_type(self, type if type.__class__ is EventType else EventType(type))
+        _set_occurred_at(self, occurred_at)
+        _set_payload(self, {} if payload is _NO_PAYLOAD else payload)
+        _set_node_id(self, node_id)
+        _set_traceparent(self, traceparent)
 
     @property
     def key(self) -> str:
         """The Kafka record key: ``{run_id}:{epoch}:{seq}`` (unique per event; DESIGN.md § Topic layout)."""
         return f"{self.run_id}:{self.epoch}:{self.seq}"
+
+
+(_set_event_id, _set_run_id, _set_tenant_id, _set_seq, _set_epoch, _set_producer_id, _set_type, _set_occurred_at,
+ _set_payload, _set_node_id, _set_traceparent) = (Event.__dict__[f.name].__set__ for f in fields(Event))
