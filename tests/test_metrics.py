@@ -181,9 +181,12 @@ def test_every_service_exports_base_units_with_the_process_collector_promtool_cl
                 run.call(Echo(), {"x": 1})
             run.succeed({"ok": True})
         texts = {
-            "projector": _scrape(services["projector"], until=lambda t: total(
-                t, "runjournal_projector_events_total") >= 3 * len(run_events("m-0")) + 1),
-            "memory": _scrape(services["memory"], until=lambda t: total(t, "runjournal_memory_events_total") > 0),
+            "projector": _scrape(services["projector"], until=lambda t: total(  # counted once a write is applied
+                t, "runjournal_projector_events_total") >= 3 * len(run_events("m-0")) + 1
+                and total(t, "runjournal_projector_call_outcomes_total", outcome="committed") >= 6
+                and total(t, "runjournal_projector_stale_epoch_rejected_total") >= 1),
+            "memory": _scrape(services["memory"], until=lambda t: total(t, "runjournal_memory_events_total") > 0
+                              and total(t, "runjournal_memory_dead_letters_total") >= 1),  # what is asserted below
             "recovery": _scrape(services["recovery"], until=lambda t: total(
                 t, "runjournal_recovery_passes_total", result="ok") >= 1),
             "console": _scrape(services["console"]),

@@ -25,7 +25,8 @@ from tests.support.agent_child import script
 def chatter(producer_id: str, state_dir: Path) -> int:
     with Journal(Settings.load(), producer_id=producer_id, lease_ttl_ms=1000) as journal:
         run = journal.start_run("tenant-a", "chatter", {})
-        (state_dir / "ready").write_text(journal.producer_id)
+        (state_dir / "ready.tmp").write_text(journal.producer_id)
+        (state_dir / "ready.tmp").rename(state_dir / "ready")  # atomic: the parent never reads it half written
         while True:
             try:
                 run.message("assistant", "still here")
