@@ -175,8 +175,10 @@ class CallMixin(OutcomeMixin):
         ``outcome_commit`` is ``group`` and the tool can ``reconcile()`` — so a crash before that commit leaves
         an OUTCOME_UNKNOWN that the next owner settles by key, never one only a human can settle. A FAILED or
         RECONCILED outcome is always committed before ``call`` returns: a deferred definite failure could be
-        reconciled as "executed with error" and run again, which the strict mode would not do."""
-        return self.journal.outcome_commit == "group" and callable(getattr(tool, "reconcile", None))
+        reconciled as "executed with error" and run again, which the strict mode would not do. A tool whose
+        ``reconcile`` may answer None ("cannot tell") opts out with ``outcome_commit = "strict"``."""
+        return (self.journal.outcome_commit == "group" and callable(getattr(tool, "reconcile", None))
+                and getattr(tool, "outcome_commit", None) != "strict")  # a tool may opt out (producers/tools.py)
 
     def _call_index(self, node_path: str, tool: str, args_digest: str) -> tuple[int, bool]:
         """(index, is_retry): the open call's index when this is its next attempt, else the next index."""

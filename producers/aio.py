@@ -6,7 +6,8 @@ sync code in one of them and the event loop awaits its future. ``call`` and ``aw
 machines (``runjournal.producers._steps``): their steps run in the producer threads, their effects on the loop —
 a coroutine tool (``async def acall(args, key)`` or an ``async def __call__``) is awaited there, a sync tool runs
 in the loop's default executor, never on the loop itself. So the loop never blocks on Kafka or Redis, and the
-guarantees are the sync API's own: intent acknowledged before the tool, outcome after it, the same keys.
+guarantees are the sync API's own: intent acknowledged before the tool, outcome after it (by the next commit in
+group commit), the same keys.
 
 Why threads and not ``confluent_kafka.aio.AIOProducer``: measured (``bench/README.md``, pair 7). ``AIOProducer``
 wraps the same sync producer in a thread pool, drops ``headers`` (traceparent) and ``on_delivery`` (the

@@ -170,77 +170,82 @@ class Journal(InstanceLife):
             redis_client = redis_clients.client(settings)
         self.settings = settings
         prefix = redis_prefix or settings.topic_prefix
+        # Arguments checked before the lease: a Journal that fails to start must leave no live-looking instance
+        # behind (recovery would hand runs to it until its lease expired).
+        mode = settings.outcome_commit if outcome_commit is None else outcome_commit
+        if mode not in ("group", "strict"):
+            raise ValueError(f"outcome_commit must be 'group' or 'strict', got {mode!r}")
+        if outcome_linger_ms <= 0:
+            raise ValueError(f"outcome_linger_ms must be > 0, got {outcome_linger_ms}")
         # Lease first: a new incarnation's own instance id (init_transactions() with the transactional id of
         # a live instance would fence it), heartbeating at once (a cold broker's first init can outlast a TTL).
         self._lease = InstanceLease(redis_client, prefix, producer_id or default_producer_id(), lease_ttl_ms)
         self.producer_id = self._lease.acquire(lambda instance: transactional_id(settings, instance))
         """This incarnation's instance id (``name`` or ``name#n``): events, transactional id, lease, owned set."""
-        self.name = self._lease.name
-        """The producer_id this Journal was given."""
-        self.incarnation = self._lease.incarnation
-        """1 for the first Journal under ``name``, n for the n-th."""
-        self.transactional_id = transactional_id(settings, self.producer_id)
-        self.topic = settings.events_topic
-        self.inline_result_bytes = inline_result_bytes
-        self.outcome_retries = outcome_retries
-        mode = outcome_commit or settings.outcome_commit
-        if mode not in ("group", "strict"):
-            raise ValueError(f"outcome_commit must be 'group' or 'strict', got {mode!r}")
-        if outcome_linger_ms <= 0:
-            raise ValueError(f"outcome_linger_ms must be > 0, got {outcome_linger_ms}")
-        self.outcome_commit: OutcomeCommit = mode
-        """``group`` or ``strict``: how a reconcilable tool's outcome is acknowledged (see the class docstring)."""
-        self._outcome_linger_s = outcome_linger_ms / 1000
-        self._codec = codec
-        self.plans = PlanStore(redis_client, prefix)
-        self.results = ResultStore(redis_client, prefix)
-        self._max_txn_age_s = max_txn_age_ms / 1000
-        self._metadata_interval_s = metadata_check_interval_s
-        self._fence_count = 0
-        self._lapse_lock = threading.Lock()
-        self._lapse_done = False
-        self._partition_error: PartitionCountChangedError | None = None
-        self._closed = False
-        self._metrics = metrics or NO_METRICS
-        config = kafka.client_config(settings, "producer", client_id=self.producer_id, **{
-            "transactional.id": self.transactional_id,
-            "enable.idempotence": True,
-            "acks": "all",
-            "compression.type": compression,
-            "linger.ms": linger_ms,
-            "allow.auto.create.topics": False,  # a metadata request must never create the journal topic
-            # A dead instance nobody fenced must not hold the partitions' last stable offset for long:
-            # the coordinator aborts its open transaction after this (live ones commit every max_txn_age_ms).
-            "transaction.timeout.ms": max(15_000, 10 * max_txn_age_ms),
-            **(producer_config or {}),
-        })
-        self._txn = TxnPublisher(
-            config,
-            self.topic,
-            commit_timeout_s=commit_timeout_s,
-            commit_retries=2,
-            queue_full_retries=queue_full_retries,
-            on_fenced=self._fenced,
-            still_leased=self._lease.still_ours,
-            settle_ms=txn_settle_ms,
-            on_acked=on_acked,
-        )
-        self.partitions = 0
-        """The events topic's partition count, read at start."""
-        self._partition_of: dict[str, int] = {}
-        """run_id -> partition for ``self.partitions`` (``_memoise_partition``)."""
-        self._stop = threading.Event()
-        self._threads = [
-            threading.Thread(target=self._heartbeat, name=f"journal-lease-{self.producer_id}", daemon=True),
-            threading.Thread(target=self._keep, name=f"journal-keeper-{self.producer_id}", daemon=True),
-        ]
-        self._threads[0].start()
-        try:
-            self._txn.start()
-            self.partitions = self._read_partition_count()
+        try:  # nothing below may leave a live-looking instance behind: the lease goes with any failure
+            self.name = self._lease.name
+            """The producer_id this Journal was given."""
+            self.incarnation = self._lease.incarnation
+            """1 for the first Journal under ``name``, n for the n-th."""
+            self.transactional_id = transactional_id(settings, self.producer_id)
+            self.topic = settings.events_topic
+            self.inline_result_bytes = inline_result_bytes
+            self.outcome_retries = outcome_retries
+            self.outcome_commit: OutcomeCommit = mode
+            """``group`` or ``strict``: how a reconcilable tool's outcome is acknowledged (see the class docstring)."""
+            self._outcome_linger_s = outcome_linger_ms / 1000
+            self._codec = codec
+            self.plans = PlanStore(redis_client, prefix)
+            self.results = ResultStore(redis_client, prefix)
+            self._max_txn_age_s = max_txn_age_ms / 1000
+            self._metadata_interval_s = metadata_check_interval_s
+            self._fence_count = 0
+            self._lapse_lock = threading.Lock()
+            self._lapse_done = False
+            self._partition_error: PartitionCountChangedError | None = None
+            self._closed = False
+            self._metrics = metrics or NO_METRICS
+            config = kafka.client_config(settings, "producer", client_id=self.producer_id, **{
+                "transactional.id": self.transactional_id,
+                "enable.idempotence": True,
+                "acks": "all",
+                "compression.type": compression,
+                "linger.ms": linger_ms,
+                "allow.auto.create.topics": False,  # a metadata request must never create the journal topic
+                # A dead instance nobody fenced must not hold the partitions' last stable offset for long:
+                # the coordinator aborts its open transaction after this (live ones commit every max_txn_age_ms).
+                "transaction.timeout.ms": max(15_000, 10 * max_txn_age_ms),
+                **(producer_config or {}),
+            })
+            self._txn = TxnPublisher(
+                config,
+                self.topic,
+                commit_timeout_s=commit_timeout_s,
+                commit_retries=2,
+                queue_full_retries=queue_full_retries,
+                on_fenced=self._fenced,
+                still_leased=self._lease.still_ours,
+                settle_ms=txn_settle_ms,
+                on_acked=on_acked,
+            )
+            self.partitions = 0
+            """The events topic's partition count, read at start."""
+            self._partition_of: dict[str, int] = {}
+            """run_id -> partition for ``self.partitions`` (``_memoise_partition``)."""
+            self._stop = threading.Event()
+            self._threads = [
+                threading.Thread(target=self._heartbeat, name=f"journal-lease-{self.producer_id}", daemon=True),
+                threading.Thread(target=self._keep, name=f"journal-keeper-{self.producer_id}", daemon=True),
+            ]
+            self._threads[0].start()
+            try:
+                self._txn.start()
+                self.partitions = self._read_partition_count()
+            except BaseException:
+                self._stop.set()
+                self._threads[0].join()
+                raise
         except BaseException:
-            self._stop.set()
-            self._threads[0].join()
             self._lease.release()
             raise
         self._threads[1].start()

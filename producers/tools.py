@@ -52,6 +52,12 @@ class Tool(Protocol):
             Recorded in TOOL_CALL_INTENDED; the recovery job reconciles an unknown outcome only after
             the instance's lease expired *and* this much time passed (DESIGN.md § Zombies, step 3).
             ``call`` does not enforce it.
+
+    Optional attribute ``outcome_commit = "strict"``: commit this tool's outcome before ``call`` returns even when
+    the journal group-commits outcomes (``Journal(outcome_commit="group")``, the default). Group commit relies on
+    ``reconcile`` answering for every key it was called with; set it when the provider may answer None ("cannot
+    tell"): a crash in the group window would then leave an unknown that needs a human, where strict leaves
+    COMMITTED.
     """
 
     name: str

@@ -117,3 +117,74 @@ def test_demo_keep_leaves_its_data_and_every_option_runs(service_env: dict[str, 
     assert sorted(names) == sorted(settings.all_topics) and keys > 0 and "cleanup" not in summary
     remove_demo(settings, Path(summary["workdir"]))
     assert leftovers(service_env, prefix) == ([], 0)
+
+
+def test_a_locked_qdrant_directory_is_named_before_anything_is_created(service_env: dict[str, str],
+                                                                         settings: object) -> None:
+    """Another process holds the embedded Qdrant directory: the demo says so within seconds, naming the fix, and
+    creates nothing (it used to run its whole fleet and fail at the end, leaving its data behind)."""
+    from qdrant_client import QdrantClient
+
+    from runjournal.core import kafka
+    from runjournal.core.settings import Settings
+
+    assert isinstance(settings, Settings)
+    admin = kafka.admin_client(settings)
+    before = {t for t in admin.list_topics(timeout=10).topics if t.startswith("demo-")}
+    holder = QdrantClient(path=str(settings.effective_qdrant_path))
+    try:
+        proc = subprocess.run([sys.executable, "-m", "runjournal", "demo", "--runs", "2", "--agents", "1", "--json"],
+                              env=service_env, capture_output=True, text=True, timeout=120, check=False)
+    finally:
+        holder.close()
+    assert proc.returncode == 1 and proc.stdout == "", proc.stdout[-2000:]
+    error = json.loads(proc.stderr.strip().splitlines()[-1])
+    assert error["error"] == "StoreLockedError" and "--no-memory" in error["message"], error
+    assert {t for t in admin.list_topics(timeout=10).topics if t.startswith("demo-")} == before
+
+
+def test_a_demo_that_fails_part_way_removes_what_it_created(service_env: dict[str, str], settings: object,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failure once the demo has created its topics and started its processes (here: the memory service
+    refuses to start): without --keep its topics and Redis keys go, and the processes it started are stopped."""
+    from runjournal.core.settings import Settings
+    from runjournal.demo import run as demo_run
+    from runjournal.demo.run import DemoOptions
+
+    assert isinstance(settings, Settings)
+    for key, value in service_env.items():
+        monkeypatch.setenv(key, value)
+    seen: dict[str, str] = {}
+
+    def refuse(fleet: object, settings: Settings) -> bool:
+        seen["prefix"] = settings.topic_prefix
+        raise RuntimeError("injected: the memory service cannot start")
+
+    monkeypatch.setattr(demo_run.services, "start_memory", refuse)
+    children = _live_descendants()
+    with pytest.raises(RuntimeError, match="injected"):
+        demo_run.run_demo(DemoOptions(generated_runs=2, agents=1))
+    assert leftovers(service_env, seen["prefix"]) == ([], 0), "the failed demo left its topics or keys"
+    left = _live_descendants() - children
+    assert left == set(), f"processes the failed demo started are still running: {left}"
+
+
+def _live_descendants() -> set[tuple[int, str]]:
+    """(pid, command) of this process's descendants that are not zombies (from /proc)."""
+    parent: dict[int, int] = {}
+    names: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = open(f"/proc/{entry}/stat").read()  # noqa: SIM115,PTH123
+        except OSError:
+            continue
+        rest = stat[stat.rindex(")") + 2:].split()
+        if rest[0] != "Z":
+            parent[int(entry)], names[int(entry)] = int(rest[1]), stat[stat.index("(") + 1:stat.rindex(")")]
+    out, frontier = set(), {os.getpid()}
+    while frontier:
+        frontier = {pid for pid, ppid in parent.items() if ppid in frontier}
+        out |= {(pid, names[pid]) for pid in frontier}
+    return out

@@ -133,14 +133,22 @@ def test_the_keeper_commits_a_lingering_outcome(topics: Settings, ledger: Ledger
         assert EventType.TOOL_CALL_COMMITTED in committed_types(topics, run.run_id)
 
 
-@pytest.mark.parametrize("case", ["no reconcile", "strict"])
+class MayNotTell(LedgerTool):
+    """A reconcilable tool whose provider may answer "cannot tell": it opts out of group commit."""
+
+    outcome_commit = "strict"
+
+
+@pytest.mark.parametrize("case", ["no reconcile", "strict", "tool opts out"])
 def test_other_outcomes_are_committed_before_call_returns(topics: Settings, ledger: Ledger, case: str) -> None:
-    """A tool without reconcile() in group mode (a crash would leave an unknown only a human can settle), and any
-    tool in strict mode: acknowledged when ``call`` returns, with nothing else committing it."""
+    """A tool without reconcile() in group mode (a crash would leave an unknown only a human can settle), a tool that
+    opts out (``outcome_commit = "strict"``: its reconcile may answer None), and any tool in strict mode: acknowledged when ``call`` returns, with nothing else committing it."""
     mode = "strict" if case == "strict" else "group"
     tool: Any = Reconcilable(ledger, result={"ok": 1})
     if case == "no reconcile":
         tool = Unreconcilable(tool)
+    elif case == "tool opts out":
+        tool = MayNotTell(ledger, result={"ok": 1})
     with _journal(topics, max_txn_age_ms=NEVER_MS, outcome_linger_ms=NEVER_MS, outcome_commit=mode) as journal:
         run = journal.start_run("t", "a", {})
         run.call(tool, {"x": 1})
@@ -190,8 +198,21 @@ def test_the_mode_comes_from_the_environment(topics: Settings, monkeypatch: pyte
     monkeypatch.setenv("RUNJOURNAL_OUTCOME_COMMIT", "sometimes")
     with pytest.raises(ConfigError, match="RUNJOURNAL_OUTCOME_COMMIT"):
         Settings.load()
-    with pytest.raises(ValueError, match="outcome_commit"):
-        Journal(topics, outcome_commit="sometimes")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("bad", [{"outcome_commit": "sometimes"}, {"outcome_commit": ""},
+                                 {"outcome_linger_ms": 0}, {"producer_config": {"linger.ms": "never"}}])
+def test_a_journal_that_fails_to_start_leaves_no_live_looking_instance(topics: Settings,
+                                                                       bad: dict[str, Any]) -> None:
+    """Refused arguments (checked before the lease) or a failure after the lease was taken: no lease is left
+    behind — recovery would otherwise hand dead instances' runs to an instance that does not exist."""
+    from runjournal.core.redis_keys import RedisKeys
+
+    name = f"gc-bad-{uuid.uuid4().hex[:6]}"
+    with pytest.raises(Exception):  # noqa: B017,PT011 - ValueError for the arguments, a Kafka error for the config
+        Journal(topics, producer_id=name, **bad)
+    r = redis.Redis.from_url(topics.redis_url)
+    assert not r.exists(RedisKeys(topics.topic_prefix).lease(name)), "a failed Journal left its lease behind"
 
 
 def test_concurrent_durable_publishes_share_commits(topics: Settings) -> None:

@@ -53,11 +53,16 @@ class JournaledTool:
             key; None when it cannot tell. Without it an unknown outcome raises ``OutcomeUnknownError``
             (ask a human through the approval inbox).
         key_param: the parameter name that receives the key (default ``idempotency_key``).
+        outcome_commit: ``"strict"`` to have this tool's outcome committed before ``call`` returns even when the
+            journal group-commits (a ``reconcile`` that may answer None); None: the journal's mode.
     """
 
     def __init__(self, fn: Callable[..., Any], *, name: str | None = None, side_effect: bool = True,
                  timeout_ms: int = 30_000, reconcile: Reconciler | None = None,
-                 key_param: str = "idempotency_key") -> None:
+                 key_param: str = "idempotency_key", outcome_commit: str | None = None) -> None:
+        if outcome_commit not in (None, "strict"):
+            raise ValueError(f"outcome_commit is 'strict' or None (the journal's mode), got {outcome_commit!r}")
+        self.outcome_commit = outcome_commit
         self.fn = fn
         self.name = name or getattr(fn, "__name__", type(fn).__name__)
         self.side_effect = side_effect

@@ -24,6 +24,7 @@ cannot take (``broker`` on one node, ``registry`` without one) is refused before
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import random
 import subprocess
@@ -148,6 +149,9 @@ def run_demo(opts: DemoOptions, *, progress: Any = None,
     Raises:
         StackUnavailableError: no broker or no Redis answers (within 5 s; the message says ``runjournal stack up``).
         FaultSpecError: ``--faults`` names an unknown kind or one this stack cannot take.
+        StoreLockedError: another process holds the embedded Qdrant directory (memory on); nothing was created.
+        Anything that fails once it has started: without ``keep`` its topics, keys and work folder are removed
+        first, and every process it started is stopped.
     """
     started, started_wall = time.monotonic(), time.time()
     rng = random.Random(opts.seed)
@@ -156,13 +160,61 @@ def run_demo(opts: DemoOptions, *, progress: Any = None,
     prefix = f"demo-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}-{opts.seed}"
     settings = base.model_copy(update={"topic_prefix": prefix, "partitions": opts.partitions,  # 1
                                        "outcome_commit": opts.outcome_commit or base.outcome_commit})
+    if opts.memory:
+        _check_qdrant(settings)
     plan, skipped, stack = plan_faults(opts, settings)
     if on_plan:
         on_plan(plan, skipped)
+    workdir = settings.stack_dir / "demo" / prefix
+    try:
+        return _run(opts, settings, (plan, skipped, stack), rng, (started, started_wall), progress, workdir)
+    except BaseException:
+        if not opts.keep:  # what it created goes with a failure too (README: unless --keep)
+            _remove_after_failure(settings, workdir)
+        raise
+
+
+def _check_qdrant(settings: Settings) -> None:
+    """Before anything is created: the embedded Qdrant directory must be free for the demo's memory extractor.
+
+    Raises:
+        StoreLockedError: another process holds it (a ``runjournal memory-extractor`` of your own?) — the demo
+            would run its whole fleet and fail at the end.
+    """
+    if settings.qdrant_url or importlib.util.find_spec("qdrant_client") is None:
+        return
+    from runjournal.consumers.memory._qdrant import open_client
+    from runjournal.consumers.memory.errors import StoreLockedError
+
+    try:
+        client, _ = open_client(settings, wait_s=0)
+    except StoreLockedError as exc:
+        raise StoreLockedError(
+            f"the embedded Qdrant directory {settings.effective_qdrant_path} is held by another process (a running "
+            "`runjournal memory-extractor`?): stop it, run the demo with --no-memory, or point it elsewhere with "
+            "RUNJOURNAL_QDRANT_PATH / RUNJOURNAL_QDRANT_URL") from exc
+    client.close()
+
+
+def _remove_after_failure(settings: Settings, workdir: Path) -> None:
+    try:
+        left = remove_demo(settings, workdir)["cleanup_errors"]
+    except Exception as exc:  # noqa: BLE001 - the demo's own failure is what the caller must see
+        left = [f"{type(exc).__name__}: {exc}"]
+    if left:
+        log.warning("the failed demo's data was not all removed", extra={"prefix": settings.topic_prefix,
+                                                                         "errors": left})
+
+
+def _run(opts: DemoOptions, settings: Settings, faults_plan: tuple[list[Scheduled], dict[str, str], Any],
+         rng: random.Random, clocks: tuple[float, float], progress: Any, workdir: Path) -> dict[str, Any]:
+    """The demo once its settings and fault plan are fixed (steps 1-8 of the module docstring)."""
+    plan, skipped, stack = faults_plan
+    started, started_wall = clocks
+    prefix = settings.topic_prefix
     create_topics(settings, opts.partitions)
     registered = services.register_subject(settings)
     scripts = _load(opts)  # 2
-    workdir = settings.stack_dir / "demo" / prefix
     workdir.mkdir(parents=True, exist_ok=True)
     write_workload(workdir / "workload.json", scripts)
     env = services.child_env(settings)
@@ -170,22 +222,23 @@ def run_demo(opts: DemoOptions, *, progress: Any = None,
     provider = subprocess.Popen([sys.executable, "-m", "runjournal.demo.provider", "--db", str(workdir / "ledger.db"),
                                  "--port", str(port), "--idempotency", "on" if opts.provider_idempotency else "off",
                                  "--latency-ms", str(opts.provider_latency_ms)], env=env)
-    services.wait_http(f"http://127.0.0.1:{port}/health")
     fleet = Fleet(env=env, workdir=workdir, workload_path=workdir / "workload.json",
                   provider_url=f"http://127.0.0.1:{port}", rng=rng)
-    fleet.start_projector()
-    knowledge = services.ingest_knowledge(settings, opts.knowledge) if opts.memory else []
-    fleet.advice = opts.memory and services.start_memory(fleet, settings)
-    fleet.start_recoverer()
-    approver = services.Approver(settings)
-    keys = DemoKeys(prefix)
-    r = redis_client.client(settings, socket_timeout=10)
-    r.rpush(keys.queue, *[s.run_id for s in scripts])  # 4
-    for _ in range(opts.agents):
-        fleet.spawn_agent(arm_failpoint=False)
-    campaign = Campaign(fleet, settings, plan, rng, stack=stack,
-                        restart_memory=fleet.start_memory if fleet.memory is not None else None)
-    try:
+    approver: services.Approver | None = None
+    try:  # every process it starts is stopped, whatever fails (a locked Qdrant directory, a broker gone …)
+        services.wait_http(f"http://127.0.0.1:{port}/health")
+        fleet.start_projector()
+        knowledge = services.ingest_knowledge(settings, opts.knowledge) if opts.memory else []
+        fleet.advice = opts.memory and services.start_memory(fleet, settings)
+        fleet.start_recoverer()
+        approver = services.Approver(settings)
+        keys = DemoKeys(prefix)
+        r = redis_client.client(settings, socket_timeout=10)
+        r.rpush(keys.queue, *[s.run_id for s in scripts])  # 4
+        for _ in range(opts.agents):
+            fleet.spawn_agent(arm_failpoint=False)
+        campaign = Campaign(fleet, settings, plan, rng, stack=stack,
+                            restart_memory=fleet.start_memory if fleet.memory is not None else None)
         done = _chaos_loop(opts, settings, scripts, fleet, campaign, rng, progress)  # 5
         campaign.close()
         _wait_redis(r)
@@ -196,7 +249,8 @@ def run_demo(opts: DemoOptions, *, progress: Any = None,
         Projector(settings).run(until_caught_up=True, idle_timeout_s=120)
         memory_report = services.finish_memory(fleet, env) if fleet.memory is not None else {}
     finally:
-        approver.stop.set()
+        if approver is not None:
+            approver.stop.set()
         fleet.stop_all()
         provider.terminate()
         provider.wait(10)

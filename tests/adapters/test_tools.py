@@ -44,3 +44,15 @@ def test_without_a_reconcile_hook_the_protocol_sees_none() -> None:
     tool = JournaledTool(lambda: None, name="noop", side_effect=False)
     assert tool.reconcile is None and tool.side_effect is False and tool.timeout_ms == 30_000
     assert asyncio.run(tool.areconcile("k")) is None
+
+
+def test_a_journaled_tool_may_opt_out_of_group_commit() -> None:
+    """``journaled(reconcile=…, outcome_commit="strict")``: for a provider whose reconcile may answer None; the
+    protocol then commits the outcome before ``call`` returns (tests/test_group_commit.py)."""
+    import pytest
+
+    tool = journaled(lambda: 1, reconcile=lambda key: None, outcome_commit="strict")
+    assert tool.outcome_commit == "strict" and callable(tool.reconcile)
+    assert journaled(lambda: 1).outcome_commit is None
+    with pytest.raises(ValueError, match="outcome_commit"):
+        journaled(lambda: 1, outcome_commit="group")
