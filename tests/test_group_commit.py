@@ -142,7 +142,8 @@ class MayNotTell(LedgerTool):
 @pytest.mark.parametrize("case", ["no reconcile", "strict", "tool opts out"])
 def test_other_outcomes_are_committed_before_call_returns(topics: Settings, ledger: Ledger, case: str) -> None:
     """A tool without reconcile() in group mode (a crash would leave an unknown only a human can settle), a tool that
-    opts out (``outcome_commit = "strict"``: its reconcile may answer None), and any tool in strict mode: acknowledged when ``call`` returns, with nothing else committing it."""
+    opts out (``outcome_commit = "strict"``: its reconcile may answer None), and any tool in strict mode:
+    acknowledged when ``call`` returns, with nothing else committing it."""
     mode = "strict" if case == "strict" else "group"
     tool: Any = Reconcilable(ledger, result={"ok": 1})
     if case == "no reconcile":
