@@ -37,7 +37,7 @@ from runjournal.schemas import Event, EventType, codec_from_settings, new_event_
 
 __all__ = ["AioConfig", "run_aio"]
 
-PAIR = "7 asyncio"
+PAIR = "8 asyncio"
 TICK_S = 0.001
 
 

@@ -44,6 +44,9 @@ class ExtractorMetrics:
                                  ["op", "cause"])
         self.dead_lettered = m.counter(r, "runjournal_memory_dead_letters",
                                        "Records copied to the memory DLQ, by cause (error class)", ["cause"])
+        self.headroom_wait = m.counter(r, "runjournal_memory_headroom_wait_seconds",
+                                       "Time the extractor waited for idle CPU before a batch "
+                                       "(RUNJOURNAL_MEMORY_HEADROOM_CORES), seconds")
         self.server: m.MetricsServer | None = None
 
     def observe_poll(self, stamps_ms: list[int], now_ms: int) -> None:

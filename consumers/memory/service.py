@@ -50,6 +50,7 @@ from runjournal.consumers.failures import (
     kafka_error_verdict,
     stops_consumer,
 )
+from runjournal.consumers.memory._headroom import CpuHeadroom
 from runjournal.consumers.memory.embed import Embedder, default_embedder
 from runjournal.consumers.memory.errors import MemoryPlaneError
 from runjournal.consumers.memory.extract import Extractor, RuleExtractor
@@ -86,6 +87,7 @@ class ExtractorStats:
     retries: int = 0
     batches: int = 0
     embed_s: float = 0.0
+    headroom_wait_s: float = 0.0
     elapsed_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
@@ -94,7 +96,8 @@ class ExtractorStats:
             return round(n / self.elapsed_s, 1) if self.elapsed_s > 0 else 0.0
         return {"events": self.events, "items": self.items, "dead_lettered": self.dead_lettered,
                 "erased": self.erased, "retries": self.retries, "batches": self.batches,
-                "embed_s": round(self.embed_s, 3), "elapsed_s": round(self.elapsed_s, 3),
+                "embed_s": round(self.embed_s, 3),
+                "headroom_wait_s": round(self.headroom_wait_s, 3), "elapsed_s": round(self.elapsed_s, 3),
                 "events_per_s": rate(self.events), "items_per_s": rate(self.items)}
 
 
@@ -122,6 +125,10 @@ class MemoryExtractor:
         backoff_base_s, backoff_cap_s: exponential backoff start and cap, seconds (0.1, 5.0).
         codec: event codec (default from settings).
         max_outage_s: longest one dependency outage is waited out before the extractor stops (s, 240).
+        headroom: waited on before each batch after the first of a backlog (:class:`CpuHeadroom`; default None:
+            no gate — ``runjournal memory-extractor`` builds one from ``memory_headroom_cores`` /
+            ``memory_headroom_wait_ms``); the time waited is ``stats.headroom_wait_s`` and
+            ``runjournal_memory_headroom_wait_seconds_total``.
         metrics: Prometheus families (default: a private registry; the CLI serves it with ``--metrics-port``); the
             failure policy's waits are counted in the same registry.
 
@@ -135,8 +142,9 @@ class MemoryExtractor:
                  poll_timeout_s: float = 0.2, group_id: str | None = None, max_attempts: int = 4,
                  backoff_base_s: float = 0.1, backoff_cap_s: float = 5.0, codec: EventCodec | None = None,
                  session_timeout_ms: int = 10_000, max_outage_s: float = 240.0,
-                 metrics: ExtractorMetrics | None = None) -> None:
+                 metrics: ExtractorMetrics | None = None, headroom: CpuHeadroom | None = None) -> None:
         self.settings = settings
+        self.headroom = headroom
         self.topic = settings.events_topic
         self.store = store or QdrantMemoryStore.open(settings, embedder or default_embedder())
         self.embedder = self.store.embedder
@@ -218,7 +226,13 @@ class MemoryExtractor:
         self.consumer.subscribe([self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke,
                                 on_lost=self._on_lost)
         try:
+            msgs: list[Message] = []
             while not self._stop.is_set():
+                if msgs and self.headroom is not None:  # after a batch: let the critical path have the CPU first
+                    waited = self.headroom.wait(self._stop)
+                    if waited:
+                        self.stats.headroom_wait_s += waited
+                        self.metrics.headroom_wait.inc(waited)
                 msgs = self.consumer.consume(self.batch_size, timeout=self.poll_timeout_s)  # step 1
                 self.metrics.observe_poll([m.timestamp()[1] for m in msgs if not m.error() and m.timestamp()[1] > 0],
                                           int(time.time() * 1000))

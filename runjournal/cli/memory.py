@@ -35,11 +35,14 @@ def memory_extractor_command(
 
     It owns the embedded Qdrant directory and serves memory and knowledge reads to other processes. It runs at
     niceness ``RUNJOURNAL_MEMORY_NICE`` (default 19) under the ``RUNJOURNAL_MEMORY_SCHED`` policy (default ``idle``:
-    ``SCHED_IDLE``, it runs only on CPU time the projector and agents do not want). Exits 1
+    ``SCHED_IDLE``, it runs only on CPU time the projector and agents do not want), and before each batch of a
+    backlog waits (at most ``RUNJOURNAL_MEMORY_HEADROOM_WAIT_MS``, default 2000) until the rest of the host leaves
+    ``RUNJOURNAL_MEMORY_HEADROOM_CORES`` cores idle (default 1). Exits 1
     naming the cause when the stack or topic is missing, or a dependency stays away past the outage budget.
     """
     from runjournal.cli._errors import cli_errors
     from runjournal.consumers.cognition import CognitionOwner
+    from runjournal.consumers.memory._headroom import CpuHeadroom
     from runjournal.consumers.memory._priority import yield_cpu
     from runjournal.consumers.memory.embed import default_embedder
     from runjournal.consumers.memory.service import MemoryExtractor
@@ -54,8 +57,9 @@ def memory_extractor_command(
     owner = guarded(lambda: CognitionOwner.open(settings, guarded(default_embedder, as_json=as_json)),
                     as_json=as_json)
     try:
-        extractor = guarded(lambda: MemoryExtractor(settings, store=owner.memory, batch_size=batch_size),
-                            as_json=as_json)
+        headroom = CpuHeadroom(settings.memory_headroom_cores, settings.memory_headroom_wait_ms / 1000)
+        extractor = guarded(lambda: MemoryExtractor(settings, store=owner.memory, batch_size=batch_size,
+                                                    headroom=headroom), as_json=as_json)
         if metrics_port is not None:
             with cli_errors(as_json):  # the port taken: one line naming it (JSON under --json), exit 1
                 _serve_metrics(extractor.metrics, metrics_port, metrics_addr, settings)

@@ -152,6 +152,13 @@ class Settings(BaseSettings):
     """Linux scheduling policy of every ``runjournal memory-extractor`` thread: ``idle`` (``SCHED_IDLE``, the default:
     only CPU time no normal thread wants; nice 19 alone still took 16-24 % of a projector's speed on 2 cores, bench
     pair 5) or ``other`` (time-sharing, bounded by ``memory_nice``)."""
+    memory_headroom_cores: float = Field(default=1.0, ge=0)
+    """Idle cores the rest of the host must leave before ``runjournal memory-extractor`` handles its next batch
+    (0 = no gate; capped at the CPU count - 0.5): priority alone left a projector rebuild at 0.86-0.90 of its speed
+    on 2 cores (caches and memory bandwidth are shared), see ``consumers/memory/_headroom.py``."""
+    memory_headroom_wait_ms: int = Field(default=2000, ge=0)
+    """Longest wait for that headroom before one batch, ms (then one batch is handled anyway: memory lags, it
+    never stops)."""
 
     @field_validator("log_level")
     @classmethod
