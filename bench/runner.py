@@ -25,7 +25,7 @@ def _sizes(quick: bool, rounds: int | None) -> dict[str, Any]:
         "recovery_topics": (50_000, 200_000) if quick else (250_000, 1_000_000),
         "projection_rounds": min(r, 2 if quick else 3),  # the Quix side runs at ~1.5-2k events/s here
         "memory_events": 10_000 if quick else 120_000,  # ~3 s windows at ~40k events/s
-        "memory_rounds": 2 if quick else r,  # paired back to back (SIGSTOP/SIGCONT): cheap rounds
+        "memory_rounds": 2 if quick else min(r, 4),  # paired back to back (SIGSTOP/SIGCONT), ~13 s a round
         "memory_nice": not quick,  # the unbounded (before) and extractor-alone sides: full runs only
         "footprint_seconds": 4 if quick else 8,
         "footprint_rounds": 1 if quick else 2,
