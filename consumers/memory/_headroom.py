@@ -92,16 +92,14 @@ class CpuHeadroom:
         """
         if not self.enabled:
             return 0.0
+        stop = stop or threading.Event()
         started = time.monotonic()
         waited = False
         while self.idle_cores() < self.cores:
             left = self.max_wait_s - (time.monotonic() - started)
-            if left <= 0 or (stop is not None and stop.is_set()):
+            if left <= 0 or stop.is_set():
                 break
-            if stop is not None:
-                stop.wait(min(self.step_s, left))
-            else:
-                time.sleep(min(self.step_s, left))
+            stop.wait(min(self.step_s, left))
             waited = True
         if not waited:
             return 0.0
