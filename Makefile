@@ -65,9 +65,9 @@ test: install deps-test ## Install everything, start a private real stack, run t
 	$(BIN)/runjournal schemas check
 	$(BIN)/pytest -q
 
-# The longest tests (marker `slow`, listed in tests/conftest.py): crash matrices, the main job end to end, fresh
+# The longest tests (marker `slow`, set in their modules; tests/faults holds most): crash matrices, the main job end to end, fresh
 # venvs, browser and adapter examples. Same private stack as make test; .ci/run runs it after make test.
-test-slow: install deps-test ## The slow tests left out of `make test` (crash matrices, demo, packaging; ~10 min)
+test-slow: install deps-test ## The slow tests left out of `make test` (crash matrices, demo, packaging; ~20 min)
 	$(BIN)/pytest -q -m 'slow and not cluster'
 
 # The production shape (tests/cluster, marker `cluster`): three KRaft brokers, SASL_SSL + SCRAM, the roles' ACLs,

@@ -19,8 +19,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from runjournal.core import kafka
-from runjournal.producers.partitioner import partition_for
 from runjournal.schemas import Event, EventCodec, EventType
+from runjournal.schemas.keys import partition_for
 
 __all__ = ["RawRecord", "Templates", "interleave", "json_value", "publish_raw", "run_events"]
 

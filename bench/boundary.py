@@ -1,6 +1,6 @@
 """Pair 2 — the side-effect boundary: one ``RunHandle.call`` with a no-op tool, in milliseconds.
 
-Ours, in both outcome modes (``Journal(outcome_commit=…)``, README § The side-effect boundary):
+Ours, in both outcome modes (``Journal(outcome_commit=…)``, docs/guide/side-effect-boundary.md):
 
 * ``group`` (the default): TOOL_CALL_INTENDED produced and committed (``commit_transaction`` returning is
   the broker's ack), the tool, TOOL_CALL_COMMITTED produced into the open transaction — acknowledged by the

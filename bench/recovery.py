@@ -39,11 +39,11 @@ from bench._events import Templates, interleave, publish_raw, run_events
 from bench._model import Row, goal_met, paired_ratios, summarise
 from bench._rounds import Side, progress
 from bench._rounds import interleave as rounds_of
-from runjournal.consumers.failures import FailurePolicy
 from runjournal.consumers.projector.store import ProjectionStore
 from runjournal.consumers.recovery.job import RecoveryJob
 from runjournal.consumers.recovery.plan import build_plan, classify
 from runjournal.consumers.recovery.tail import end_offsets, fold_tails
+from runjournal.consumers.runtime.failures import FailurePolicy
 from runjournal.core import redis_client
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings

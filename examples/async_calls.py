@@ -15,9 +15,7 @@ import asyncio
 import json
 import uuid
 
-from runjournal import Settings
-from runjournal.adapters import journaled
-from runjournal.producers.aio import AsyncJournal
+from runjournal import AsyncJournal, Settings, journaled
 
 BOOKED: dict[str, int] = {}
 

@@ -25,10 +25,8 @@ from langchain_core.tools import tool
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
 
-from runjournal import Journal, Settings
-from runjournal.adapters import current_idempotency_key
-from runjournal.adapters.langgraph import JournalCheckpointSaver, JournalRuns, journaled_tool_node
-from runjournal.producers.aio import AsyncJournal
+from runjournal import AsyncJournal, Journal, Settings, current_idempotency_key
+from runjournal.adapters import JournalCheckpointSaver, JournalRuns, journaled_tool_node
 
 SENT: list[str] = []
 

@@ -23,13 +23,8 @@ import uuid
 from agents import Agent, RunConfig, function_tool
 from agents.testing import ScriptedModel, assistant_message, function_call
 
-from runjournal import Settings
-from runjournal.adapters import current_idempotency_key
-from runjournal.adapters._checkpoints import CheckpointStore
-from runjournal.adapters.openai_agents import JournalRunHooks, JournalSession, journal_function_tool, run_agent
-from runjournal.core import redis_client
-from runjournal.producers.aio import AsyncJournal
-from runjournal.producers.approvals import ApprovalInbox
+from runjournal import ApprovalInbox, AsyncJournal, Settings, current_idempotency_key
+from runjournal.adapters import FrameworkRecordStore, JournalRunHooks, JournalSession, journal_function_tool, run_agent
 
 SENT: list[str] = []
 
@@ -51,9 +46,9 @@ async def stand_in_human(inbox: ApprovalInbox, run_id: str) -> None:
 async def main(auto_approve: bool) -> dict[str, object]:
     settings = Settings.load()
     run_id = f"example-agents-{uuid.uuid4().hex[:8]}"
-    inbox = ApprovalInbox(redis_client.client(settings), settings.topic_prefix)  # a server or a cluster, ACL user, TLS
+    inbox = ApprovalInbox.from_settings(settings)  # a server or a cluster, ACL user, TLS
     async with await AsyncJournal.open(settings, producer_id=f"example-agents-{run_id[-8:]}") as journal:
-        store = CheckpointStore(journal.sync)
+        store = FrameworkRecordStore(journal.sync)
         run = await journal.start_run("example", "agents-mailer", {"ask": "email Bob"}, run_id=run_id)
         model = ScriptedModel([[function_call("send_email", {"to": "bob@example.com", "subject": "Booking"},
                                               call_id="call-1")], [assistant_message("Bob has his email.")]])

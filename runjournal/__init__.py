@@ -1,6 +1,7 @@
 """runjournal — the durable execution journal for AI agent runs, on Apache Kafka.
 
-The public API an agent embeds::
+The public API an agent embeds (``AsyncJournal`` for asyncio, ``continue_run`` to take a run over,
+``ContextManager`` to build a model's context, ``journaled`` for framework tools)::
 
     from runjournal import Journal, Settings
 
@@ -35,8 +36,9 @@ _EXPORTS: dict[str, str] = {
     "Settings": "runjournal.core.settings",
     **dict.fromkeys(
         [
-            "ApprovalDeniedError", "ApprovalStatus", "CallStatus", "DeliveryError", "FatalProducerError",
-            "Journal", "JournalError", "LeaseLapsedError", "NoRecoveryPlanError", "Outcome",
+            "ApprovalDeniedError", "ApprovalStatus", "CallStatus", "CallVerdict", "DeliveryError", "FatalProducerError",
+            "InvalidIdError", "Journal", "JournalError", "LeaseLapsedError", "NoRecoveryPlanError",
+            "NonCanonicalValueError", "Outcome",
             "OutcomeNotDurableError", "OutcomeUnknownError", "PartitionCountChangedError", "PlanMismatchError",
             "ProducerFencedError", "QueueFullError", "RecordedFailureError", "Reconcilable", "RecoveryPlan",
             "ResultUnavailableError", "RunClosedError", "RunExistsError", "RunHandle", "Tool",
@@ -45,25 +47,38 @@ _EXPORTS: dict[str, str] = {
         ],
         "runjournal.producers",
     ),
+    **dict.fromkeys(["AsyncJournal", "AsyncRunHandle"], "runjournal.producers.aio"),
+    "ApprovalInbox": "runjournal.producers.approvals",
+    **dict.fromkeys(["RunNotContinuableError", "continue_run"], "runjournal.consumers.recovery"),
+    "ContextManager": "runjournal.consumers.context",
+    **dict.fromkeys(["JournaledTool", "current_idempotency_key", "journaled"], "runjournal.adapters"),
     **dict.fromkeys(["Event", "EventCodec", "EventType", "SchemaError"], "runjournal.schemas"),
     **dict.fromkeys(["RunState", "RunStatus", "ExecutionRecord", "apply", "fold"], "runjournal.model"),
 }
 
 __all__ = [
     "ApprovalDeniedError",
+    "ApprovalInbox",
     "ApprovalStatus",
+    "AsyncJournal",
+    "AsyncRunHandle",
     "CallStatus",
+    "CallVerdict",
     "ConfigError",
+    "ContextManager",
     "DeliveryError",
     "Event",
     "EventCodec",
     "EventType",
     "ExecutionRecord",
     "FatalProducerError",
+    "InvalidIdError",
     "Journal",
     "JournalError",
+    "JournaledTool",
     "LeaseLapsedError",
     "NoRecoveryPlanError",
+    "NonCanonicalValueError",
     "Outcome",
     "OutcomeNotDurableError",
     "OutcomeUnknownError",
@@ -78,6 +93,7 @@ __all__ = [
     "RunClosedError",
     "RunExistsError",
     "RunHandle",
+    "RunNotContinuableError",
     "RunState",
     "RunStatus",
     "RunjournalError",
@@ -90,12 +106,18 @@ __all__ = [
     "UnrecordableResultError",
     "__version__",
     "apply",
+    "continue_run",
+    "current_idempotency_key",
     "fold",
     "idempotency_key",
+    "journaled",
     "partition_for",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from runjournal.adapters import JournaledTool, current_idempotency_key, journaled
+    from runjournal.consumers.context import ContextManager
+    from runjournal.consumers.recovery import RunNotContinuableError, continue_run
     from runjournal.core.errors import ConfigError, RunjournalError
     from runjournal.core.settings import Settings
     from runjournal.model import ExecutionRecord, RunState, RunStatus, apply, fold
@@ -103,11 +125,14 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         ApprovalDeniedError,
         ApprovalStatus,
         CallStatus,
+        CallVerdict,
         DeliveryError,
         FatalProducerError,
+        InvalidIdError,
         Journal,
         JournalError,
         LeaseLapsedError,
+        NonCanonicalValueError,
         NoRecoveryPlanError,
         Outcome,
         OutcomeNotDurableError,
@@ -131,6 +156,8 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         idempotency_key,
         partition_for,
     )
+    from runjournal.producers.aio import AsyncJournal, AsyncRunHandle
+    from runjournal.producers.approvals import ApprovalInbox
     from runjournal.schemas import Event, EventCodec, EventType, SchemaError
 
 

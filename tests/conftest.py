@@ -12,8 +12,9 @@ Topics are created at replication 1 (``RUNJOURNAL_REPLICATION_FACTOR`` for given
 Each test gets uuid-named topics (a fresh ``topic_prefix``), so tests never see each
 other's data; consumer groups and Redis keys derive from the same prefix.
 
-The longest tests (measured with ``--durations``; :data:`SLOW`) carry the marker ``slow``: ``make test`` leaves
-them out to stay near ten minutes, ``make test-slow`` runs them, and ``.ci/run`` runs both.
+The longest tests (measured with ``--durations``) carry the marker ``slow`` in their own module (``@pytest.mark.slow``
+or ``pytestmark``): ``make test`` leaves them out to stay near ten minutes, ``make test-slow`` runs them, and
+``.ci/run`` runs both.
 """
 
 from __future__ import annotations
@@ -30,41 +31,6 @@ from runjournal.core.settings import Settings, default_cache_dir
 from runjournal.deploy.procs import Proc, free_port
 from runjournal.deploy.registry import RegistryNode, ensure_registry_app
 from runjournal.deploy.stack import Stack, StackPorts
-
-SLOW = (
-    # whole modules: crash matrices that SIGKILL many processes, end-to-end runs of the main job, fresh venvs
-    "tests/test_never_twice_stateful.py", "tests/test_demo.py", "tests/test_packaging.py",
-    "tests/test_projector_crash.py", "tests/test_recovery_crash_matrix.py", "tests/test_cognition_readers.py",
-    "tests/test_console_browser.py", "tests/adapters/test_crash_resume.py", "tests/adapters/test_examples.py",
-    # single tests of 10-70 s each on a loaded 2-core machine
-    "tests/test_cli_paths.py::test_every_readme_command_and_option",
-    "tests/test_memory_extractor.py::test_cli_extracts_then_searches_and_explains_a_locked_directory",
-    "tests/test_memory_extractor.py::test_a_qdrant_outage_neither_slows_the_projector_nor_loses_memory",
-    "tests/test_stack.py::test_stack_cli_lifecycle",
-    "tests/test_faults_recovery.py::test_case4_registry_outage_recovery_waits_never_parks_or_disowns",
-    "tests/test_faults_projector.py::test_case4_registry_outage_projector_waits_never_dead_letters_or_blocks",
-    "tests/test_schema_evolution.py::test_registry_outage_neither_dead_letters_nor_parks_and_readers_catch_up",
-    "tests/test_knowledge.py::test_cli_ingest_then_search_puts_book_flight_first",
-    "tests/test_approvals.py::test_a_pending_approval_survives_a_crash_and_recovery",
-    "tests/test_approvals.py::test_an_approval_granted_before_a_crash_is_not_asked_again",
-    "tests/test_recovery.py::test_crash_matrix_each_side_effect_exactly_once",
-    "tests/test_producer.py::test_eight_threads_two_hundred_interleaved_runs_stay_ordered_per_partition",
-)
-"""Node-id prefixes of the tests marked ``slow`` (a module path marks every test in it)."""
-
-
-@pytest.hookimpl(tryfirst=True)  # before -m deselects anything
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark the tests of :data:`SLOW` ``slow`` (a prefix must name something: a renamed test fails here)."""
-    used = set()
-    for item in items:
-        for prefix in SLOW:
-            if item.nodeid == prefix or item.nodeid.startswith((prefix + "::", prefix + "[")):
-                item.add_marker(pytest.mark.slow)
-                used.add(prefix)
-    selected_all = not config.getoption("-k") and not config.args[1:] and config.args[:1] in ([], ["tests"])
-    if selected_all and (stale := sorted(set(SLOW) - used)):
-        raise pytest.UsageError(f"tests/conftest.py SLOW names tests that do not exist: {stale}")
 
 
 @dataclass(frozen=True)

@@ -9,30 +9,34 @@ write graph state behind the recovery job's back. A checkpoint's record is durab
 
 Reads. A projection in Redis (one hash tag per thread, so one MULTI covers a thread on a cluster), written by
 the writer right after the broker's ack — so a reader sees its own writes at once — and rebuilt from the
-topic by :meth:`CheckpointStore.rebuild` (a resumed run, a wiped Redis): the topic is the authority.
+topic by :meth:`FrameworkRecordStore.rebuild` (a resumed run, a wiped Redis): the topic is the authority.
 
 Record: key ``{thread}\\x1f{kind}\\x1f{field}`` (``runjournal.core.checkpoint_records``, shared with ``erase``),
 value JSON ``{"kind", "field", "data"}``, kinds ``cp`` (a checkpoint: ``field`` = ``ns\\x1fid``), ``blob``
 (``ns\\x1fchannel\\x1fversion``), ``w`` (a pending write: ``ns\\x1fid\\x1ftask_id\\x1fidx``), and for the
 Agents SDK adapter ``item`` (a session item, field = its 12-digit index) and ``state`` (a paused ``RunState``).
-A tombstone (``delete_thread``, ``pop_item``) removes its key.
+A tombstone (``delete_thread``, ``pop_item``) removes its key. Thread ids are checked
+(``runjournal.core.ids.THREAD_ID``) and fields built with :func:`join_field` (each part checked: no U+001F), so keys
+and fields split back into their parts (docs/design/protocol.md § Identifiers and keys).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
 from dataclasses import dataclass
 from typing import Any
 
 from runjournal.core import kafka
-from runjournal.core.checkpoint_records import KINDS, SEP, record_key, thread_key_prefix
+from runjournal.core.checkpoint_records import KINDS, SEP, join_field, of_thread, record_key
+from runjournal.core.ids import THREAD_ID
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.producers import Journal
-from runjournal.producers.partitioner import partition_for
+from runjournal.schemas.keys import partition_for
 
-__all__ = ["KINDS", "SEP", "CheckpointStore", "Record", "checkpoints_topic"]
+__all__ = ["KINDS", "SEP", "FrameworkRecordStore", "Record", "checkpoints_topic", "join_field"]
 
 log = logging.getLogger("runjournal.adapters.checkpoints")
 
@@ -55,8 +59,9 @@ class Record:
     """JSON text of the entry; None for a tombstone."""
 
 
-class CheckpointStore:
-    """The records and their Redis projection, for one Journal (module docstring).
+class FrameworkRecordStore:
+    """The framework records (LangGraph checkpoints, Agents SDK sessions) and their Redis projection, for one Journal
+    (module docstring). Not the design's :class:`runjournal.stores.CheckpointStore` (a run state at an offset).
 
     Args:
         journal: the instance's :class:`Journal` (its transaction carries the records).
@@ -90,12 +95,25 @@ class CheckpointStore:
         return self._keys.checkpoint_threads()
 
     # -- writes -----------------------------------------------------------------------------------------------
+    def lock(self, thread_id: str) -> threading.RLock:
+        """The thread's run lock (``Journal.run_lock``): held by every write of this store and the run's handles, so
+        threads or tasks writing one thread serialise (the topic's order is the projection's). Hold it around a
+        read-modify-write (a session's next item index)."""
+        return self.journal.run_lock(thread_id)
+
     def write(self, thread_id: str, records: list[Record]) -> None:
-        """Produce ``records`` in the journal's transaction (the last one durable), then project them.
+        """Produce ``records`` in the journal's transaction (the last one durable), then project them, under the
+        thread's lock (:meth:`lock`): concurrent writers of one thread project in the order they produced.
 
         Raises:
+            InvalidIdError: ``thread_id`` breaks the thread-id rules; nothing was written.
             DeliveryError / ProducerFencedError / LeaseLapsedError: nothing was projected.
         """
+        THREAD_ID.check(thread_id)
+        with self.lock(thread_id):
+            self._write(thread_id, records)
+
+    def _write(self, thread_id: str, records: list[Record]) -> None:
         for i, rec in enumerate(records):
             value = None if rec.data is None else json.dumps(
                 {"kind": rec.kind, "field": rec.field, "data": rec.data}).encode()
@@ -117,15 +135,18 @@ class CheckpointStore:
         pipe.execute()
 
     def forget(self, thread_id: str) -> None:
-        """Tombstone every record of ``thread_id`` (durable), then drop its projection."""
-        records = [Record(kind, field, None) for kind in KINDS for field in self.fields(thread_id, kind)]
-        if records:
-            self.write(thread_id, records)
-        pipe = self._r.pipeline(transaction=True)  # the thread's keys (one slot), then the list
-        for kind in KINDS:
-            pipe.delete(self.key(thread_id, kind))
-        pipe.execute()
-        self._r.srem(self.threads_key(), thread_id)
+        """Tombstone every record of ``thread_id`` (durable), then drop its projection (``InvalidIdError`` for a bad
+        thread id)."""
+        THREAD_ID.check(thread_id)
+        with self.lock(thread_id):
+            records = [Record(kind, field, None) for kind in KINDS for field in self.fields(thread_id, kind)]
+            if records:
+                self._write(thread_id, records)
+            pipe = self._r.pipeline(transaction=True)  # the thread's keys (one slot), then the list
+            for kind in KINDS:
+                pipe.delete(self.key(thread_id, kind))
+            pipe.execute()
+            self._r.srem(self.threads_key(), thread_id)
 
     # -- reads ------------------------------------------------------------------------------------------------
     def fields(self, thread_id: str, kind: str) -> list[str]:
@@ -155,15 +176,15 @@ class CheckpointStore:
         """
         from confluent_kafka import TopicPartition
 
-        from runjournal.consumers._partitions import range_consumer, read_ranges
+        from runjournal.consumers.runtime.partitions import range_consumer, read_ranges
 
+        THREAD_ID.check(thread_id)
         self.journal.flush()
         partition = partition_for(thread_id, self.journal.partitions)
-        head = thread_key_prefix(thread_id)
         latest: dict[bytes, bytes | None] = {}
 
         def on_record(msg: Any) -> None:
-            if msg.key() and msg.key().startswith(head):
+            if of_thread(msg.key(), thread_id):
                 latest[msg.key()] = msg.value()
 
         consumer = range_consumer(self.settings, "checkpoints-rebuild")

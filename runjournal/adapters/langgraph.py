@@ -42,8 +42,9 @@ except ModuleNotFoundError as exc:  # pragma: no cover - the core install
     raise ModuleNotFoundError(f"runjournal.adapters.langgraph needs {exc.name}: pip install 'runjournal[langgraph]'",
                               name=exc.name) from exc
 
-from runjournal.adapters._checkpoints import SEP, CheckpointStore, Record
+from runjournal.adapters._checkpoints import SEP, FrameworkRecordStore, Record, join_field
 from runjournal.adapters.tools import JournaledTool, Reconciler
+from runjournal.core.ids import THREAD_ID
 from runjournal.producers import Journal, RunHandle
 from runjournal.producers.aio import AsyncJournal, AsyncRunHandle
 from runjournal.producers.errors import RunExistsError
@@ -72,14 +73,16 @@ class JournalRuns:
         self._handles: dict[str, RunHandle] = {}
         self._async: dict[str, AsyncRunHandle] = {}
         self._lock = threading.Lock()
-        self.store = CheckpointStore(self.journal)
+        self.store = FrameworkRecordStore(self.journal)
 
     def handle(self, thread_id: str) -> RunHandle:
         """The thread's handle; a thread never seen starts its run (RUN_STARTED, ``run_id = thread_id``).
 
         Raises:
+            InvalidIdError: ``thread_id`` breaks the run-id rules (``runjournal.core.ids.THREAD_ID``).
             ThreadNotOwnedError: the run exists and is not attached here.
         """
+        THREAD_ID.check(thread_id)
         with self._lock:
             handle = self._handles.get(thread_id)
             if handle is None:
@@ -139,18 +142,21 @@ class JournalCheckpointSaver(BaseCheckpointSaver[str]):
     # -- writes ------------------------------------------------------------------------------------------------
     def put(self, config: RunnableConfig, checkpoint: Checkpoint, metadata: CheckpointMetadata,
             new_versions: ChannelVersions) -> RunnableConfig:
-        """Record a checkpoint (its new channel blobs first), durable before returning; project it."""
+        """Record a checkpoint (its new channel blobs first), durable before returning; project it.
+
+        Raises ``InvalidIdError`` when the thread id, the namespace, the checkpoint id or a channel name holds a
+        control character (U+001F joins the record's field), before anything is written."""
         thread_id, ns = _thread(config), config["configurable"].get("checkpoint_ns", "")
         self.runs.handle(thread_id)  # the thread's run is ours (or starts now)
         stripped = dict(checkpoint)
         values: dict[str, Any] = stripped.pop("channel_values", {})  # type: ignore[assignment]
-        records = [Record("blob", SEP.join((ns, k, str(v))), json.dumps(
+        records = [Record("blob", join_field(ns, k, str(v)), json.dumps(
             _typed(self.serde.dumps_typed(values[k])) if k in values else ["empty", ""]))
             for k, v in new_versions.items()]
         entry = {"checkpoint": _typed(self.serde.dumps_typed(stripped)),
                  "metadata": _typed(self.serde.dumps_typed(get_checkpoint_metadata(config, metadata))),
                  "parent": config["configurable"].get("checkpoint_id")}
-        records.append(Record("cp", SEP.join((ns, checkpoint["id"])), json.dumps(entry)))
+        records.append(Record("cp", join_field(ns, checkpoint["id"]), json.dumps(entry)))
         self.store.write(thread_id, records)
         return {"configurable": {"thread_id": thread_id, "checkpoint_ns": ns, "checkpoint_id": checkpoint["id"]}}
 
@@ -160,13 +166,14 @@ class JournalCheckpointSaver(BaseCheckpointSaver[str]):
         thread_id, ns = _thread(config), config["configurable"].get("checkpoint_ns", "")
         cid = config["configurable"]["checkpoint_id"]
         self.runs.handle(thread_id)
-        fields = [SEP.join((ns, cid, task_id, str(WRITES_IDX_MAP.get(c, i)))) for i, (c, _) in enumerate(writes)]
-        present = self.store.get(thread_id, "w", fields)
-        records = [Record("w", field, json.dumps([task_path, c, *_typed(self.serde.dumps_typed(v))]))
-                   for field, (c, v), old in zip(fields, writes, present, strict=True)
-                   if old is None or int(field.rsplit(SEP, 1)[1]) < 0]
-        if records:
-            self.store.write(thread_id, records)
+        fields = [join_field(ns, cid, task_id, str(WRITES_IDX_MAP.get(c, i))) for i, (c, _) in enumerate(writes)]
+        with self.store.lock(thread_id):  # insert-if-absent: the read and the write are one step of the run
+            present = self.store.get(thread_id, "w", fields)
+            records = [Record("w", field, json.dumps([task_path, c, *_typed(self.serde.dumps_typed(v))]))
+                       for field, (c, v), old in zip(fields, writes, present, strict=True)
+                       if old is None or int(field.rsplit(SEP, 1)[1]) < 0]
+            if records:
+                self.store.write(thread_id, records)
 
     def delete_thread(self, thread_id: str) -> None:
         """Tombstone every record of the thread and drop its projection (the run's events stay)."""
@@ -337,7 +344,10 @@ def _message(request: Any, content: Any) -> ToolMessage:
 
 
 def _thread(config: Any) -> str:
+    """The config's ``thread_id`` as text, checked as a run id (``runjournal.core.ids.THREAD_ID``: it *is* the run
+    id, in Redis hash tags and record keys) — ``InvalidIdError`` before anything is written."""
     try:
-        return str(config["configurable"]["thread_id"])
+        thread_id = str(config["configurable"]["thread_id"])
     except (KeyError, TypeError) as exc:
         raise ValueError("the graph's config needs configurable.thread_id (the journal run id)") from exc
+    return THREAD_ID.check(thread_id)

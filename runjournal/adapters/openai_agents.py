@@ -34,7 +34,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - the core install
     raise ModuleNotFoundError(f"runjournal.adapters.openai_agents needs {exc.name}: "
                               "pip install 'runjournal[openai-agents]'", name=exc.name) from exc
 
-from runjournal.adapters._checkpoints import CheckpointStore, Record
+from runjournal.adapters._checkpoints import FrameworkRecordStore, Record
 from runjournal.adapters.tools import JournaledTool, Reconciler
 from runjournal.producers.aio import AsyncRunHandle
 from runjournal.producers.approvals import ApprovalInbox
@@ -79,7 +79,9 @@ def journal_function_tool(tool: FunctionTool, *, side_effect: bool = True, timeo
 
 
 def _node_name(call_id: str) -> str:
-    return "tool-" + "".join(c if c not in "/#" else "_" for c in call_id)
+    """``tool-<call_id>`` with ``/``, ``#`` and unprintable characters as ``_``: a node path the journal accepts
+    (``runjournal.core.ids.NODE_PATH``) whatever the SDK's call id holds — it only names a timeline entry."""
+    return "tool-" + "".join(c if c not in "/#" and (c.isprintable() or c == " ") else "_" for c in call_id[:200])
 
 
 class JournalRunHooks(RunHooks[Any]):
@@ -104,12 +106,12 @@ class JournalSession:
 
     Args:
         run: the run's async handle.
-        store: the journal's adapter record store (``CheckpointStore(journal)``).
+        store: the journal's adapter record store (``FrameworkRecordStore(journal)``).
     """
 
     session_settings = None
 
-    def __init__(self, run: AsyncRunHandle, store: CheckpointStore) -> None:
+    def __init__(self, run: AsyncRunHandle, store: FrameworkRecordStore) -> None:
         self.run = run
         self.store = store
         self.session_id = run.run_id
@@ -130,12 +132,13 @@ class JournalSession:
     async def add_items(self, items: list[Any]) -> None:
         """Record ``items`` (durable), then MESSAGE events for its text turns."""
         def write() -> None:
-            fields = self._fields()
-            start = int(fields[-1]) + 1 if fields else 0
-            records = [Record("item", f"{start + i:012d}", json.dumps(item, default=str))
-                       for i, item in enumerate(items)]
-            if records:
-                self.store.write(self.session_id, records)
+            with self.store.lock(self.session_id):  # read the next index and write it as one step of the run
+                fields = self._fields()
+                start = int(fields[-1]) + 1 if fields else 0
+                records = [Record("item", f"{start + i:012d}", json.dumps(item, default=str))
+                           for i, item in enumerate(items)]
+                if records:
+                    self.store.write(self.session_id, records)
         await self.run.journal.run_sync(write)
         for item in items:
             role, content = (item.get("role"), item.get("content")) if isinstance(item, dict) else (None, None)
@@ -145,25 +148,27 @@ class JournalSession:
     async def pop_item(self) -> Any:
         """Remove and return the newest item (a tombstone), or None."""
         def pop() -> Any:
-            fields = self._fields()
-            if not fields:
-                return None
-            (raw,) = self.store.get(self.session_id, "item", fields[-1:])
-            self.store.write(self.session_id, [Record("item", fields[-1], None)])
-            return None if raw is None else json.loads(raw)
+            with self.store.lock(self.session_id):
+                fields = self._fields()
+                if not fields:
+                    return None
+                (raw,) = self.store.get(self.session_id, "item", fields[-1:])
+                self.store.write(self.session_id, [Record("item", fields[-1], None)])
+                return None if raw is None else json.loads(raw)
         return await self.run.journal.run_sync(pop)
 
     async def clear_session(self) -> None:
         """Remove every item (tombstones)."""
         def clear() -> None:
-            records = [Record("item", f, None) for f in self._fields()]
-            if records:
-                self.store.write(self.session_id, records)
+            with self.store.lock(self.session_id):
+                records = [Record("item", f, None) for f in self._fields()]
+                if records:
+                    self.store.write(self.session_id, records)
         await self.run.journal.run_sync(clear)
 
 
 async def run_agent(agent: Agent[Any], input: Any, *, run: AsyncRunHandle, inbox: ApprovalInbox,
-                    store: CheckpointStore, approval_timeout_s: float = 300.0, **runner_options: Any) -> Any:
+                    store: FrameworkRecordStore, approval_timeout_s: float = 300.0, **runner_options: Any) -> Any:
     """``Runner.run(agent, input)`` with its tool approvals on the journal (module docstring); returns the result.
 
     ``runner_options`` go to ``Runner.run`` (``run_config``, ``session``, ``hooks`` …). Raises
@@ -183,7 +188,7 @@ async def run_agent(agent: Agent[Any], input: Any, *, run: AsyncRunHandle, inbox
         _RUN.reset(token)
 
 
-async def resume_agent(agent: Agent[Any], *, run: AsyncRunHandle, inbox: ApprovalInbox, store: CheckpointStore,
+async def resume_agent(agent: Agent[Any], *, run: AsyncRunHandle, inbox: ApprovalInbox, store: FrameworkRecordStore,
                        approval_timeout_s: float = 300.0, **runner_options: Any) -> Any:
     """Continue a recovered run from its recorded ``RunState`` (waiting for the decisions it was paused on).
 
@@ -209,7 +214,7 @@ async def resume_agent(agent: Agent[Any], *, run: AsyncRunHandle, inbox: Approva
     return result
 
 
-async def _record_state(run: AsyncRunHandle, store: CheckpointStore, state: Any) -> None:
+async def _record_state(run: AsyncRunHandle, store: FrameworkRecordStore, state: Any) -> None:
     data = None if state is None else json.dumps(state.to_json())
     await run.journal.run_sync(store.write, run.run_id, [Record("state", _STATE_FIELD, data)])
 

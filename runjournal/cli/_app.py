@@ -10,7 +10,7 @@ import typer
 
 from runjournal import __version__
 from runjournal.cli.acls import acls_app
-from runjournal.cli.approvals import approve_command, deny_command
+from runjournal.cli.approvals import approve_command, deny_command, settle_command
 from runjournal.cli.console import console_command
 from runjournal.cli.demo import demo_command
 from runjournal.cli.erase import erase_command
@@ -72,6 +72,7 @@ app.command("recover")(recover_command)
 app.command("replay")(replay_command)
 app.command("approve")(approve_command)
 app.command("deny")(deny_command)
+app.command("settle")(settle_command)
 app.command("erase")(erase_command)
 app.command("demo")(demo_command)
 app.command("console")(console_command)

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 import typer
 from confluent_kafka import KafkaException
 from redis import RedisError
+from redis.exceptions import RedisClusterException
 
 from runjournal.core.errors import RunjournalError
 
@@ -33,8 +34,9 @@ def fail(error: BaseException | str, *, as_json: bool, code: int = 1, kind: str 
 
 @contextmanager
 def cli_errors(as_json: bool) -> Iterator[None]:
-    """Turn runjournal, Kafka and Redis errors raised inside the block into :func:`fail` (exit 1)."""
+    """Turn runjournal, Kafka and Redis errors raised inside the block into :func:`fail` (exit 1) — a Redis
+    Cluster client's own errors too (``SlotNotCoveredError`` …: not ``RedisError`` subclasses)."""
     try:
         yield
-    except (RunjournalError, KafkaException, RedisError) as exc:
+    except (RunjournalError, KafkaException, RedisError, RedisClusterException) as exc:
         raise fail(exc, as_json=as_json) from exc

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -144,8 +144,27 @@ def _create_redis(settings: Settings, users: dict[str, str], agent_name: str | N
                 raise ConfigError(f"Redis refused ACL SETUSER: {exc} — {hint} (creating users needs the "
                                   "administrator)") from exc
             raise
+        disabled = _disabled_users(admin, sorted(set(users.values())))
     if as_json:
-        print(json.dumps({"prefix": settings.topic_prefix, "users": users, "commands": count}))
+        print(json.dumps({"prefix": settings.topic_prefix, "users": users, "commands": count, "disabled": disabled}))
     else:
         console.print(f"{count} ACL SETUSER commands for prefix {settings.topic_prefix}: "
                       + ", ".join(f"{r} → {u}" for r, u in users.items()))
+        if disabled:  # a user created here has rules and no password: it cannot log in until one is set
+            console.print(f"disabled (no password yet): {', '.join(disabled)} — enable each with "
+                          "`ACL SETUSER <user> on >PASSWORD` (or `runjournal stack up --secure`, which makes them)",
+                          markup=False, highlight=False)
+
+
+def _disabled_users(admin: Any, users: list[str]) -> list[str]:
+    """Users of ``users`` that cannot log in (``off``, or on without a password and without ``nopass``)."""
+    from runjournal.core import redis_client
+
+    node = next(iter(redis_client.nodes(admin)))
+    out = []
+    for user in users:
+        info = node.acl_getuser(user) or {}
+        flags = set(info.get("flags") or [])
+        if "off" in flags or ("nopass" not in flags and not info.get("passwords")):
+            out.append(user)
+    return out

@@ -1,6 +1,9 @@
-"""``runjournal approve`` / ``runjournal deny``: a human's decision on a pending approval.
+"""``runjournal approve`` / ``deny`` / ``settle``: a human's decision on a pending approval.
 
-The decision (``runjournal.consumers.approvals.submit_decision``, shared with the console) goes to the run's
+``approve`` (GRANT) lets the run's owner run the call again under the same key; ``deny`` refuses that; ``settle``
+(an unknown outcome only) records that the call happened, with its result — it is never run again.
+
+The decision (``runjournal.consumers.ops.approvals.submit_decision``, shared with the console) goes to the run's
 approval inbox (``runjournal.producers.approvals.ApprovalInbox``, Redis); the
 run's owner journals it as APPROVAL_GRANTED / APPROVAL_DENIED — the approver never writes the run's
 stream (one writer per epoch). Before writing, the projected run state is checked: a call with no
@@ -16,10 +19,14 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from runjournal.consumers.approvals import ApprovalRefusedError, submit_decision
+from runjournal.consumers.ops.approvals import ApprovalRefusedError, submit_decision, submit_settlement
 from runjournal.core.settings import Settings
 
-__all__ = ["ApprovalRefusedError", "approve_command", "deny_command", "submit_decision"]
+__all__ = ["ApprovalRefusedError", "approve_command", "deny_command", "settle_command", "submit_decision"]
+
+_WHAT = {"GRANTED": "the owner runs the call again under the same key",
+         "DENIED": "the owner does not run the call again",
+         "EXECUTED": "the owner records the call as done with this result and never runs it again"}
 
 console = Console(stderr=True, soft_wrap=True)
 
@@ -27,7 +34,7 @@ console = Console(stderr=True, soft_wrap=True)
 def _decide(run_id: str, call_id: str, *, granted: bool, approver: str | None, comment: str | None,
             as_json: bool) -> None:
     from runjournal.cli._errors import cli_errors
-    from runjournal.consumers.topic_identity import preflight
+    from runjournal.consumers.runtime.topic_identity import preflight
 
     settings = Settings.load()
     with cli_errors(as_json):  # ApprovalRefusedError included: exit 1, nothing written
@@ -38,7 +45,7 @@ def _decide(run_id: str, call_id: str, *, granted: bool, approver: str | None, c
         print(json.dumps(out))
     else:
         console.print(f"{out['decision']} {call_id} of run {run_id} ({out['tool'] or 'no tool'}: {out['reason']}) "
-                      f"by {out['approver']}; the run's owner journals it")
+                      f"by {out['approver']}: {_WHAT[out['decision']]}; the run's owner journals it")
 
 
 def _os_user() -> str:
@@ -55,7 +62,8 @@ def approve_command(
     comment: Annotated[str | None, typer.Option("--comment", help="Recorded with APPROVAL_GRANTED.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the decision as JSON.")] = False,
 ) -> None:
-    """Grant a pending approval; exits 1 (nothing written) when the run has no such pending approval."""
+    """Grant a pending approval: the run's owner runs the call again (same idempotency key). Exits 1 (nothing
+    written) when the run has no such pending approval. If the effect already happened, use settle instead."""
     _decide(run_id, call_id, granted=True, approver=approver, comment=comment, as_json=as_json)
 
 
@@ -68,3 +76,42 @@ def deny_command(
 ) -> None:
     """Deny a pending approval; exits 1 (nothing written) when the run has no such pending approval."""
     _decide(run_id, call_id, granted=False, approver=approver, comment=reason, as_json=as_json)
+
+
+def _json_result(text: str) -> object:
+    """``--result``: JSON text (NaN / Infinity refused: they have no JSON form)."""
+    def refuse(token: str) -> object:
+        raise ValueError(f"{token} is not JSON")
+
+    try:
+        return json.loads(text, parse_constant=refuse)
+    except ValueError as exc:
+        raise typer.BadParameter(f"not JSON ({exc}); e.g. --result '{{\"id\": 7}}' or --result null") from exc
+
+
+def settle_command(
+    run_id: Annotated[str, typer.Argument(help="The run.")],
+    call_id: Annotated[str, typer.Argument(help="The approval id of the unknown outcome (<key>@<attempt>).")],
+    result: Annotated[str, typer.Option("--result", help="The call's result as JSON (what the tool would have "
+                                        "returned), e.g. '{\"id\": 7}'; null when it returns nothing.")],
+    approver: Annotated[str | None, typer.Option("--approver", help="Who settles (default: the OS user).")] = None,
+    comment: Annotated[str | None, typer.Option("--comment", help="Why you know it happened (recorded).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the decision as JSON.")] = False,
+) -> None:
+    """Settle an unknown outcome by hand: the call happened, with this result. The run's owner records it as
+    TOOL_CALL_RECONCILED(COMMITTED) and never runs the call again; calling it returns the result. Exits 1
+    (nothing written) unless the run has this pending approval for a call whose outcome is unknown."""
+    from runjournal.cli._errors import cli_errors
+    from runjournal.consumers.runtime.topic_identity import preflight
+
+    value = _json_result(result)
+    settings = Settings.load()
+    with cli_errors(as_json):  # ApprovalRefusedError, NonCanonicalValueError included: exit 1, nothing written
+        preflight(settings)
+        out = submit_settlement(settings, run_id, call_id, result=value, approver=approver or _os_user(),
+                                comment=comment)
+    if as_json:
+        print(json.dumps(out))
+    else:
+        console.print(f"EXECUTED {call_id} of run {run_id} ({out['tool'] or 'no tool'}) by {out['approver']}: "
+                      f"{_WHAT['EXECUTED']}; the run's owner journals it", markup=False, highlight=False)

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from runjournal.cli._values import PORT
 from runjournal.core.errors import bind_error
 from runjournal.core.settings import Settings
 
@@ -14,7 +15,7 @@ __all__ = ["console_command"]
 
 
 def console_command(
-    port: Annotated[int, typer.Option("--port", help="TCP port of the console (and its /metrics).")] = 8780,
+    port: Annotated[int, typer.Option("--port", **PORT, help="TCP port of the console (and its /metrics).")] = 8780,
     host: Annotated[str, typer.Option("--host", help="Bind address (default loopback: put a proxy with TLS in "
                                                      "front before exposing it).")] = "127.0.0.1",
     scrape: Annotated[list[str] | None, typer.Option(
@@ -33,7 +34,7 @@ def console_command(
 
     from runjournal.cli._errors import cli_errors
     from runjournal.console import ConsoleConfig, build_app
-    from runjournal.consumers.topic_identity import preflight
+    from runjournal.consumers.runtime.topic_identity import preflight
     from runjournal.core.logs import setup_logging
 
     setup_logging("INFO")

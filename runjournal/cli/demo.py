@@ -11,6 +11,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from runjournal.cli._values import positive_seconds
+
 __all__ = ["demo_command"]
 
 console = Console(stderr=True)
@@ -27,24 +29,27 @@ _SUMMARY_KEYS = ("runs_total", "runs_completed", "runs_outcome_matches_input", "
 def demo_command(
     input: Annotated[list[Path] | None, typer.Option("--input", help="tau-bench trajectory JSON (repeatable).")]
     = None,
-    agents: Annotated[int, typer.Option(help="Agent instances running at once.")] = 4,
-    kills: Annotated[int, typer.Option(help="Agent instances to SIGKILL, spread over the demo by progress.")] = 10,
-    kill_every: Annotated[float | None, typer.Option(help="Instead: SIGKILL an agent every this many seconds.")]
+    agents: Annotated[int, typer.Option(min=1, help="Agent instances running at once.")] = 4,
+    kills: Annotated[int, typer.Option(min=0, help="Agent instances to SIGKILL, spread over the demo by progress.")]
+    = 10,
+    kill_every: Annotated[float | None, typer.Option(callback=positive_seconds,
+                                                    help="Instead: SIGKILL an agent every this many seconds.")]
     = None,
     seed: Annotated[int, typer.Option(help="Seed of the chaos (and of the generated workload).")] = 1,
     provider_idempotency: Annotated[str, typer.Option(help="on | off: the provider honours idempotency keys.")]
     = "off",
-    runs: Annotated[int, typer.Option(help="Generated runs when no --input is given.")] = 60,
-    partitions: Annotated[int, typer.Option(help="Partitions of the demo's events topic.")] = 6,
+    runs: Annotated[int, typer.Option(min=1, help="Generated runs when no --input is given.")] = 60,
+    partitions: Annotated[int, typer.Option(min=1, help="Partitions of the demo's events topic.")] = 6,
     memory: Annotated[bool, typer.Option(help="Run the memory extractor as a service.")] = True,
     keep: Annotated[bool, typer.Option("--keep", help="Keep the demo's topics, Redis keys, Qdrant collection "
                                        "and work folder (default: removed at the end).")] = False,
     knowledge: Annotated[list[Path] | None, typer.Option(
         "--knowledge", help="Markdown document to ingest as the agents' knowledge corpus (repeatable).")] = None,
     faults: Annotated[str, typer.Option(help="Fault kinds to inject while the fleet runs: all, none, or a comma "
-                                        "list of agents, zombies, same_id, projector, projector_stall, broker, redis, "
-                                        "recovery, memory, qdrant, registry.")] = "agents,projector",
-    fault_times: Annotated[int, typer.Option(help="Inject each fault kind at least this many times.")] = 1,
+                                        "list of agents, zombies, same_id, projector, projector_stall, broker, "
+                                        "broker_stall, redis, recovery, recovery_pair, operators, cancels, skew, "
+                                        "graph, partitions, memory, qdrant, registry.")] = "agents,projector",
+    fault_times: Annotated[int, typer.Option(min=1, help="Inject each fault kind at least this many times.")] = 1,
     outcome_commit: Annotated[str | None, typer.Option(
         help="group | strict: the agents' outcome mode (default RUNJOURNAL_OUTCOME_COMMIT, else group).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object.")] = False,
@@ -53,20 +58,24 @@ def demo_command(
     """The main job: an agent fleet runs real (or generated) runs under a seeded fault campaign; every run is
     verified against independent witnesses (topic, ledger, ack logs, input, Qdrant)."""
     from runjournal.cli._errors import cli_errors, fail
-    from runjournal.consumers.topic_identity import preflight
+    from runjournal.consumers.runtime.topic_identity import preflight
     from runjournal.core.settings import Settings
-    from runjournal.demo.run import DemoOptions, run_demo
+    from runjournal.demo.run import DemoOptionError, DemoOptions, run_demo
 
     if provider_idempotency not in {"on", "off"}:
         raise fail("--provider-idempotency is on or off", as_json=as_json, code=2, kind="UsageError")
     if outcome_commit not in {None, "group", "strict"}:
         raise fail("--outcome-commit is group or strict", as_json=as_json, code=2, kind="UsageError")
-    with cli_errors(as_json):  # no stack: named within 5 s, before any progress bar
-        preflight(Settings.load(), need_topic=False)
     opts = DemoOptions(inputs=list(input or []), agents=agents, kills=kills, kill_every_s=kill_every, seed=seed,
                        provider_idempotency=provider_idempotency == "on", generated_runs=runs, partitions=partitions,
                        memory=memory, knowledge=list(knowledge or []), keep=keep, faults=faults,
                        fault_times=fault_times, outcome_commit=outcome_commit)
+    try:  # every value and --input file, before the stack is asked anything or a topic is created
+        opts.check()
+    except DemoOptionError as exc:
+        raise fail(exc, as_json=as_json, code=2) from exc
+    with cli_errors(as_json):  # no stack: named within 5 s, before any progress bar
+        preflight(Settings.load(), need_topic=False)
     with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=console,
                   transient=as_json) as bar:

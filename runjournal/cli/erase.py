@@ -29,8 +29,8 @@ def erase_command(
     the extractor erases the run's items when it reads the tombstones.
     """
     from runjournal.cli._errors import cli_errors, fail
-    from runjournal.consumers.erase import erase_run
-    from runjournal.consumers.topic_identity import preflight
+    from runjournal.consumers.ops.erase import erase_run
+    from runjournal.consumers.runtime.topic_identity import preflight
 
     settings = Settings.load()
     with cli_errors(as_json):

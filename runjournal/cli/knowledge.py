@@ -51,7 +51,7 @@ def search_command(
     query: Annotated[str, typer.Argument(help="What to look for (free text).")],
     corpus: Annotated[str | None, typer.Option("--corpus", help="Only this corpus.")] = None,
     document: Annotated[Path | None, typer.Option("--document", help="Only this document.")] = None,
-    limit: Annotated[int, typer.Option(help="Maximum sections.")] = 5,
+    limit: Annotated[int, typer.Option(min=1, help="Maximum sections.")] = 5,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Search the corpus: sections ranked by their best passage, each with path, section and sha256."""

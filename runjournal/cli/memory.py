@@ -15,6 +15,7 @@ import typer
 
 from runjournal.cli._advisory import console, fail, guarded
 from runjournal.cli._signals import stop_on_signals
+from runjournal.cli._values import PORT
 from runjournal.core.settings import Settings
 from runjournal.stores import MemoryHit, Scope, ScopeError
 
@@ -26,8 +27,8 @@ memory_app = typer.Typer(name="memory", help="Search advisory memory (never exec
 
 def memory_extractor_command(
     until_caught_up: Annotated[bool, typer.Option("--until-caught-up", help="Exit once lag is 0.")] = False,
-    batch_size: Annotated[int, typer.Option(help="Records per consume call.")] = 500,
-    metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus /metrics on this port.")] = None,
+    batch_size: Annotated[int, typer.Option(min=1, help="Records per consume call.")] = 500,
+    metrics_port: Annotated[int | None, typer.Option(**PORT, help="Serve Prometheus /metrics on this port.")] = None,
     metrics_addr: Annotated[str, typer.Option(help="Bind address of /metrics.")] = "0.0.0.0",
     as_json: Annotated[bool, typer.Option("--json", help="Print the final stats as JSON.")] = False,
 ) -> None:
@@ -42,11 +43,11 @@ def memory_extractor_command(
     """
     from runjournal.cli._errors import cli_errors
     from runjournal.consumers.cognition import CognitionOwner
-    from runjournal.consumers.memory._headroom import CpuHeadroom
-    from runjournal.consumers.memory._priority import yield_cpu
-    from runjournal.consumers.memory.embed import default_embedder
+    from runjournal.consumers.memory.headroom import CpuHeadroom
+    from runjournal.consumers.memory.priority import yield_cpu
     from runjournal.consumers.memory.service import MemoryExtractor
-    from runjournal.consumers.topic_identity import preflight
+    from runjournal.consumers.runtime.topic_identity import preflight
+    from runjournal.consumers.vectors.embed import default_embedder
     from runjournal.core.logs import setup_logging
 
     setup_logging("INFO")
@@ -60,12 +61,13 @@ def memory_extractor_command(
         headroom = CpuHeadroom(settings.memory_headroom_cores, settings.memory_headroom_wait_ms / 1000)
         extractor = guarded(lambda: MemoryExtractor(settings, store=owner.memory, batch_size=batch_size,
                                                     headroom=headroom), as_json=as_json)
-        if metrics_port is not None:
-            with cli_errors(as_json):  # the port taken: one line naming it (JSON under --json), exit 1
-                _serve_metrics(extractor.metrics, metrics_port, metrics_addr, settings)
+        stop = stop_on_signals()  # before /metrics is announced: a SIGTERM from then on withdraws it (finally)
         try:
+            if metrics_port is not None:
+                with cli_errors(as_json):  # the port taken: one line naming it (JSON under --json), exit 1
+                    _serve_metrics(extractor.metrics, metrics_port, metrics_addr, settings)
             with cli_errors(as_json):  # an outage past the budget, fenced, unauthorised: exit 1 naming it
-                stats = extractor.run(until_caught_up=until_caught_up, stop=stop_on_signals()).as_dict()
+                stats = extractor.run(until_caught_up=until_caught_up, stop=stop).as_dict()
         finally:
             if extractor.metrics.server is not None:
                 extractor.metrics.server.close()  # withdraws its announcement for the console
@@ -89,7 +91,7 @@ def _serve_metrics(metrics: Any, port: int, addr: str, settings: Settings) -> No
 def serve_command() -> None:
     """Own the embedded Qdrant directory and serve memory and knowledge reads (no extraction) until SIGTERM."""
     from runjournal.consumers.cognition import CognitionOwner
-    from runjournal.consumers.memory.embed import default_embedder
+    from runjournal.consumers.vectors.embed import default_embedder
     from runjournal.core.logs import setup_logging
 
     setup_logging("INFO")
@@ -106,7 +108,7 @@ def search_command(
     tenant: Annotated[str, typer.Option("--tenant", help="Tenant whose memory to search (required).")],
     user: Annotated[str | None, typer.Option("--user", help="Only this user's items.")] = None,
     agent: Annotated[str | None, typer.Option("--agent", help="Only items from this agent's runs.")] = None,
-    limit: Annotated[int, typer.Option(help="Maximum hits.")] = 10,
+    limit: Annotated[int, typer.Option(min=1, help="Maximum hits.")] = 10,
     all_statuses: Annotated[bool, typer.Option("--all-statuses", help="Include superseded items.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the hits as one JSON array (best first; [] when "
                                                          "none).")] = False,

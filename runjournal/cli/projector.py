@@ -11,6 +11,7 @@ from rich.table import Table
 
 from runjournal.cli._errors import cli_errors
 from runjournal.cli._signals import stop_on_signals
+from runjournal.cli._values import PORT
 from runjournal.cli.replay import timeline_type
 from runjournal.core.settings import Settings
 
@@ -24,8 +25,8 @@ def projector_command(
     until_caught_up: Annotated[bool, typer.Option("--until-caught-up", help="Exit once lag is 0.")] = False,
     rebuild: Annotated[bool, typer.Option("--rebuild", help="Wipe this prefix's projection first; "
                                           "replay from the earliest offset.")] = False,
-    batch_size: Annotated[int, typer.Option(help="Records per consume call.")] = 2000,
-    metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus /metrics on this port.")] = None,
+    batch_size: Annotated[int, typer.Option(min=1, help="Records per consume call.")] = 2000,
+    metrics_port: Annotated[int | None, typer.Option(**PORT, help="Serve Prometheus /metrics on this port.")] = None,
     metrics_addr: Annotated[str, typer.Option(help="Bind address of /metrics.")] = "0.0.0.0",
     instance_id: Annotated[str | None, typer.Option(help="Static group membership id (a restart with the same "
                                                     "id takes its partitions back at once).")] = None,
@@ -38,7 +39,7 @@ def projector_command(
     ``--instance-id``) or unauthorised, or when a dependency stays away longer than the outage budget.
     """
     from runjournal.consumers.projector.service import Projector
-    from runjournal.consumers.topic_identity import preflight
+    from runjournal.consumers.runtime.topic_identity import preflight
     from runjournal.core.logs import setup_logging
 
     setup_logging("INFO")
@@ -47,14 +48,17 @@ def projector_command(
         preflight(settings)
         projector = Projector(settings, batch_size=batch_size, group_instance_id=instance_id)
         if rebuild:
+            from runjournal.consumers.runtime.topic_identity import check_rebuild, describe_events_topic
+
+            check_rebuild(projector.redis, settings.topic_prefix, describe_events_topic(settings))
             deleted = projector.store.wipe()
             err_console.print(f"rebuild: wiped {deleted} Redis keys of prefix {settings.topic_prefix}; "
                               "replaying from the earliest offset")
-        if metrics_port is not None:
-            projector.metrics.serve(metrics_port, addr=metrics_addr, redis_client=projector.redis,
-                                    prefix=settings.topic_prefix)
-        stop = stop_on_signals()
+        stop = stop_on_signals()  # before /metrics is announced: a SIGTERM from then on withdraws it (finally)
         try:
+            if metrics_port is not None:
+                projector.metrics.serve(metrics_port, addr=metrics_addr, redis_client=projector.redis,
+                                        prefix=settings.topic_prefix)
             stats = projector.run(until_caught_up=until_caught_up, stop=stop)
         finally:
             if projector.metrics.server is not None:
@@ -75,8 +79,8 @@ def inspect_command(
 ) -> None:
     """Show a run's projected state, execution records and (from the topic) its timeline."""
     from runjournal.cli._errors import fail
-    from runjournal.consumers.inspect import inspect_run
-    from runjournal.consumers.topic_identity import preflight
+    from runjournal.consumers.ops.inspect import inspect_run
+    from runjournal.consumers.runtime.topic_identity import preflight
 
     settings = Settings.load()
     with cli_errors(as_json):
@@ -91,7 +95,14 @@ def inspect_command(
         return
     st = report["state"]
     console.print(f"run {run_id}  partition {report['partition']}  status [bold]{st['status']}[/]  "
-                  f"epoch {st['epoch']}  last seq {st['last_seq']}  owner {st.get('owner')}")
+                  f"epoch {st['epoch']}  last seq {st['last_seq']}  owner {st.get('owner') or '-'}")
+    for label, key in (("input", "input_json"), ("output", "output_json"), ("error", "error"),
+                       ("gap", "gap_reason"), ("blocked", "blocked_reason")):
+        if st.get(key):
+            console.print(f"  {label}: {_clip(str(st[key]))}", markup=False, highlight=False)
+    for approval_id, pending in sorted((st.get("pending_approvals") or {}).items()):
+        console.print(f"  pending approval {approval_id}: {pending.get('tool') or '-'} — {pending.get('reason')} "
+                      f"(`runjournal approve {run_id} {approval_id}` / `deny`)", markup=False, highlight=False)
     records = Table("call_id", "tool", "status", "attempts", "epoch", "idempotency key", title="execution records")
     for cid, rec in sorted(st.get("records", {}).items()):
         records.add_row(cid, rec.get("tool"), rec.get("status"), str(rec.get("attempts")), str(rec.get("epoch")),
@@ -104,3 +115,8 @@ def inspect_command(
                     row.get("node_id") or "")
         console.print(tl)
 
+
+def _clip(text: str, limit: int = 400) -> str:
+    """``text`` on one line, cut at ``limit`` characters with the full length said (``--json`` has it whole)."""
+    one = " ".join(text.split())
+    return one if len(one) <= limit else f"{one[:limit]}… ({len(one)} characters; --json shows it whole)"

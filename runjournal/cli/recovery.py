@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from runjournal.cli._values import PORT, positive_seconds
 from runjournal.core.settings import Settings
 
 __all__ = ["recover_command"]
@@ -24,27 +25,30 @@ def recover_command(
     assign_to: Annotated[str | None, typer.Option(help="Hand runs to this live instance (default: least loaded).")]
     = None,
     force: Annotated[bool, typer.Option("--force", help="Recover even if the owner holds a live lease.")] = False,
-    watch: Annotated[float | None, typer.Option(help="Repeat a --stale pass every this many seconds.")] = None,
-    metrics_port: Annotated[int | None, typer.Option(help="Serve Prometheus /metrics on this port.")] = None,
+    watch: Annotated[float | None, typer.Option(callback=positive_seconds,
+                                                help="Repeat a --stale pass every this many seconds (> 0).")] = None,
+    metrics_port: Annotated[int | None, typer.Option(**PORT, help="Serve Prometheus /metrics on this port.")] = None,
     metrics_addr: Annotated[str, typer.Option(help="Bind address of /metrics.")] = "0.0.0.0",
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as one JSON object.")] = False,
 ) -> None:
     """Fence dead instances, read end offsets, fold tails, classify calls, resume runs under a new epoch.
 
     Exits 1 naming the cause and its fix when the stack or topic is missing, the projection was built from
-    another topic, a named instance or run is live (without --force), or recovery is fenced by another job.
+    another topic, a named instance or run is live (without --force) or never existed (before any pass), or
+    recovery is fenced by another job; exits 2 on a usage error (--watch must be > 0).
     Under --json the report is the only thing on stdout; an error is JSON on stderr.
     """
     from runjournal.cli._errors import cli_errors, fail
     from runjournal.cli._signals import stop_on_signals
     from runjournal.consumers.recovery.job import RecoveryJob
-    from runjournal.consumers.topic_identity import preflight
+    from runjournal.consumers.runtime.topic_identity import preflight
     from runjournal.core.logs import setup_logging
 
     if not (stale or instance or run):
         raise fail("say which runs: --stale, --instance ID or --run RUN_ID", as_json=as_json, code=2,
                    kind="UsageError")
     setup_logging("WARNING")
+    stop = stop_on_signals()  # first: SIGTERM as Ctrl-C even before /metrics is announced (the finally withdraws it)
     settings = Settings.load()
     with cli_errors(as_json):
         preflight(settings)
@@ -55,8 +59,9 @@ def recover_command(
     except BaseException:
         job.close()
         raise
-    stop = stop_on_signals()  # SIGTERM as Ctrl-C: the pass ends, the finally below withdraws the announcement
+    idle = False
     try:
+        _refuse_unknown(job, instance=instance, runs=run or [], as_json=as_json)  # before any pass
         while not stop.is_set():
             with cli_errors(as_json):  # RecoveryError (a live owner, no --force) included: exit 1
                 started = time.monotonic()
@@ -66,7 +71,14 @@ def recover_command(
                     observed.failed(exc, time.monotonic() - started)
                     raise
             observed.passed(report.as_dict(), time.monotonic() - started)
-            _print(report.as_dict(), as_json)
+            if watch is not None and not as_json and not report.runs:
+                if not idle:  # an empty pass says so once, not one empty table per pass
+                    console.print(f"nothing to recover: no run of an instance without a lease (passes every "
+                                  f"{watch:g} s; this line again after a pass that finds one)")
+                idle = True
+            else:
+                _print(report.as_dict(), as_json)
+                idle = False
             if watch is None:
                 break
             stop.wait(watch)
@@ -95,8 +107,8 @@ class _Observed:
     def passed(self, report: dict[str, Any], duration_s: float) -> None:
         if self.metrics is None:
             return
-        from runjournal.consumers._partitions import events_partition_count
         from runjournal.consumers.recovery.metrics import recovery_backlog
+        from runjournal.consumers.runtime.partitions import events_partition_count
 
         self.metrics.observe_pass(report, duration_s)
         if self._partitions is None:
@@ -107,6 +119,25 @@ class _Observed:
     def close(self) -> None:
         if self.metrics is not None and self.metrics.server is not None:
             self.metrics.server.close()
+
+
+def _refuse_unknown(job: Any, *, instance: str | None, runs: list[str], as_json: bool) -> None:
+    """Exit 1 before any pass when a named run or instance never existed (a typo is not a clean pass): a run with
+    no run-id claim and no projected state (``RecoveryJob.unknown_runs``), an instance no Journal ever started
+    (``Instances.known``). Nothing is fenced, published or printed on stdout."""
+    from runjournal.cli._errors import cli_errors, fail
+
+    with cli_errors(as_json):
+        unknown = job.unknown_runs(runs) if runs else []
+        never = instance is not None and not job.instances.known(instance)
+    if unknown:
+        raise fail(f"no run {', '.join(unknown)} in the journal (never claimed, no projected state): check the id "
+                   "— `runjournal inspect RUN_ID` shows a run the projection knows", as_json=as_json,
+                   kind="UnknownRunError")
+    if never:
+        raise fail(f"no instance {instance} ever started here (no incarnation of its name, no key of it): check the "
+                   "id — it is an event's producer_id (`runjournal inspect RUN_ID` shows a run's owner)",
+                   as_json=as_json, kind="UnknownInstanceError")
 
 
 def _print(report: dict, as_json: bool) -> None:  # type: ignore[type-arg]
@@ -121,5 +152,7 @@ def _print(report: dict, as_json: bool) -> None:  # type: ignore[type-arg]
                       str(r.get("detail") or ""))
     console.print(table)
     offsets = ", ".join(f"p{p['partition']}:{p['start']}→{p['end']}" for p in report["offsets"])
-    console.print(f"recovered {report['runs_recovered']} run(s) in {report['recovery_ms']} ms; fenced "
-                  f"{report['fenced'] or 'nobody'}; calls {report['calls']}; offsets read {offsets or '-'}")
+    fenced = ", ".join(report["fenced"]) or "nobody"
+    calls = ", ".join(f"{k} {v}" for k, v in sorted(report["calls"].items())) or "none"
+    console.print(f"recovered {report['runs_recovered']} run(s) in {report['recovery_ms']} ms; fenced {fenced}; "
+                  f"calls {calls}; offsets read {offsets or '-'}")

@@ -24,12 +24,12 @@ def replay_command(
 ) -> None:
     """Rebuild a run's state, execution records and timeline from the topic, up to --until-seq.
 
-    Reads only the journal (not the Redis projection) and runs no tool: DESIGN.md § Replay is not resume.
+    Reads only the journal (not the Redis projection) and runs no tool: docs/design/protocol.md § Replay is not resume.
     Exits 1 when the topic holds nothing of the run.
     """
     from runjournal.cli._errors import cli_errors, fail
-    from runjournal.consumers.replay import replay_state
-    from runjournal.consumers.topic_identity import preflight
+    from runjournal.consumers.ops.replay import replay_state
+    from runjournal.consumers.runtime.topic_identity import preflight
 
     settings = Settings.load()
     with cli_errors(as_json):

@@ -123,6 +123,11 @@ def publish(
             console.print(f"published {rel}")
         for r in rows:
             console.print(f"{subject}: {r.version} {r.action} (id {r.schema_id}) {r.detail}".rstrip())
+        if not report["published"] and not rows:  # it did nothing: say so, and what would do something
+            console.print("nothing new: every .avsc is in the ledger (published.sha256); no registry given "
+                          "(--registry URL or RUNJOURNAL_SCHEMA_REGISTRY_URL registers the versions)")
+        elif not report["published"]:
+            console.print("ledger: nothing new (every .avsc is in published.sha256)")
     if not report["ok"]:
         raise typer.Exit(code=1)
 

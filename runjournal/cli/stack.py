@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from runjournal.cli._values import PORT, positive_seconds
 from runjournal.core.settings import Settings
 from runjournal.deploy.errors import StackError
 from runjournal.deploy.stack import Stack, StackPorts
@@ -40,12 +41,13 @@ def _fail(exc: Exception, as_json: bool = False) -> typer.Exit:
 
 @stack_app.command("up")
 def stack_up(
-    kafka_port: Annotated[int, typer.Option(help="Kafka client port on 127.0.0.1 (node i: + 2i).")] = 9092,
-    controller_port: Annotated[int, typer.Option(help="KRaft controller port on 127.0.0.1 (node i: + 2i).")] = 9093,
-    redis_port: Annotated[int, typer.Option(help="Redis port on 127.0.0.1 (a cluster: node i on + i, its bus on "
-                                                 "+ 3 + i).")] = 6379,
-    brokers: Annotated[int | None, typer.Option(help="Kafka nodes (broker+controller each, static quorum); 3 is the "
-                                                     "production shape: replication 3, min.insync.replicas 2. "
+    kafka_port: Annotated[int, typer.Option(**PORT, help="Kafka client port on 127.0.0.1 (node i: + 2i).")] = 9092,
+    controller_port: Annotated[int, typer.Option(**PORT, help="KRaft controller port on 127.0.0.1 (node i: + 2i).")]
+    = 9093,
+    redis_port: Annotated[int, typer.Option(**PORT, help="Redis port on 127.0.0.1 (a cluster: node i on + i, its bus "
+                                                 "on + 3 + i).")] = 6379,
+    brokers: Annotated[int | None, typer.Option(min=1, help="Kafka nodes (broker+controller each, static quorum); 3 is "
+                                                     "the production shape: replication 3, min.insync.replicas 2. "
                                                      "Default: the stack's own, or 1.")] = None,
     secure: Annotated[bool, typer.Option("--secure", help="SASL_SSL (SCRAM) listener, a CA and broker certificate "
                                          "made at start, a SCRAM user and ACLs per role; Redis over TLS only, "
@@ -53,11 +55,12 @@ def stack_up(
     redis_cluster: Annotated[bool, typer.Option(
         "--redis-cluster", help="A 3-master Redis Cluster (cluster-enabled redis-server x3 joined by redis-cli "
                                 "--cluster create) instead of one Redis server. Default: the stack's own.")] = False,
-    timeout_s: Annotated[float, typer.Option("--timeout", help="Readiness timeout per component, seconds.")] = 120.0,
+    timeout_s: Annotated[float, typer.Option(
+        "--timeout", callback=positive_seconds, help="Readiness timeout per component, seconds.")] = 120.0,
     registry: Annotated[bool, typer.Option(
         "--registry", help="Also start a schema registry (Apicurio, from Maven Central) and register the "
                            "event schemas in it; commands then use Confluent framing.")] = False,
-    registry_port: Annotated[int, typer.Option(help="Schema registry HTTP port on 127.0.0.1.")] = 8081,
+    registry_port: Annotated[int, typer.Option(**PORT, help="Schema registry HTTP port on 127.0.0.1.")] = 8081,
     as_json: JsonOpt = False,
 ) -> None:
     """Start Kafka and Redis (and set up Qdrant's local path); with --registry a schema registry too.
@@ -160,13 +163,13 @@ def _status_detail(info: dict[str, Any]) -> str:
 @topics_app.command("create")
 def topics_create(
     partitions: Annotated[
-        int | None, typer.Option(help="Events topic partitions (default RUNJOURNAL_PARTITIONS).")
+        int | None, typer.Option(min=1, help="Events topic partitions (default RUNJOURNAL_PARTITIONS).")
     ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Create runjournal.events (compacted) and the two DLQs. Idempotent; refuses a mismatched events topic."""
     from runjournal.cli._errors import cli_errors
-    from runjournal.consumers.topic_identity import preflight
+    from runjournal.consumers.runtime.topic_identity import preflight
 
     settings = Settings.load()
     with cli_errors(as_json):  # TopicConfigError, no broker (named within 5 s): exit 1
@@ -183,16 +186,22 @@ def _create(settings: Settings, partitions: int | None) -> list[Any]:
 
 @topics_app.command("describe")
 def topics_describe(as_json: JsonOpt = False) -> None:
-    """Show partition counts and the configs runjournal relies on."""
-    from runjournal.cli._errors import cli_errors
-    from runjournal.consumers.topic_identity import preflight
+    """Show partition counts and the configs runjournal relies on; exits 1 after the table when a topic is missing
+    (naming `runjournal topics create`)."""
+    from runjournal.cli._errors import cli_errors, fail
+    from runjournal.consumers.runtime.topic_identity import preflight
     from runjournal.deploy.topics import describe_topics
 
     settings = Settings.load()
     with cli_errors(as_json):
         preflight(settings, need_topic=False, need_redis=False)
         reports = describe_topics(settings)
-    _print_topics(reports, as_json)
+    missing = [r.name for r in reports if r.action == "missing"]
+    if not (missing and as_json):  # under --json a failure prints nothing on stdout
+        _print_topics(reports, as_json)
+    if missing:
+        raise fail(f"missing topic(s) {', '.join(missing)} (prefix {settings.topic_prefix}): run "
+                   "`runjournal topics create`", as_json=as_json, kind="TopicNotFoundError")
 
 
 def _print_topics(reports: list[Any], as_json: bool) -> None:

@@ -2,7 +2,8 @@
 
 Routes:
 
-* ``GET /runs`` — the runs list (``?status=&tenant=&agent=&page=``), most urgent first; ``GET /api/runs`` as JSON.
+* ``GET /runs`` — the runs list (``?status=&tenant=&agent=&page=``; ``status=owner_dead``: unfinished runs whose owner
+  holds no lease), most urgent first; ``GET /api/runs`` as JSON.
 * ``GET /runs/{run_id}`` — timeline (seq, epoch, offset), epochs, execution records by class, approvals, memory;
   ``GET /api/runs/{run_id}`` as JSON.
 * ``POST /runs/{run_id}/approvals/{call_id}`` — ``decision=grant|deny`` (+ ``comment``, ``csrf``): operators only
@@ -11,6 +12,10 @@ Routes:
 * ``GET|POST /login``, ``POST /logout`` — operator sign-in (only with a token).
 * ``GET /metrics`` — the console's own Prometheus metrics; ``GET /healthz``; ``/static`` — the stylesheet.
 
+A run id in a link is percent-encoded as one path segment (:func:`path_segment`: a run id may hold ``/``, ``?``,
+``#``, spaces) and the run routes take the rest of the path as the id; ids from a URL are checked with
+``runjournal.core.ids`` ``check_lookup`` (400 when not text) — any id a run was started with stays reachable.
+
 Every page is answered with ``Content-Security-Policy: default-src 'self'`` and ``X-Frame-Options: DENY`` (no
 third-party origin, no framing of the approve buttons).
 """
@@ -18,13 +23,14 @@ third-party origin, no framing of the approve buttons).
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 import jinja2
 import redis
@@ -44,8 +50,9 @@ from runjournal.console.auth import COOKIE, NAME_COOKIE, OperatorAuth
 from runjournal.console.lag import LagBoard
 from runjournal.console.metrics import ConsoleMetrics
 from runjournal.console.queries import STATUS_GROUPS, ConsoleData
-from runjournal.consumers.approvals import ApprovalRefusedError, submit_decision
+from runjournal.consumers.ops.approvals import ApprovalRefusedError, submit_decision, submit_settlement
 from runjournal.core.errors import RunjournalError
+from runjournal.core.ids import CALL_ID, RUN_ID, InvalidIdError
 from runjournal.core.settings import Settings
 from runjournal.model.reducer import RunStatus
 
@@ -117,6 +124,7 @@ class _Console:
         self.templates = Jinja2Templates(env=jinja2.Environment(
             loader=jinja2.FileSystemLoader(_HERE / "templates"), autoescape=True))  # every value HTML-escaped
         self.templates.env.filters["ms"] = _ms
+        self.templates.env.filters["segment"] = path_segment  # an id inside a link: /runs/{{ r.run_id|segment }}
         self.templates.env.globals["fmt_num"] = _num
         self.templates.env.globals["fmt_lag"] = lambda v: "—" if v is None else f"{v:.2f} s"
         self.templates.env.globals["prefix"] = config.settings.topic_prefix
@@ -151,14 +159,20 @@ class _Console:
         if request.url.path.startswith("/api/"):
             return JSONResponse({"runs": [{"run_id": r.run_id, **{k: getattr(r, k) for k in r.__slots__}}
                                           for r in page.rows], "total": page.total, "page": page.page,
-                                 "pages": page.pages, "by_status": page.by_status})
+                                 "pages": page.pages, "by_status": page.by_status, "owner_dead": page.owner_dead,
+                                 "dead_owners": sorted(page.dead_owners)})
         link = {k: v for k, v in filters.items() if v}
         return self._page(request, "runs.html", {
-            "page": page, "filters": filters, "statuses": [*STATUS_GROUPS, *(s.value for s in RunStatus)],
+            "page": page, "filters": filters,
+            "statuses": [*STATUS_GROUPS, "owner_dead", *(s.value for s in RunStatus)],
             "lag": self.lag.view(), "query": lambda **kw: urlencode({**link, **kw})})
 
     def run(self, request: Request) -> Response:
         run_id = request.path_params["run_id"]
+        try:
+            RUN_ID.check_lookup(run_id)  # any id a run was ever started with, rules or not
+        except InvalidIdError as exc:
+            return self._error(request, exc, 400, kind="BadRequest")
         try:
             page = self.data.run(run_id)
         except _UNAVAILABLE as exc:
@@ -180,6 +194,11 @@ class _Console:
     # -- decisions -------------------------------------------------------------------------------
     async def decide(self, request: Request) -> Response:
         run_id, call_id = request.path_params["run_id"], request.path_params["call_id"]
+        try:
+            RUN_ID.check_lookup(run_id)
+            CALL_ID.check_lookup(call_id)
+        except InvalidIdError as exc:
+            return PlainTextResponse(f"refused: {exc}", status_code=400)
         form = await request.form()
         decision = str(form.get("decision", ""))
         if not self.auth.enabled:
@@ -190,12 +209,22 @@ class _Console:
             self.metrics.decisions.labels(decision or "none", "unauthorized").inc()
             return PlainTextResponse("operator credentials required: sign in with the operator token",
                                      status_code=401)
-        if decision not in ("grant", "deny"):
-            return PlainTextResponse("decision must be grant or deny", status_code=400)
+        if decision not in ("grant", "deny", "executed"):
+            return PlainTextResponse("decision must be grant (run the call again), deny (never) or executed (it "
+                                     "happened: record the result)", status_code=400)
         try:
-            await run_in_threadpool(submit_decision, self.config.settings, run_id, call_id,
-                                    granted=decision == "grant", approver=self.auth.approver(request),
-                                    comment=_text(form.get("comment")) or None, redis_client=self.data.redis)
+            if decision == "executed":  # settled by hand: the result is JSON the operator typed
+                try:
+                    result = _json_value(_text(form.get("result")) or "null")
+                except ValueError as exc:  # NonCanonicalValueError included (a number past 64 bits)
+                    return PlainTextResponse(f"refused: the result is not JSON ({exc})", status_code=400)
+                await run_in_threadpool(submit_settlement, self.config.settings, run_id, call_id, result=result,
+                                        approver=self.auth.approver(request),
+                                        comment=_text(form.get("comment")) or None, redis_client=self.data.redis)
+            else:
+                await run_in_threadpool(submit_decision, self.config.settings, run_id, call_id,
+                                        granted=decision == "grant", approver=self.auth.approver(request),
+                                        comment=_text(form.get("comment")) or None, redis_client=self.data.redis)
         except ApprovalRefusedError as exc:
             self.metrics.decisions.labels(decision, "refused").inc()
             return PlainTextResponse(f"refused: {exc}", status_code=409)
@@ -205,7 +234,7 @@ class _Console:
         self.metrics.decisions.labels(decision, "written").inc()
         if "text/html" not in request.headers.get("accept", ""):
             return JSONResponse({"run_id": run_id, "call_id": call_id, "decision": decision, "written": True})
-        return RedirectResponse(f"/runs/{run_id}?{urlencode({'decided': call_id})}", status_code=303)
+        return RedirectResponse(f"/runs/{path_segment(run_id)}?{urlencode({'decided': call_id})}", status_code=303)
 
     # -- sign-in -----------------------------------------------------------------------------------
     async def login(self, request: Request) -> Response:
@@ -233,6 +262,12 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def path_segment(value: Any) -> str:
+    """``value`` percent-encoded as one URL path segment (``/``, ``?``, ``#``, ``%`` and spaces too): a run id
+    may hold any of them (``runjournal.core.ids``), and the run routes take the rest of the path as the id."""
+    return quote(str(value), safe="")
+
+
 def build_app(config: ConsoleConfig, *, data: ConsoleData | None = None,
               metrics: ConsoleMetrics | None = None) -> Starlette:
     """The console's ASGI app (serve it with uvicorn; ``runjournal console`` does).
@@ -248,8 +283,10 @@ def build_app(config: ConsoleConfig, *, data: ConsoleData | None = None,
     routes = [
         Route("/", lambda _r: RedirectResponse("/runs", status_code=307)),
         Route("/runs", console.runs), Route("/api/runs", console.runs),
-        Route("/runs/{run_id:str}", console.run), Route("/api/runs/{run_id:str}", console.run),
-        Route("/runs/{run_id:str}/approvals/{call_id:str}", console.decide, methods=["POST"]),
+        # {run_id:path}: a run id may hold "/" (it arrives percent-encoded, the server decodes it); the decide route
+        # takes the last two segments, so a run id holding "/approvals/" still reaches its run page by GET.
+        Route("/runs/{run_id:path}/approvals/{call_id:str}", console.decide, methods=["POST"]),
+        Route("/runs/{run_id:path}", console.run), Route("/api/runs/{run_id:path}", console.run),
         Route("/lag", console.lag_page),
         Route("/login", console.login, methods=["GET", "POST"]), Route("/logout", console.logout, methods=["POST"]),
         Route("/healthz", lambda _r: JSONResponse({"ok": True})),
@@ -272,3 +309,19 @@ def build_app(config: ConsoleConfig, *, data: ConsoleData | None = None,
 
     return Starlette(routes=routes, middleware=[Middleware(_Timing, metrics=metrics, routes=routes)],
                      lifespan=lifespan, exception_handlers={404: not_found})
+
+
+def _json_value(text: str) -> Any:
+    """A settled result typed by an operator: JSON with an exact canonical form (NaN / Infinity refused).
+
+    Raises:
+        ValueError: not JSON, or no canonical form (``NonCanonicalValueError`` is a ``ValueError``).
+    """
+    from runjournal.producers import canonical_value
+
+    def refuse(token: str) -> Any:
+        raise ValueError(f"{token} has no JSON form")
+
+    value = json.loads(text, parse_constant=refuse)
+    canonical_value(value, "result")
+    return value

@@ -1,5 +1,8 @@
 """Projector, memory and recovery lag as the services export it: their ``/metrics``, scraped by the console.
 
+A service that stopped announcing without withdrawing (killed) stays on the page as missing, with since when, for
+:data:`MISSING_SHOWN_S`; one that stopped cleanly withdrew its entry.
+
 Where the endpoints come from: the services started with ``--metrics-port`` announce themselves in Redis
 (``runjournal.core.metrics.announced_endpoints``), plus any ``--scrape URL`` given to ``runjournal console``.
 Each endpoint is fetched with a short timeout and parsed with prometheus-client's own text parser; results are
@@ -21,7 +24,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from runjournal.consumers.recovery.metrics import Backlog, recovery_backlog
 from runjournal.core.metrics import announced_endpoints
 
-__all__ = ["Endpoint", "LagBoard", "LagView"]
+__all__ = ["MISSING_SHOWN_S", "Endpoint", "LagBoard", "LagView"]
+
+MISSING_SHOWN_S = 3600.0
+"""How long a service that stopped announcing without withdrawing is shown as missing (s); older entries are not."""
 
 #: The figures shown per service: (metric, how to fold its samples, label on the page, unit).
 FIGURES: dict[str, list[tuple[str, str, str, str]]] = {
@@ -53,6 +59,9 @@ class Endpoint:
     """Why not, when not."""
     figures: list[tuple[str, float | None, str]] = field(default_factory=list)
     """``(label, value, unit)`` of the service's :data:`FIGURES`."""
+    missing_s: float | None = None
+    """Seconds since a service that stopped announcing without withdrawing last did (killed, or cut off from
+    Redis): shown as missing, not scraped; None for a service that announces."""
 
 
 @dataclass
@@ -123,9 +132,14 @@ class LagBoard:
         with self._lock:
             if self._cached is not None and time.time() - self._cached.at < self.ttl_s:
                 return self._cached
-            targets = [(str(e["service"]), str(e["url"])) for e in announced_endpoints(self.redis, self.prefix)]
+            announced = announced_endpoints(self.redis, self.prefix, missing_for_s=MISSING_SHOWN_S)
+            targets = [(str(e["service"]), str(e["url"])) for e in announced if not e["missing"]]
             targets += [("scraped", url) for url in self.extra_urls if url not in {u for _s, u in targets}]
             endpoints = list(self._pool.map(lambda t: self._scrape(*t), targets))
+            endpoints += [Endpoint(service=str(e["service"]), url=str(e["url"]), missing_s=float(e["age_s"]),
+                                   error=f"missing: last announced {e['age_s']:.0f} s ago by pid {e.get('pid')} on "
+                                         f"{e.get('host')} — it stopped without withdrawing (killed, or cut off from "
+                                         "Redis)") for e in announced if e["missing"]]
             try:
                 backlog, error = recovery_backlog(self.redis, self.prefix, self.partitions()), None
             except Exception as exc:  # noqa: BLE001 - shown on the page instead

@@ -2,7 +2,7 @@
 
 Every execution fact on a page comes from the journal's stores — the runs index and run states in Redis
 (``runjournal.consumers.projector``), the run's records in its partition of the events topic
-(``runjournal.consumers.inspect.read_run_events``), the approval inbox — never from memory. A run's memory items
+(``runjournal.consumers.ops.inspect.read_run_events``), the approval inbox — never from memory. A run's memory items
 are shown in a section of their own, labelled advisory, each with its provenance back to an event offset.
 """
 
@@ -16,15 +16,16 @@ from typing import Any
 
 import redis
 
-from runjournal.consumers._partitions import events_partition_count
-from runjournal.consumers.inspect import read_run_events
+from runjournal.consumers.ops.inspect import read_run_events
 from runjournal.consumers.projector.index import RunSummary, attention, read_entries
 from runjournal.consumers.projector.store import ProjectionStore
+from runjournal.consumers.runtime.partitions import events_partition_count
 from runjournal.core import redis_client as redis_clients
+from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.model.reducer import CallStatus, RunState
 from runjournal.producers.approvals import ApprovalInbox
-from runjournal.producers.partitioner import partition_for
+from runjournal.schemas.keys import partition_for
 
 __all__ = ["ConsoleData", "RunPage", "RunsPage", "record_class"]
 
@@ -57,6 +58,11 @@ class RunsPage:
     """Number of pages."""
     elapsed_ms: float
     """Time spent reading and sorting, ms."""
+    dead_owners: frozenset[str] = frozenset()
+    """Owners of unfinished runs (of the tenant and agent filters) that hold no lease: their runs wait for
+    ``recover --stale`` (marked on their rows, counted, and listed by ``status=owner_dead``)."""
+    owner_dead: int = 0
+    """Unfinished runs (of the tenant and agent filters) whose owner holds no lease."""
 
 
 @dataclass
@@ -125,7 +131,8 @@ class ConsoleData:
         """Filter, sort and page the runs index (see :class:`RunsPage`).
 
         Args:
-            status: a RunStatus value, or ``parked`` / ``active`` / ``terminal``; None: all.
+            status: a RunStatus value, or ``parked`` / ``active`` / ``terminal`` / ``owner_dead`` (unfinished runs
+                whose owner holds no lease); None: all.
             tenant, agent: exact matches; None: all.
             page: 1-based page; per_page: rows per page (default 100).
         """
@@ -133,7 +140,12 @@ class ConsoleData:
         every = read_entries(self.redis, self.store, range(self.partitions))  # dicts: objects only for the page
         statuses = STATUS_GROUPS.get(status or "", {status} if status else None)
         scoped = [e for e in every if (tenant is None or e["t"] == tenant) and (agent is None or e["a"] == agent)]
-        rows = [e for e in scoped if statuses is None or e["s"] in statuses]
+        dead = self._dead_owners({e["o"] for e in scoped if e["o"] and attention(e) in (1, 2, 3)})
+        orphaned = [e for e in scoped if e["o"] in dead and attention(e) in (1, 2, 3)]
+        if status == "owner_dead":
+            rows = orphaned
+        else:
+            rows = [e for e in scoped if statuses is None or e["s"] in statuses]
         rows.sort(key=lambda e: (attention(e), -(e["m"] or 0), e["id"]))
         pages = max(1, -(-len(rows) // per_page))
         page = min(max(1, page), pages)
@@ -142,7 +154,19 @@ class ConsoleData:
                         by_status=dict(sorted(Counter(e["s"] for e in scoped).items())),
                         tenants=sorted({e["t"] for e in every if e["t"]}),
                         agents=sorted({e["a"] for e in every if e["a"]}), page=page, pages=pages,
-                        elapsed_ms=(time.perf_counter() - started) * 1000)
+                        elapsed_ms=(time.perf_counter() - started) * 1000, dead_owners=frozenset(dead),
+                        owner_dead=len(orphaned))
+
+    def _dead_owners(self, owners: set[str]) -> set[str]:
+        """Those of ``owners`` that hold no lease (one pipelined EXISTS per owner, each in its own slot)."""
+        if not owners:
+            return set()
+        keys = RedisKeys(self.settings.topic_prefix)
+        pipe = self.redis.pipeline(transaction=False)
+        ordered = sorted(owners)
+        for owner in ordered:
+            pipe.exists(keys.lease(owner))
+        return {o for o, alive in zip(ordered, pipe.execute(), strict=True) if not alive}
 
     # -- one run -----------------------------------------------------------------------------------
     def run(self, run_id: str, *, with_memory: bool = True) -> RunPage | None:
@@ -153,7 +177,8 @@ class ConsoleData:
             return None
         rows = read_run_events(self.settings, run_id)
         decided = [{"call_id": cid, "decision": d.decision.value, "approver": d.approver, "note": d.note,
-                    "at_ms": d.decided_at_ms} for cid, d in sorted(state.approvals.items())]
+                    "at_ms": d.decided_at_ms, "scope": _approval_scope(cid, d.scope_attempt),
+                    "consumed_offset": d.consumed_offset} for cid, d in sorted(state.approvals.items())]
         page = RunPage(run_id=run_id, partition=partition, state=state, timeline=[_timeline_row(r) for r in rows],
                        epochs=_epochs(rows), records=_records(state), pending=self._pending(state), decided=decided)
         if with_memory:
@@ -164,6 +189,8 @@ class ConsoleData:
         out = []
         for call_id, p in sorted(state.pending_approvals.items()):
             out.append({"call_id": call_id, "reason": p.reason, "tool": p.tool, "requested_at_ms": p.requested_at_ms,
+                        "scope": _approval_scope(call_id, p.scope_attempt),
+                        "settleable": _settleable(state, call_id, p.scope_call_id),
                         "inbox": self.inbox.decision(state.run_id, call_id)})
         return out
 
@@ -243,3 +270,22 @@ def _records(state: RunState) -> list[dict[str, Any]]:
                     "idempotency_key": rec.idempotency_key, "intended_offset": rec.intended_offset,
                     "outcome_offset": rec.outcome_offset, "zombie": rec.zombie, "error": rec.error})
     return out
+
+
+def _approval_scope(call_id: str, attempt: int | None = None) -> str:
+    """What an approval authorises, for the run page: one re-run of an attempt — as its APPROVAL_REQUESTED recorded
+    it (``scope_attempt``, envelope v3), else as its id says (``<key>@<n>``) — or a step / call id
+    (docs/design/decisions/0044-approvals-bind-to-one-attempt.md)."""
+    if attempt is not None:
+        return f"one re-run of attempt {attempt}"
+    head, _, suffix = call_id.rpartition("@")
+    return f"one re-run of attempt {suffix}" if head and suffix.isdigit() else "this call id"
+
+
+def _settleable(state: RunState, call_id: str, scope_call_id: str | None) -> bool:
+    """Whether an operator may settle approval ``call_id`` by hand ("it happened"): it is bound to one call whose
+    outcome is unknown (``runjournal.consumers.ops.approvals.submit_settlement`` checks the same)."""
+    head, _, attempt = call_id.rpartition("@")
+    key = scope_call_id or (head if head and attempt.isdigit() else None)
+    record = state.records.get(key) if key else None
+    return record is not None and record.status in (CallStatus.INTENDED, CallStatus.OUTCOME_UNKNOWN)

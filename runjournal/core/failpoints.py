@@ -11,7 +11,28 @@ from __future__ import annotations
 import os
 import signal
 
-__all__ = ["hit"]
+__all__ = ["REGISTRY", "hit"]
+
+REGISTRY: dict[str, str] = {
+    "producers.call.before_intent_commit": "a side effect's TOOL_CALL_INTENDED produced, its commit not acknowledged",
+    "producers.call.after_intent": "the intent acknowledged, the tool not yet invoked",
+    "producers.call.after_tool": "the tool returned, its outcome not yet published",
+    "producers.call.after_outcome": "the outcome published (acknowledged, or riding the next commit in group mode)",
+    "producers.txn.after_outcome_commit": "a commit that acknowledged a deferred (group-mode) outcome returned",
+    "producers.surrender.after_flush": "a surrendering instance committed its open transaction; the run not yet "
+                                       "moved from its owned set to its surrendered hash",
+    "projector.before_write": "a batch folded, its Redis write not yet sent",
+    "projector.write_in_flight": "a batch's Redis write sent (write-behind), not yet answered",
+    "projector.after_write": "a batch written to Redis, the group offset not yet committed",
+    "recovery.after_fence": "the dead instances fenced (and the recovery producer initialised), nothing read",
+    "recovery.after_read": "the partitions' tails folded, nothing published",
+    "recovery.after_commit": "RUN_RESUMED committed, nothing of the hand-over written",
+    "recovery.inside_handover": "before each batch of the hand-over",
+    "recovery.handover.after_plan": "a batch's plans stored, not yet assigned",
+    "recovery.handover.after_assign": "a batch assigned, the dead owner's sets not yet cleared",
+}
+"""Every failpoint production code hits, and where: the crash matrices arm each one
+(tests/faults/test_registry.py fails on a hit missing here, or on one no test arms)."""
 
 
 def _parse(spec: str) -> dict[str, tuple[int, int]]:

@@ -7,7 +7,7 @@ collector are the same everywhere:
 * **Names** are ``runjournal_<service>_<what>_<base unit>``: ``_seconds``, ``_bytes``, ``_records``; a counter
   is declared without ``_total`` and exposed with it (prometheus-client appends it). Milliseconds and other
   scaled units are refused here (:func:`check_name`), and ``promtool check metrics`` runs on every service's
-  output in the tests (``tests/test_metrics.py``).
+  output in the tests (``tests/core/test_metrics.py``).
 * **Registries** are per process (or per service object), never the global default one, and carry the process
   collector (``process_cpu_seconds_total``, ``process_resident_memory_bytes`` …), the platform and the GC
   collector, and ``runjournal_build_info{service, version}`` (:func:`new_registry`).
@@ -242,12 +242,17 @@ def serve(registry: CollectorRegistry, port: int, *, service: str, addr: str = "
     return MetricsServer(server, addr=addr, service=service, redis_client=redis_client, prefix=prefix)
 
 
-def announced_endpoints(redis_client: Any, prefix: str, *, max_age_s: float = 20.0) -> list[dict[str, Any]]:
-    """The ``/metrics`` endpoints announced for ``prefix`` and refreshed within ``max_age_s`` seconds.
+def announced_endpoints(redis_client: Any, prefix: str, *, max_age_s: float = 20.0,
+                        missing_for_s: float = 0.0) -> list[dict[str, Any]]:
+    """The ``/metrics`` endpoints announced for ``prefix`` and refreshed within ``max_age_s`` seconds — and, with
+    ``missing_for_s``, those that stopped refreshing less than that long ago without withdrawing (a service killed,
+    or cut off from Redis), marked ``"missing": True`` with their ``"age_s"``: the console shows them as missing
+    instead of letting them vanish. A service that stops cleanly withdraws its entry.
 
     Returns:
-        ``[{"service", "url", "host", "pid", "seen_at_ms"}]`` sorted by service then url; an endpoint on
-        this host is given with a loopback URL.
+        ``[{"service", "url", "host", "pid", "seen_at_ms", "missing", "age_s"}]`` sorted by service then url; an
+        endpoint on this host is given with a loopback URL. ``age_s``: seconds since its last refresh by this host's
+        clock against the announcer's (display only: nothing is decided from it).
     """
     now_ms = time.time() * 1000
     here = socket.gethostname()
@@ -257,7 +262,9 @@ def announced_endpoints(redis_client: Any, prefix: str, *, max_age_s: float = 20
             entry = json.loads(raw)
         except ValueError:
             continue
-        if now_ms - float(entry.get("seen_at_ms", 0)) > max_age_s * 1000:
+        age_s = max(0.0, (now_ms - float(entry.get("seen_at_ms", 0))) / 1000)
+        entry["age_s"], entry["missing"] = age_s, age_s > max_age_s
+        if entry["missing"] and not age_s < missing_for_s:
             continue
         if entry.get("host") != here and "://127.0.0.1:" in str(entry.get("url")):
             entry["url"] = str(entry["url"]).replace("127.0.0.1", str(entry.get("host")), 1)

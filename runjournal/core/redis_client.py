@@ -39,8 +39,8 @@ __all__ = ["ACCESS_HINTS", "access_problem", "check_access", "client", "delete_m
 ACCESS_HINTS = {
     "auth": "Redis refused the login: check RUNJOURNAL_REDIS_USERNAME and RUNJOURNAL_REDIS_PASSWORD (or the "
             "user:password in RUNJOURNAL_REDIS_URL)",
-    "permission": "the Redis user may not run this command on these keys: check the user's ACL (README "
-                  "\"Least privilege\", `runjournal acls show --redis`) and RUNJOURNAL_TOPIC_PREFIX",
+    "permission": "the Redis user may not run this command on these keys: check the user's ACL (docs/operations/"
+                  "cluster-and-least-privilege.md, `runjournal acls show --redis`) and RUNJOURNAL_TOPIC_PREFIX",
     "tls": "the TLS handshake with Redis failed: check the rediss:// scheme and RUNJOURNAL_REDIS_SSL_CA_LOCATION "
            "(the CA that signed the Redis servers' certificates)",
 }

@@ -28,6 +28,14 @@ they match no key of a prefix ``P.p1`` (whose tags are ``{P.p1:…}``, never ``{
 a whole prefix is tagged ``{P}``; the issue-14 topic identity ``rj:{P}:topic`` moved to ``rj:P:topic``, and a
 projector adopts the identity again once after the upgrade). Redis ACL key patterns (``runjournal.deploy.redis_acls``)
 and scans (erase, wipe, demo cleanup) use the same globs (:meth:`RedisKeys.patterns`).
+
+**Ids inside a tag** — a run id, an instance id, a thread id — hold no ``{`` or ``}`` (``runjournal.core.ids``:
+``RUN_ID``, ``PRODUCER_ID``, ``THREAD_ID``, checked where the ids enter: ``start_run``, ``resume``, ``Journal``, the
+adapters). Redis hashes the text between the first ``{`` and the first ``}`` after it, so a ``}`` in an id would end
+the tag early: the unit's keys would still share a slot (they share the text up to the id), but the slot would be
+chosen by a prefix of the id — every run ``x}…`` on one node. The key names themselves are unambiguous for any id:
+each family is a constant head, the id, and a constant tail (or none), and no two families share a head and a tail,
+so one name is never two keys (docs/design/protocol.md § Identifiers and keys).
 """
 
 from __future__ import annotations
@@ -78,6 +86,12 @@ class RedisKeys:
         """``rj:{P.p<n>}:index`` — hash run_id → the run's summary JSON, for lists (``consumers.projector.index``)."""
         return f"rj:{partition_tag(self.prefix, partition)}:index"
 
+    def live(self, partition: int) -> str:
+        """``rj:{P.p<n>}:live`` — hash run_id → ``<epoch>:<owner>`` of the partition's runs that are neither ended
+        nor parked: where recovery finds a run whose owner holds no lease even when every Redis set that named it
+        was lost (the projection is rebuilt from the topic; the sets are not)."""
+        return f"rj:{partition_tag(self.prefix, partition)}:live"
+
     # -- instance unit: leases, owned runs, assignments ----------------------------------------------
     def _instance(self, instance: str) -> str:
         return f"rj:{{{self.prefix}:i:{instance}}}"
@@ -89,6 +103,23 @@ class RedisKeys:
     def owned(self, instance: str) -> str:
         """``rj:{P:i:<instance>}:owned`` — set of the run ids the instance writes."""
         return f"{self._instance(instance)}:owned"
+
+    def incoming(self, instance: str) -> str:
+        """``rj:{P:i:<instance>}:incoming`` — set of runs a recovery pass is handing to the instance: written before
+        their RUN_RESUMED commits, cleared by the hand-over's assignment, so a pass killed between the two leaves
+        the run findable (``consumers.recovery``)."""
+        return f"{self._instance(instance)}:incoming"
+
+    def surrendered(self, instance: str) -> str:
+        """``rj:{P:i:<instance>}:surrendered`` — hash run_id → epoch of the runs a live instance gave up (a handle
+        that lost an event and must stop): the recovery job resumes them without fencing the instance
+        (``producers.journal``, docs/design/protocol.md § Surrender)."""
+        return f"{self._instance(instance)}:surrendered"
+
+    def window(self, instance: str) -> str:
+        """``rj:{P:i:<instance>}:window`` — the instance's effect window: value the longest tool timeout (ms) it may
+        have sent a request under, TTL how much longer such a request may still act (``producers._lease``)."""
+        return f"{self._instance(instance)}:window"
 
     def assign(self, instance: str) -> str:
         """``rj:{P:i:<instance>}:assign`` — list of recovered runs handed to the instance."""

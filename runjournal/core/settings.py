@@ -5,7 +5,7 @@ Precedence: environment variable > the running local stack's state file (written
 other command finds the broker and Redis without any variable set.
 
 Variables (each field of :class:`Settings`, upper-cased, with the ``RUNJOURNAL_`` prefix; the
-README's Settings table lists meanings and defaults): ``BOOTSTRAP``, ``REDIS_URL``,
+docs/reference/settings.md lists meanings and defaults): ``BOOTSTRAP``, ``REDIS_URL``,
 ``QDRANT_PATH``, ``QDRANT_URL``, ``QDRANT_API_KEY``, ``SCHEMA_REGISTRY_URL``, ``TOPIC_PREFIX``,
 ``STACK_DIR``, ``CACHE_DIR``, ``PARTITIONS``, ``REPLICATION_FACTOR``, ``LOG_LEVEL``,
 ``CONSOLE_OPERATOR_TOKEN``, the Redis security settings ``REDIS_USERNAME``, ``REDIS_PASSWORD``,
@@ -147,7 +147,7 @@ class Settings(BaseSettings):
     memory_nice: int = Field(default=19, ge=0, le=19)
     """CPU niceness ``runjournal memory-extractor`` gives its process after its preflight (0 … 19, 19 = lowest priority;
     0 leaves it as started): memory may lag, the projector, recovery and agents on the same host must not
-    wait for CPU behind embeddings (README § Memory)."""
+    wait for CPU behind embeddings (docs/guide/memory.md)."""
     memory_sched: Literal["idle", "other"] = "idle"
     """Linux scheduling policy of every ``runjournal memory-extractor`` thread: ``idle`` (``SCHED_IDLE``, the default:
     only CPU time no normal thread wants; nice 19 alone still took 16-24 % of a projector's speed on 2 cores, bench
@@ -155,7 +155,7 @@ class Settings(BaseSettings):
     memory_headroom_cores: float = Field(default=1.0, ge=0)
     """Idle cores the rest of the host must leave before ``runjournal memory-extractor`` handles its next batch
     (0 = no gate; capped at the CPU count - 0.5): priority alone left a projector rebuild at 0.86-0.90 of its speed
-    on 2 cores (caches and memory bandwidth are shared), see ``consumers/memory/_headroom.py``."""
+    on 2 cores (caches and memory bandwidth are shared), see ``consumers/memory/headroom.py``."""
     memory_headroom_wait_ms: int = Field(default=2000, ge=0)
     """Longest wait for that headroom before one batch, ms (then one batch is handled anyway: memory lags, it
     never stops)."""

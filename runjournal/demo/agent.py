@@ -30,15 +30,15 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from tenacity import retry, retry_if_exception_type, stop_after_delay, wait_exponential
+from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponential
 
 from runjournal.consumers.context import Context, ContextManager
-from runjournal.core import redis_client
+from runjournal.core import dependency_errors, redis_client
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.demo.tools import ProviderTool, RecordedTool
 from runjournal.demo.workload import RunScript, Step
-from runjournal.producers import Journal, OutcomeUnknownError, RunHandle
+from runjournal.producers import Journal, OutcomeUnknownError, RunExistsError, RunHandle
 from runjournal.producers.approvals import ApprovalInbox, await_approval
 
 __all__ = ["DemoKeys", "TurnContexts", "execute", "load_scripts", "main"]
@@ -83,8 +83,14 @@ class DemoKeys:
         return self._keys.instance_glob("assign")
 
 
-_redis_waits = retry(retry=retry_if_exception_type((redis.ConnectionError, redis.TimeoutError,
-                                                     redis.exceptions.BusyLoadingError)),
+def _redis_transient(exc: BaseException) -> bool:
+    """A Redis failure waiting fixes, by what it means (runjournal.core.dependency_errors: refused, timed out, a
+    cluster slot moving …); a refused login or ACL, or a bug, is raised at once."""
+    found = dependency_errors.redis_meaning(exc)
+    return found is not None and found.kind == dependency_errors.TRANSIENT
+
+
+_redis_waits = retry(retry=retry_if_exception(_redis_transient),
                      wait=wait_exponential(multiplier=0.05, max=1.0), stop=stop_after_delay(20), reraise=True)
 
 
@@ -109,7 +115,8 @@ def load_scripts(path: Path) -> dict[str, RunScript]:
     return out
 
 
-def _tool(step: Step, handle: RunHandle, provider_url: str) -> Any:
+def tool_for(step: Step, handle: RunHandle, provider_url: str) -> Any:
+    """The tool of a script step: the provider (side effects, reconcile by key) or its recorded answer (read-only)."""
     if step.side_effect:
         return ProviderTool(name=step.tool, base_url=provider_url, run_id=handle.run_id, epoch=handle.epoch,
                             result=step.result)
@@ -167,8 +174,8 @@ def execute(handle: RunHandle, script: RunScript, *, provider_url: str, inbox: A
                                                           tool=step.tool, timeout_s=approval_timeout_s):
                 handle.message("assistant", f"{step.tool} was not approved")
                 continue
-            try:
-                handle.call(_tool(step, handle, provider_url), step.args)
+            try:  # keyed by the step (as the graph agent's tool call ids are): the two agents resume each other's runs
+                handle.call(tool_for(step, handle, provider_url), step.args, step=f"step{i}")
             except OutcomeUnknownError:
                 log.error("unknown outcome without reconcile", extra={"run_id": handle.run_id, "step": i})
                 raise
@@ -176,6 +183,17 @@ def execute(handle: RunHandle, script: RunScript, *, provider_url: str, inbox: A
         handle.succeed({"reward": 1.0})
     else:
         handle.fail("recorded outcome: reward 0.0")
+
+
+def skew_wall_clock(seconds: int) -> None:
+    """Make this process's wall clock (``time.time`` / ``time.time_ns``: every wall time the journal writes —
+    ``occurred_at``, a lease's ``started_at_ms`` — is read from them) run ``seconds`` off; the monotonic clock is
+    untouched. The campaign's ``skew`` fault: no safety decision may compare this clock with another host's
+    (docs/design/decisions/0042-effect-windows.md). libfaketime would skew the C library too, but librdkafka's timed
+    waits then never end."""
+    wall, wall_ns = time.time, time.time_ns
+    time.time = lambda: wall() + seconds  # type: ignore[assignment]
+    time.time_ns = lambda: wall_ns() + seconds * 1_000_000_000  # type: ignore[assignment]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -188,7 +206,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--advice", choices=("on", "off"), default="on",
                     help="memory and knowledge in each turn's context (off: execution facts only)")
     ap.add_argument("--acks", type=Path, default=None, help="append the broker's acknowledgements here")
+    ap.add_argument("--continue-run", default=None, metavar="RUN_ID",
+                    help="an operator: continue this FAILED run (continue_run), re-execute it, exit")
+    ap.add_argument("--graph", action="store_true",
+                    help="run each script as a LangGraph agent whose model turns ask for parallel tool calls")
+    ap.add_argument("--commit-timeout-s", type=float, default=30.0,
+                    help="the Journal's commit_transaction timeout (s); the broker_stall fault's agent uses 2")
+    ap.add_argument("--clock-skew-s", type=int, default=0,
+                    help="run this process's wall clock SECONDS off (the campaign's skew fault; monotonic untouched)")
     args = ap.parse_args(argv)
+    if args.clock_skew_s:
+        skew_wall_clock(args.clock_skew_s)
     settings = Settings.load()
     scripts = load_scripts(args.workload)
     r = redis_client.client(settings)
@@ -199,8 +227,18 @@ def main(argv: list[str] | None = None) -> None:
     stop = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
     acks = AckLog(args.acks) if args.acks else None
-    with Journal(settings, producer_id=args.producer_id, lease_ttl_ms=args.lease_ttl_ms, on_acked=acks) as journal:
+    if args.continue_run:
+        _operate(settings, args, scripts[args.continue_run], inbox, acks)
+        return
+    with Journal(settings, producer_id=args.producer_id, lease_ttl_ms=args.lease_ttl_ms, on_acked=acks,
+                 commit_timeout_s=args.commit_timeout_s) as journal:
         claimed = keys.claimed(journal.producer_id)  # per incarnation: a restart under the same name is another
+        runs = None
+        if args.graph:
+            from runjournal.adapters.langgraph import JournalRuns
+            from runjournal.demo.graph import execute_graph
+
+            runs = JournalRuns(journal)
         while not stop["now"]:
             run_id = _redis_waits(journal.claim_assignment)(timeout_s=0)
             if run_id:
@@ -213,10 +251,35 @@ def main(argv: list[str] | None = None) -> None:
                     time.sleep(0.1)
                     continue
                 script = scripts[raw.decode()]
-                handle = journal.start_run(script.tenant_id, script.agent, {"instruction": script.instruction},
-                                           run_id=script.run_id, user_id=script.user_id)
-            execute(handle, scripts[handle.run_id], provider_url=args.provider, inbox=inbox, contexts=contexts)
+                try:
+                    handle = journal.start_run(script.tenant_id, script.agent, {"instruction": script.instruction},
+                                               run_id=script.run_id, user_id=script.user_id)
+                except RunExistsError:  # queued twice (two recovery services requeued it): someone has it
+                    log.warning("run already started elsewhere", extra={"run_id": script.run_id})
+                    _redis_waits(r.lrem)(claimed, 0, script.run_id)
+                    continue
+            if runs is not None:
+                execute_graph(runs, handle, scripts[handle.run_id], provider_url=args.provider, inbox=inbox)
+            else:
+                execute(handle, scripts[handle.run_id], provider_url=args.provider, inbox=inbox, contexts=contexts)
             _redis_waits(r.lrem)(claimed, 0, handle.run_id)
+
+def _operate(settings: Settings, args: argparse.Namespace, script: RunScript, inbox: ApprovalInbox,
+             acks: Any) -> None:
+    """An operator continues a FAILED run and re-executes it: recorded calls return their recorded results,
+    nothing runs twice, and it ends as recorded. Another operator continuing it at the same time is refused."""
+    from runjournal.consumers.recovery import RunNotContinuableError, continue_run
+
+    with Journal(settings, producer_id=args.producer_id, lease_ttl_ms=args.lease_ttl_ms, on_acked=acks) as journal:
+        try:
+            handle = continue_run(journal, script.run_id)
+        except RunNotContinuableError as exc:
+            log.warning("operator refused", extra={"run_id": script.run_id, "action": exc.action})
+            print(json.dumps({"run_id": script.run_id, "continued": False, "action": exc.action}))
+            return
+        execute(handle, script, provider_url=args.provider, inbox=inbox)
+        print(json.dumps({"run_id": script.run_id, "continued": True, "epoch": handle.epoch}))
+
 
 if __name__ == "__main__":
     main()

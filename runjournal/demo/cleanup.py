@@ -60,7 +60,7 @@ def _drop_collections(settings: Settings) -> tuple[list[str], list[str]]:
         from qdrant_client import QdrantClient
     except ModuleNotFoundError:  # installed without the [memory] extra: no collection was made
         return [], []
-    from runjournal.consumers.memory._payload import collection_name
+    from runjournal.consumers.memory.payload import collection_name
 
     clean = collection_name(settings.topic_prefix, "x", 0).rsplit("_memory__", 1)[0]
     heads = (f"{clean}_memory__", f"{clean}_knowledge__")  # memory and the demo's knowledge corpus

@@ -30,9 +30,12 @@ on the timeline; :attr:`Campaign.injected` counts them by kind.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import random
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -61,6 +64,13 @@ KINDS: dict[str, str] = {
     "broker": "SIGKILL the events partitions' leader broker, restart it",
     "redis": "SIGKILL Redis, restart it on its AOF",
     "recovery": "SIGKILL the recovery service at a step of a pass, restart it",
+    "recovery_pair": "a second recovery service sweeps beside the first for a window; agents killed to give both runs",
+    "operators": "two operators continue one FAILED run at once (continue_run from two processes): one is refused",
+    "cancels": "an asyncio agent joins the fleet and cancels the task of every third tool call twice, then retries",
+    "skew": "an agent whose wall clock runs 5 minutes behind or ahead joins the fleet (killed like any other)",
+    "graph": "a LangGraph agent joins the fleet: each model turn asks for its consecutive tool calls in parallel",
+    "broker_stall": "an agent with 2 s commit timeouts joins; SIGSTOP a broker 6-9 s: its commits time out; SIGCONT",
+    "partitions": "a scratch journal's events topic gets more partitions: recovery and a new Journal must refuse it",
     "memory": "SIGKILL the memory extractor, restart it",
     "qdrant": "Qdrant unavailable to the memory extractor for a window",
     "registry": "SIGKILL the schema registry, restart it after a window",
@@ -69,6 +79,10 @@ AGENT_LEASE_S = 3.0
 """The demo agents' lease TTL (``runjournal.demo.agent --lease-ttl-ms`` default), seconds."""
 AGENT_KILL_WAIT_S = 10.0
 """How long a due agent kill waits for an agent that owns a run before it takes any running agent, seconds."""
+
+
+class _NotYet(Exception):
+    """A fault whose occasion has not come yet (``operators`` before any run ended FAILED): queued again."""
 
 
 class FaultSpecError(RunjournalError):
@@ -205,6 +219,9 @@ class Campaign:
                 getattr(self, f"_{item.kind}")()
                 if item.kind != "recovery":
                     self.injected[item.kind] += 1
+            except _NotYet:  # its occasion has not come (no run ended FAILED yet): the faults queued after it go first
+                time.sleep(1.0)
+                self._work.put(item)
             except Exception as exc:  # noqa: BLE001 - a fault that could not be injected is reported
                 log.exception("fault %s failed", item.kind)
                 self.errors.append(f"{item.kind}: {exc!r}"[:400])
@@ -239,6 +256,119 @@ class Campaign:
                 raise RuntimeError("no live agent for 60 s")
             time.sleep(0.2)
         return name
+
+    def _recovery_pair(self) -> None:
+        self.fleet.start_second_recoverer()
+        try:
+            for _ in range(2):  # runs for both services to race on
+                victim = self._busy_agent_within(AGENT_KILL_WAIT_S)
+                if victim:
+                    self.fleet.kill_agent(victim, "fault recovery_pair: killed to give two recovery services a run")
+                self._sleep(4, 8)
+        finally:
+            rc = self.fleet.stop_second_recoverer()
+        self.fleet.note("fault_end", "recovery-2", f"recovery_pair: the second service stopped (rc={rc})")
+        if rc not in (0, -signal.SIGTERM):
+            raise RuntimeError(f"the second recovery service exited {rc}")
+
+    def _operators(self) -> None:
+        from runjournal.consumers.projector.store import ProjectionStore
+        from runjournal.core import redis_client
+        from runjournal.demo.agent import load_scripts
+        from runjournal.model.reducer import RunStatus
+        from runjournal.schemas.keys import partition_for
+
+        failing = [s.run_id for s in load_scripts(self.fleet.workload_path).values() if not s.succeeded]
+        store = ProjectionStore(redis_client.client(self.settings), self.settings.topic_prefix)
+        self._operators_since = getattr(self, "_operators_since", None) or time.monotonic()
+        ended = sorted(r for r in failing if (st := store.get(partition_for(r, self.settings.partitions), r))
+                       is not None and st.status is RunStatus.FAILED)
+        if not ended:
+            if time.monotonic() - self._operators_since > 300:
+                raise RuntimeError("no run of the workload ended FAILED within 300 s")
+            raise _NotYet
+        run_id = self.rng.choice(ended)
+        self.fleet.note("fault", run_id, "fault operators: two operators continue it at once")
+        stamp = f"{int(time.monotonic() * 1000) % 100_000}"
+        procs = [self.fleet.spawn_operator(run_id, f"operator-{stamp}-{i}") for i in (1, 2)]
+        rcs = [p.wait(300) for p in procs]
+        self.fleet.note("fault_end", run_id, f"operators: exit codes {rcs}")
+        if rcs != [0, 0]:
+            raise RuntimeError(f"an operator failed: exit codes {rcs} (see operator-{stamp}-*.log)")
+
+    def _cancels(self) -> None:
+        self.fleet.spawn_asyncio_agent("fault cancels: an asyncio agent cancelling every third call twice")
+
+    def _skew(self) -> None:
+        skew = self.rng.choice((-300, 300))
+        self.fleet.spawn_agent(arm_failpoint=False, clock_skew_s=skew,
+                               why=f"fault skew: an agent whose wall clock runs {skew:+d} s off")
+
+    def _graph(self) -> None:
+        self.fleet.spawn_agent(arm_failpoint=True, graph=True,
+                               why="fault graph: a LangGraph agent whose model turns ask for parallel tool calls")
+
+    def _broker_stall(self) -> None:
+        assert self.stack is not None
+        self.stack.wait_isr()  # never two replicas short at once
+        # an agent whose commits give up after 2 s (x commit_retries + 1): the stall outlasts them, so its
+        # group-committed outcomes meet the ambiguous-commit path; it stays in the fleet
+        stalled = self.fleet.spawn_agent(arm_failpoint=False, commit_timeout_s=2.0,
+                                         why="fault broker_stall: an agent with 2 s commit timeouts")
+        owned = RedisKeys(self.settings.topic_prefix).owned(stalled)
+        deadline = time.monotonic() + AGENT_KILL_WAIT_S
+        while time.monotonic() < deadline:  # until it writes a run (else the stall meets only the others)
+            try:
+                if redis_client.client(self.settings, socket_timeout=2).scard(owned):
+                    break
+            except redis.RedisError:
+                pass
+            time.sleep(0.2)
+        node = self.rng.choice(self.stack.broker_ids())
+        self.stack.signal_broker(node, signal.SIGSTOP)
+        self.fleet.note("fault", f"broker-{node}", "fault broker_stall: SIGSTOP (commits coordinated there time out)")
+        try:
+            held = self._sleep(6, 9)
+        finally:
+            self.stack.signal_broker(node, signal.SIGCONT)
+        self.fleet.note("fault_end", f"broker-{node}", f"broker_stall: SIGCONT after {held} s")
+        self.stack.wait_isr()
+
+    def _partitions(self) -> None:
+        """A scratch prefix on the same cluster: its journal stores its shape (a recovery pass), its events topic
+        gets more partitions, and then `runjournal recover` (a subprocess, as an operator runs it) and a new
+        Journal must refuse with the repair named — never drop a run."""
+        from confluent_kafka.admin import NewPartitions
+
+        from runjournal.consumers.recovery.job import RecoveryJob
+        from runjournal.core import kafka
+        from runjournal.deploy.topics import create_topics
+        from runjournal.producers import Journal, PartitionCountChangedError
+
+        scratch = self.settings.model_copy(
+            update={"topic_prefix": f"{self.settings.topic_prefix}-shape{self.rng.randint(0, 9999)}"})
+        create_topics(scratch)
+        job = RecoveryJob(scratch)
+        try:
+            job.recover(stale=True)  # stores the scratch journal's shape
+        finally:
+            job.close()
+        grown = scratch.partitions + 1
+        admin = kafka.admin_client(scratch)  # held until the result: a collected client destroys its futures
+        admin.create_partitions([NewPartitions(scratch.events_topic, grown)])[scratch.events_topic].result()
+        self.fleet.note("fault", scratch.topic_prefix, f"fault partitions: {scratch.events_topic} grown to {grown}")
+        done = subprocess.run([sys.executable, "-m", "runjournal", "recover", "--stale", "--json"],
+                              env={**os.environ, **scratch.as_env()}, capture_output=True, text=True, timeout=120)
+        if done.returncode != 1 or "partitions" not in done.stderr:
+            raise RuntimeError(f"recover on a grown topic did not refuse it: exit {done.returncode}, "
+                               f"{done.stderr[-300:]!r}")
+        try:
+            Journal(scratch, producer_id="shape-check").close()
+        except PartitionCountChangedError:
+            pass
+        else:
+            raise RuntimeError("a Journal started on a grown topic")
+        self.fleet.note("fault_end", scratch.topic_prefix, "partitions: recover and Journal refused, repair named")
 
     def _projector(self) -> None:
         self.fleet.kill_projector()
@@ -294,13 +424,18 @@ class Campaign:
         point = f"{self.rng.choice(RECOVERY_FAILPOINTS)}=1"
         self.fleet.kill_recoverer(point)
         self.fleet.note("fault", "recovery", f"fault recovery: armed {point}")
-        victim = self._busy_agent()
+        victim = self._busy_agent_within(AGENT_KILL_WAIT_S)
         if victim:
             self.fleet.kill_agent(victim, "fault recovery: killed to give the armed pass a run")
         deadline = time.monotonic() + 60
         deaths = self.fleet.recoverer_failpoint_deaths
+        again = time.monotonic() + 10
         while self.fleet.recoverer_failpoint_deaths == deaths and time.monotonic() < deadline:
             self.fleet.reap_services()
+            if time.monotonic() > again:  # the victim had no run to hand over (between runs): give the pass another
+                again = time.monotonic() + 10
+                if (busy := self._busy_agent(fallback=False)) is not None:
+                    self.fleet.kill_agent(busy, "fault recovery: killed again to give the armed pass a run")
             time.sleep(0.2)
         if self.fleet.recoverer_failpoint_deaths == deaths:  # not counted: faults_ok says so
             self.fleet.kill_recoverer(None)  # disarm, so a later pass does not die unplanned
@@ -313,6 +448,16 @@ class Campaign:
         any running one; True when one was killed."""
         name = self._busy_agent(fallback=not busy_only)
         return name is not None and self.fleet.kill_agent(name, why)
+
+    def _busy_agent_within(self, seconds: float) -> str | None:
+        """An agent that owns a run, waiting up to ``seconds`` for one (a kill between runs gives recovery nothing);
+        then any running agent."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if (name := self._busy_agent(fallback=False)) is not None:
+                return name
+            time.sleep(0.2)
+        return self._busy_agent()
 
     def _busy_agent(self, *, fallback: bool = True) -> str | None:
         """A running agent that owns a run now (so recovery has work once it dies), else (``fallback``) any
@@ -343,7 +488,7 @@ class Campaign:
     def _qdrant(self) -> None:
         if self.restart_memory is None or self.settings.qdrant_url:
             raise RuntimeError("Qdrant faults need the embedded directory and the memory extractor")
-        from runjournal.consumers.memory._qdrant import open_client
+        from runjournal.consumers.vectors.qdrant import open_client
 
         self.fleet.kill_memory("fault qdrant: the extractor loses its Qdrant directory")
         client, _ = open_client(self.settings, wait_s=30)  # another process now holds the embedded directory

@@ -68,6 +68,8 @@ class Fleet:
     """Of those, the armed ones that died at their failpoint, inside a pass (what the ``recovery`` fault is)."""
     recoverer_armed: str | None = None
     """The failpoint the running recovery service is armed with (None: unarmed)."""
+    second_recoverer: subprocess.Popen[bytes] | None = None
+    """A second recovery service sweeping beside the first (the ``recovery_pair`` fault), while it runs."""
     service_exits: int = 0
     """Projector or memory-extractor processes that exited by themselves (restarted; each one is on the timeline)."""
     advice: bool = True
@@ -92,7 +94,8 @@ class Fleet:
                                 stdin=subprocess.DEVNULL)
 
     # -- agents ------------------------------------------------------------------------------------
-    def spawn_agent(self, *, arm_failpoint: bool, name: str | None = None, why: str = "") -> str:
+    def spawn_agent(self, *, arm_failpoint: bool, name: str | None = None, why: str = "",
+                    clock_skew_s: int = 0, graph: bool = False, commit_timeout_s: float | None = None) -> str:
         """Start one agent instance (a new name, or ``name`` again: a restart under the same producer_id);
         maybe armed to SIGKILL itself at a random tool-call point."""
         with self.lock:
@@ -108,9 +111,36 @@ class Fleet:
             self.agents[name] = self._spawn(
                 [sys.executable, "-m", "runjournal.demo.agent", "--producer-id", name, "--workload",
                  str(self.workload_path), "--provider", self.provider_url, "--advice", "on" if self.advice else "off",
-                 "--acks", str(self.workdir / "acks" / f"{name}.jsonl")], name, env)
+                 "--acks", str(self.workdir / "acks" / f"{name}.jsonl"),
+                 *(["--clock-skew-s", str(clock_skew_s)] if clock_skew_s else []),
+                 *(["--graph"] if graph else []),
+                 *(["--commit-timeout-s", str(commit_timeout_s)] if commit_timeout_s else [])], name, env)
             self.note("spawn", name, detail)
             return name
+
+    def spawn_asyncio_agent(self, why: str = "") -> str:
+        """Start an asyncio agent instance (``runjournal.demo.aio_agent``) that cancels the task of every third tool
+        call twice and calls again (the ``cancels`` fault); one of the fleet's agents from then on."""
+        with self.lock:
+            self.generation += 1
+            name = f"aio-agent-{self.generation:03d}"
+            self.agents[name] = self._spawn(
+                [sys.executable, "-m", "runjournal.demo.aio_agent", "--producer-id", name, "--workload",
+                 str(self.workload_path), "--provider", self.provider_url, "--cancel-every", "3",
+                 "--acks", str(self.workdir / "acks" / f"{name}.jsonl")], name)
+            self.note("spawn", name, why)
+            return name
+
+    def spawn_operator(self, run_id: str, name: str) -> subprocess.Popen[bytes]:
+        """An operator process that continues the FAILED run ``run_id`` (``runjournal.demo.agent --continue-run``)
+        and exits; not one of the fleet's agents (no agent fault picks it)."""
+        with self.lock:
+            proc = self._spawn(
+                [sys.executable, "-m", "runjournal.demo.agent", "--producer-id", name, "--workload",
+                 str(self.workload_path), "--provider", self.provider_url, "--advice", "off", "--continue-run", run_id,
+                 "--acks", str(self.workdir / "acks" / f"{name}.jsonl")], name)
+            self.note("spawn", name, f"operator: continue_run {run_id}")
+            return proc
 
     def reap(self) -> list[str]:
         """Agents that exited since the last call; self-inflicted SIGKILLs (failpoints) count as crashes."""
@@ -245,6 +275,27 @@ class Fleet:
                 self.service_exits += 1
                 self.start_memory()
 
+    def start_second_recoverer(self) -> None:
+        """Start a second recovery service beside the first: two recovery actors on the same runs at once (its
+        reports go to the same file; of two passes racing on a run one resumes it, the other reports a refusal)."""
+        with self.lock:
+            self.second_recoverer = self._spawn([sys.executable, "-m", "runjournal.demo.recoverer", "--reports",
+                                                 str(self.workdir / "recovery.jsonl")], "recovery-2")
+            self.note("spawn", "recovery-2", "fault recovery_pair: a second recovery service")
+
+    def stop_second_recoverer(self) -> int | None:
+        """SIGTERM the second recovery service and wait for it; its exit code (None: none ran)."""
+        with self.lock:
+            proc, self.second_recoverer = self.second_recoverer, None
+        if proc is None:
+            return None
+        proc.terminate()
+        try:
+            return proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait()
+
     def kill_recoverer(self, failpoint: str | None) -> None:
         """SIGKILL the recovery service wherever it is and start one armed to die at ``failpoint`` (None: unarmed)."""
         with self.lock:
@@ -258,7 +309,8 @@ class Fleet:
     def stop_all(self, grace_s: float = 20.0) -> None:
         """SIGCONT anything stalled, SIGTERM every process still running, then SIGKILL stragglers."""
         with self.lock:
-            procs = [*self.agents.values(), *(p for p in (self.projector, self.recoverer, self.memory) if p)]
+            procs = [*self.agents.values(),
+                     *(p for p in (self.projector, self.recoverer, self.second_recoverer, self.memory) if p)]
             for p in procs:
                 if p.poll() is None:
                     os.kill(p.pid, signal.SIGCONT)

@@ -9,7 +9,7 @@ times each effect ran. HTTP on 127.0.0.1 (stdlib server; JSON bodies):
   Answers 409 ``fenced`` when ``epoch`` is below the highest epoch registered for the run.
 * ``POST /lookup`` ``{idempotency_key, run_id, fence_epoch}`` — reconcile by key: first raises
   the run's registered epoch to ``fence_epoch`` (so a zombie's late request is refused from
-  now on: a fencing token, DESIGN.md § Zombies step 3), then answers
+  now on: a fencing token, docs/design/protocol.md § Zombies step 3), then answers
   ``{"executed": bool, "result": …}``. Both run under one lock, so no request slips between.
 * ``GET /stats`` — ``{"executions", "distinct_keys", "duplicates": {key: count}, "per_tool": {…}}``.
 

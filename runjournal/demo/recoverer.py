@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from runjournal.consumers.recovery.job import RecoveryError, RecoveryJob
+from runjournal.consumers.recovery.job import FREED, RecoveryError, RecoveryJob
 from runjournal.core import redis_client
 from runjournal.core.logs import setup_logging
 from runjournal.core.settings import Settings
@@ -38,6 +38,10 @@ from runjournal.producers.fencing import fence_producer
 __all__ = ["DemoRecovery", "main"]
 
 log = logging.getLogger("runjournal.demo.recoverer")
+
+
+#: Requeue a run unless the queue already holds it (two recovery services may both decide it).
+_REQUEUE = "if redis.call('LPOS', KEYS[1], ARGV[1]) then return 0 end return redis.call('RPUSH', KEYS[1], ARGV[1])"
 
 
 class DemoRecovery:
@@ -60,7 +64,7 @@ class DemoRecovery:
         if report["runs"]:
             self._write({"report": report})
             for r in report["runs"]:
-                self._settle(r["run_id"], r["owner"], r["action"])
+                self._settle(r["run_id"], r["owner"], r["action"], r.get("detail"), run_owner=r["owner"])
         self._sweep_claimed()
 
     def _sweep_claimed(self) -> None:
@@ -85,14 +89,17 @@ class DemoRecovery:
                     self.r.lrem(key, 0, run_id)
                     continue
                 self._write({"report": {"runs": [vars(outcome)], "orphan_of": owner}})
-                self._settle(run_id, owner, outcome.action)
+                self._settle(run_id, owner, outcome.action, outcome.detail, run_owner=outcome.owner)
 
-    def _settle(self, run_id: str, owner: str | None, action: str) -> None:
-        """A run with no fact at all goes back to the queue; any decided run leaves its dead owner's list."""
-        if action in {"deferred", "no_live_instance", "retry_later"}:
+    def _settle(self, run_id: str, owner: str | None, action: str, detail: str | None = None, *,
+                run_owner: str | None = None) -> None:
+        """A run with no fact at all goes back to the queue — once: only the pass that freed its id requeues it, or
+        any pass when no instance ever claimed the id (``run_owner`` None; the requeue is check-and-set on the queue),
+        since two recovery services may decide it at once; any decided run leaves its dead owner's list."""
+        if action in {"deferred", "no_live_instance", "retry_later", "superseded"}:
             return  # undecided: the next pass takes it again
-        if action == "no_facts":
-            self.r.rpush(self.keys.queue, run_id)
+        if action == "no_facts" and (detail == FREED or run_owner is None):
+            self.r.eval(_REQUEUE, 1, self.keys.queue, run_id)
         if owner:
             self.r.lrem(self.keys.claimed(owner), 0, run_id)
 

@@ -40,8 +40,9 @@ import redis
 
 from runjournal.consumers.projector import Projector
 from runjournal.consumers.projector.store import ProjectionStore
-from runjournal.consumers.topic_identity import preflight
+from runjournal.consumers.runtime.topic_identity import preflight
 from runjournal.core import redis_client
+from runjournal.core.errors import RunjournalError
 from runjournal.core.settings import Settings
 from runjournal.demo import services
 from runjournal.demo.agent import DemoKeys
@@ -50,22 +51,27 @@ from runjournal.demo.faults import KINDS, Campaign, Scheduled, parse_faults, sch
 from runjournal.demo.fleet import Fleet, write_workload
 from runjournal.demo.stackctl import StackControl, StackControlError
 from runjournal.demo.verify import verify
-from runjournal.demo.workload import RunScript, generated_workload, load_tau_bench
+from runjournal.demo.workload import RunScript, WorkloadError, generated_workload, load_tau_bench
 from runjournal.deploy.procs import free_port
 from runjournal.deploy.topics import create_topics
 from runjournal.model.reducer import RunStatus
-from runjournal.producers.partitioner import partition_for
+from runjournal.schemas.keys import partition_for
 
-__all__ = ["DemoOptions", "plan_faults", "run_demo"]
+__all__ = ["DemoOptionError", "DemoOptions", "plan_faults", "run_demo"]
 
 log = logging.getLogger("runjournal.demo")
 _TERMINAL = {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED}
-_STACK_KINDS = {"broker", "redis", "registry"}
+_STACK_KINDS = {"broker", "broker_stall", "redis", "registry"}
+
+
+class DemoOptionError(RunjournalError, ValueError):
+    """A ``runjournal demo`` option out of range, or an ``--input`` that is not a readable tau-bench trajectory
+    file: named before anything is created (no topic, no process)."""
 
 
 @dataclass
 class DemoOptions:
-    """``runjournal demo`` options (see the CLI help)."""
+    """``runjournal demo`` options (see the CLI help). :meth:`check` validates them (``run_demo`` calls it first)."""
 
     inputs: list[Path] = field(default_factory=list)
     agents: int = 4
@@ -90,10 +96,41 @@ class DemoOptions:
     (``RUNJOURNAL_OUTCOME_COMMIT``, default ``group``)."""
 
 
+    def check(self) -> list[RunScript]:
+        """Validate every option and load the workload, before anything is created; returns the run scripts.
+
+        Raises:
+            DemoOptionError: a count below its minimum (``--agents``, ``--runs``, ``--partitions``,
+                ``--fault-times`` ≥ 1; ``--kills`` ≥ 0), an interval or timeout not > 0 (``--kill-every``), an
+                ``--input`` that cannot be read or is not a tau-bench trajectory array, or one with no run.
+        """
+        for name, value, least in (("--agents", self.agents, 1), ("--runs", self.generated_runs, 1),
+                                   ("--partitions", self.partitions, 1), ("--fault-times", self.fault_times, 1),
+                                   ("--kills", self.kills, 0)):
+            if value < least:
+                raise DemoOptionError(f"{name} must be at least {least}, got {value}")
+        for name, seconds in (("--kill-every", self.kill_every_s), ("timeout_s", self.timeout_s)):
+            if seconds is not None and not seconds > 0:
+                raise DemoOptionError(f"{name} must be > 0 seconds, got {seconds}")
+        if not self.inputs:
+            return generated_workload(self.generated_runs, seed=self.seed)
+        scripts: list[RunScript] = []
+        for path in self.inputs:
+            try:
+                loaded = load_tau_bench(path)
+            except OSError as exc:
+                raise DemoOptionError(f"--input {path}: cannot be read ({exc.strerror or exc})") from exc
+            except WorkloadError as exc:
+                raise DemoOptionError(f"--input {exc}: give a tau-bench trajectory JSON array "
+                                      "(../shared/data/trajectories/)") from exc
+            if not loaded:
+                raise DemoOptionError(f"--input {path}: the array holds no run")
+            scripts.extend(loaded)
+        return scripts
+
+
 def _load(opts: DemoOptions) -> list[RunScript]:
-    if not opts.inputs:
-        return generated_workload(opts.generated_runs, seed=opts.seed)
-    return [s for path in opts.inputs for s in load_tau_bench(path)]
+    return opts.check()
 
 
 def plan_faults(opts: DemoOptions, settings: Settings) -> tuple[list[Scheduled], dict[str, str], StackControl | None]:
@@ -111,10 +148,12 @@ def plan_faults(opts: DemoOptions, settings: Settings) -> tuple[list[Scheduled],
     for kind in _STACK_KINDS:
         allowed[kind] = no_stack
     if stack is not None:
-        allowed["broker"] = None if stack.brokers >= 3 else \
+        allowed["broker"] = allowed["broker_stall"] = None if stack.brokers >= 3 else \
             "needs a replicated cluster: `runjournal stack up --brokers 3`"
         allowed["registry"] = None if stack.has_registry else \
             "no schema registry in use (`runjournal stack up --registry`)"
+    if importlib.util.find_spec("langgraph") is None:
+        allowed["graph"] = "LangGraph is not installed (pip install 'runjournal[langgraph]')"
     if not opts.memory:
         allowed["memory"] = allowed["qdrant"] = "the demo runs without memory (--no-memory)"
     elif settings.qdrant_url:
@@ -150,10 +189,13 @@ def run_demo(opts: DemoOptions, *, progress: Any = None,
         StackUnavailableError: no broker or no Redis answers (within 5 s; the message says ``runjournal stack up``).
         FaultSpecError: ``--faults`` names an unknown kind or one this stack cannot take.
         StoreLockedError: another process holds the embedded Qdrant directory (memory on); nothing was created.
+        DemoOptionError: an option out of range or a bad ``--input`` (:meth:`DemoOptions.check`); nothing was
+            created.
         Anything that fails once it has started: without ``keep`` its topics, keys and work folder are removed
         first, and every process it started is stopped.
     """
     started, started_wall = time.monotonic(), time.time()
+    opts.check()  # every option and input, before anything is created
     rng = random.Random(opts.seed)
     base = Settings.load()
     preflight(base, need_topic=False)
@@ -169,7 +211,7 @@ def run_demo(opts: DemoOptions, *, progress: Any = None,
     try:
         return _run(opts, settings, (plan, skipped, stack), rng, (started, started_wall), progress, workdir)
     except BaseException:
-        if not opts.keep:  # what it created goes with a failure too (README: unless --keep)
+        if not opts.keep:  # what it created goes with a failure too (unless --keep)
             _remove_after_failure(settings, workdir)
         raise
 
@@ -183,8 +225,8 @@ def _check_qdrant(settings: Settings) -> None:
     """
     if settings.qdrant_url or importlib.util.find_spec("qdrant_client") is None:
         return
-    from runjournal.consumers.memory._qdrant import open_client
-    from runjournal.consumers.memory.errors import StoreLockedError
+    from runjournal.consumers.vectors.errors import StoreLockedError
+    from runjournal.consumers.vectors.qdrant import open_client
 
     try:
         client, _ = open_client(settings, wait_s=0)

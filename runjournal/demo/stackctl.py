@@ -101,6 +101,24 @@ class StackControl:
         _wait_dead(proc)
         return node_id, sorted(by_node[node_id])
 
+    def signal_broker(self, node_id: int, sig: int) -> None:
+        """Send ``sig`` (SIGSTOP / SIGCONT) to broker ``node_id``.
+
+        Raises:
+            StackControlError: fewer than 3 brokers, or the broker is not running.
+        """
+        if self.brokers < 3:
+            raise StackControlError("broker faults need a replicated cluster: `runjournal stack up --brokers 3`")
+        entry = next(n for n in self.state()["kafka"]["nodes"] if n["node_id"] == node_id)
+        proc = Proc.from_json(entry.get("process"))
+        if proc is None or not proc.alive():
+            raise StackControlError(f"broker {node_id} is not running")
+        os.kill(proc.pid, sig)
+
+    def broker_ids(self) -> list[int]:
+        """Node ids of the stack's brokers."""
+        return sorted(int(n["node_id"]) for n in self.state()["kafka"]["nodes"])
+
     def restart(self) -> dict[str, Any]:
         """``Stack.up()``: restart whatever is not running (a killed broker on its data, Redis on its AOF, the
         registry on its H2 file). Returns its report."""

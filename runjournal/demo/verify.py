@@ -21,17 +21,17 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from runjournal.consumers.inspect import read_all_events
+from runjournal.consumers.ops.inspect import read_all_events
 from runjournal.consumers.projector.store import ProjectionStore
 from runjournal.core import redis_client
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.demo.agent import DemoKeys
 from runjournal.demo.provider import ledger_stats
-from runjournal.demo.workload import RunScript
+from runjournal.demo.workload import RunScript, turns
 from runjournal.model.reducer import RunStatus, fold, state_digest
-from runjournal.producers.partitioner import partition_for
 from runjournal.schemas import EventType
+from runjournal.schemas.keys import partition_for
 
 __all__ = ["verify"]
 
@@ -113,7 +113,9 @@ def args_digest(args: Any) -> str:
 def outcome_differs(script: RunScript, state: Any) -> str | None:
     """Why the projected run differs from the input trajectory, or None when it matches: the status (SUCCEEDED
     for reward 1, FAILED otherwise) and the committed calls — tool name and argument digest, in journal order
-    — against the input's tool steps in order."""
+    — against the input's tool steps in order. Calls one model turn asks for at once (consecutive tool steps: the
+    graph agent runs them in parallel, ``runjournal.demo.graph.turns``) may commit in any order among themselves;
+    every turn must follow the one before."""
     if state is None:
         return "not in the projection"
     want_status = "SUCCEEDED" if script.succeeded else "FAILED"
@@ -122,10 +124,22 @@ def outcome_differs(script: RunScript, state: Any) -> str | None:
     want = [(s.tool, args_digest(s.args)) for s in script.steps if s.kind == "tool"]
     got = [(rec.tool, rec.args_digest) for rec in sorted(state.records.values(), key=_journal_order)
            if _committed(rec)]
+    if len(got) == len(want):
+        got, want = _by_turn(script, got), _by_turn(script, want)
     if got != want:
         first = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), min(len(got), len(want)))
         return f"committed calls differ at #{first}: {len(got)} committed, input has {len(want)}"
     return None
+
+
+def _by_turn(script: RunScript, calls: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """``calls`` (one per tool step) sorted within each model turn of ``script``, turns kept in order."""
+    out: list[tuple[str, str]] = []
+    at = 0
+    for turn in turns(script):
+        out += sorted(calls[at:at + len(turn)])
+        at += len(turn)
+    return out + calls[at:]
 
 
 def _committed(rec: Any) -> bool:

@@ -24,6 +24,7 @@ __all__ = [
     "WorkloadError",
     "generated_workload",
     "load_tau_bench",
+    "turns",
 ]
 
 #: Tools that change the airline database (SOURCE.md "Side-effecting tools").
@@ -97,7 +98,17 @@ def load_tau_bench(path: Path, *, limit: int | None = None) -> list[RunScript]:
         raise WorkloadError(f"{path}: not JSON ({exc})") from exc
     if not isinstance(data, list):
         raise WorkloadError(f"{path}: expected a JSON array of runs, got {type(data).__name__}")
-    scripts = [_tau_run(path, i, run) for i, run in enumerate(data[:limit] if limit else data)]
+    scripts = []
+    for i, run in enumerate(data[:limit] if limit else data):
+        if not isinstance(run, dict):
+            raise WorkloadError(f"{path}: run #{i} is a {type(run).__name__}, not an object")
+        try:
+            scripts.append(_tau_run(path, i, run))
+        except WorkloadError:
+            raise
+        except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
+            raise WorkloadError(f"{path}: run #{i} is not a tau-bench trajectory "
+                                f"({type(exc).__name__}: {exc})") from exc
     return scripts
 
 
@@ -171,3 +182,22 @@ def _generated_run(rng: random.Random, i: int, tenant: str) -> RunScript:
     steps.append(Step(kind="message", role="user", content="Thanks, that's all."))
     return RunScript(run_id=f"gen-{i:04d}", tenant_id=tenant, user_id=user, agent="airline-generated",
                      instruction="book or change flights", steps=tuple(steps), succeeded=rng.random() < 0.6)
+
+
+def turns(script: RunScript) -> list[list[int]]:
+    """The script's tool steps grouped into model turns: consecutive tool steps share a turn; a step that needs
+    an approval is a turn of its own. Messages are not in any turn."""
+    out: list[list[int]] = []
+    current: list[int] = []
+    for i, step in enumerate(script.steps):
+        if step.kind != "tool" or step.needs_approval:
+            if current:
+                out.append(current)
+                current = []
+            if step.kind == "tool":
+                out.append([i])
+            continue
+        current.append(i)
+    if current:
+        out.append(current)
+    return out

@@ -2,7 +2,7 @@
 
 Nothing here does I/O. Both kinds are *advisory*: memory is guidance learned from the journal (a stated
 preference, a correction, how a prior run ended); knowledge is evidence from outside documents. Neither
-is ever an execution fact — what a run has done is read from the execution stores only (DESIGN.md).
+is ever an execution fact — what a run has done is read from the execution stores only (docs/design/protocol.md).
 These shapes live beside the store contracts (not in ``consumers.memory`` / ``consumers.knowledge``) so
 that recovery and the execution stores can name the contracts without importing either plane's code.
 """

@@ -1,14 +1,14 @@
-"""The design's stores as named contracts: six Protocols, two planes (DESIGN.md § Planes and stores).
+"""The design's stores as named contracts: six Protocols, two planes (docs/design/protocol.md § Planes and stores).
 
 Execution plane — what the program *has done*; recovery and the ContextManager take facts from here only:
 
 =========================  ===============================  ==========================================
 contract                   implementation                   module
 =========================  ===============================  ==========================================
-:class:`EventStore`        the Kafka topic ``{prefix}.events``  ``runjournal.consumers.execution_stores``
-:class:`StateStore`        the Redis projection             ``runjournal.consumers.execution_stores``
-:class:`ExecutionRecordStore`  the Redis projection         ``runjournal.consumers.execution_stores``
-:class:`CheckpointStore`   projected state + applied offset ``runjournal.consumers.execution_stores``
+:class:`EventStore`        the Kafka topic ``{prefix}.events``  ``runjournal.consumers.context.execution_stores``
+:class:`StateStore`        the Redis projection             ``runjournal.consumers.context.execution_stores``
+:class:`ExecutionRecordStore`  the Redis projection         ``runjournal.consumers.context.execution_stores``
+:class:`CheckpointStore`   projected state + applied offset ``runjournal.consumers.context.execution_stores``
 =========================  ===============================  ==========================================
 
 Cognition plane — what the model may *know*; advisory, loaded only after the execution facts are settled:

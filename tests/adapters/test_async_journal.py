@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from runjournal.adapters import current_idempotency_key, journaled
-from runjournal.consumers.inspect import read_run_events
+from runjournal.consumers.ops.inspect import read_run_events
 from runjournal.core.settings import Settings
 from runjournal.producers import OutcomeUnknownError, idempotency_key
 from runjournal.producers.aio import AsyncJournal

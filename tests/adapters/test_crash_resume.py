@@ -24,15 +24,15 @@ import redis
 pytest.importorskip("langgraph")
 pytest.importorskip("agents")
 
-from runjournal.consumers.inspect import read_run_events  # noqa: E402
+from runjournal.consumers.ops.inspect import read_run_events  # noqa: E402
 from runjournal.consumers.recovery.job import RecoveryJob  # noqa: E402
 from runjournal.core.settings import Settings  # noqa: E402
 from runjournal.model.reducer import RunStatus  # noqa: E402
 from runjournal.producers.approvals import ApprovalInbox  # noqa: E402
-from runjournal.producers.partitioner import partition_for  # noqa: E402
+from runjournal.schemas.keys import partition_for  # noqa: E402
 from tests.support.provider import Provider, project, running_provider, wait_lease, wait_lease_gone  # noqa: E402
 
-pytestmark = [pytest.mark.integration, pytest.mark.crash]
+pytestmark = [pytest.mark.integration, pytest.mark.crash, pytest.mark.slow]
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 
 from runjournal.core.settings import Settings
 
-pytestmark = [pytest.mark.integration]
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

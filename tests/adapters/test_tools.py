@@ -48,7 +48,7 @@ def test_without_a_reconcile_hook_the_protocol_sees_none() -> None:
 
 def test_a_journaled_tool_may_opt_out_of_group_commit() -> None:
     """``journaled(reconcile=…, outcome_commit="strict")``: for a provider whose reconcile may answer None; the
-    protocol then commits the outcome before ``call`` returns (tests/test_group_commit.py)."""
+    protocol then commits the outcome before ``call`` returns (tests/producers/test_group_commit.py)."""
     import pytest
 
     tool = journaled(lambda: 1, reconcile=lambda key: None, outcome_commit="strict")

@@ -31,7 +31,7 @@ POLICY = DATA / "knowledge" / "tau-bench-airline-policy.md"
 CELLS = [(*c.split(":"), "group")[:3] for c in os.environ.get("RJ_CAMPAIGN_MATRIX", "1:off").split(",") if c]
 """``(seed, idempotency, outcome mode)`` per cell; a cell written ``seed:idempotency`` runs the default mode."""
 KINDS = {"agents", "zombies", "same_id", "projector", "projector_stall", "broker", "redis", "recovery", "memory",
-         "qdrant", "registry"}
+         "qdrant", "registry", "recovery_pair", "operators", "cancels", "skew", "graph", "broker_stall", "partitions"}
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,11 @@ def test_the_main_job_holds_under_every_fault(stack_env: dict[str, str], tmp_pat
         with open(results, "a") as f:
             f.write(json.dumps({"seed": seed, "idempotency": idempotency, "mode": mode, "wall_s": round(elapsed, 1),
                                 "loadavg": os.getloadavg(), **brief}, default=str) + "\n")
-    assert summary["ok"] is True and proc.returncode == 0, (brief, proc.stderr[-3000:])
+    differs = {rid: r for rid, r in summary.get("per_run", {}).items() if not r.get("outcome_matches", True)
+               or not r.get("projection_matches", True)}
+    (tmp_path / "summary.json").write_text(json.dumps(summary, default=str))
+    assert summary["ok"] is True and proc.returncode == 0, (brief, differs, summary.get("fault_errors"),
+                                                            proc.stderr[-3000:])
     assert summary["outcome_commit"] == mode
     assert summary["runs_total"] == summary["runs_completed"] == summary["runs_outcome_matches_input"] == 200
     assert summary["side_effect_duplicates"] == 0 and summary["acked_events_missing"] == 0 < summary["acked_events"]
@@ -82,5 +86,6 @@ def test_the_main_job_holds_under_every_fault(stack_env: dict[str, str], tmp_pat
     html = report.read_text()
     for marker in ("fault broker: SIGKILL", "fault redis: SIGKILL", "fault registry: SIGKILL", "fault qdrant",
                    "fault zombies", "fault same_id", "fault projector_stall", "fault recovery: SIGKILL at",
-                   "fault memory: SIGKILL"):
+                   "fault memory: SIGKILL", "fault recovery_pair", "fault operators", "fault cancels", "fault skew",
+                   "fault graph", "fault broker_stall: SIGSTOP", "fault partitions"):
         assert marker in html, marker  # every fault is on the report's timeline

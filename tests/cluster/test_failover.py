@@ -27,8 +27,8 @@ from runjournal.deploy.kafka_cluster import wait_isr
 from runjournal.deploy.procs import Proc
 from runjournal.deploy.topics import EVENTS_TOPIC_CONFIG
 from tests.cluster.conftest import Cluster, Tenant, cli, new_tenant, operator_creates_topics
-from tests.helpers.readback import read_committed
-from tests.test_projector import redis_digests, topic_fold_digests
+from tests.consumers.projector.test_projector import redis_digests, topic_fold_digests
+from tests.support.readback import read_committed
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration, pytest.mark.crash]
 

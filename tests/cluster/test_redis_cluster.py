@@ -30,20 +30,20 @@ from runjournal.core import redis_client
 from runjournal.core.settings import Settings
 from runjournal.deploy.redis_stack import RedisShape, up_redis
 from tests.cluster.conftest import Cluster, base_env, free_port_block, new_tenant
-from tests.test_approvals import provider, test_an_approval_granted_before_a_crash_is_not_asked_again
-from tests.test_projector_crash import (
-    test_redis_restart_midstream_no_loss_no_double_apply,
-    test_sigkill_mid_batch_then_restart_equals_uninterrupted,
-    test_two_members_split_partitions_and_survive_a_kill,
-)
-from tests.test_recovery_crash_matrix import (
-    test_sigkill_at_each_recovery_step_then_a_normal_pass_resumes_every_run_exactly_once as recovery_crash_matrix,
-)
-from tests.test_recovery_handover import (
+from tests.consumers.recovery.test_handover import (
     test_a_pass_killed_between_two_batches_is_completed_by_the_next_pass,
     test_batched_reads_and_writes_keep_the_single_run_contracts,
     test_one_runs_failed_write_does_not_lose_the_others_and_the_next_pass_completes_it,
 )
+from tests.faults.test_projector_crash import (
+    test_redis_restart_midstream_no_loss_no_double_apply,
+    test_sigkill_mid_batch_then_restart_equals_uninterrupted,
+    test_two_members_split_partitions_and_survive_a_kill,
+)
+from tests.faults.test_recovery_crash_matrix import (
+    test_sigkill_at_each_recovery_step_then_a_normal_pass_resumes_every_run_exactly_once as recovery_crash_matrix,
+)
+from tests.producers.test_approvals import provider, test_an_approval_granted_before_a_crash_is_not_asked_again
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration, pytest.mark.crash]
 test_recovery_crash_matrix = recovery_crash_matrix

@@ -103,7 +103,8 @@ ALLOWED = {
               "a MULTI on a thread's checkpoints"},
     "projector": {"read the projection", "write the projection", "write the topic identity", "write lag samples"},
     "recovery": {"read the projection", "read a lease", "write an owned set", "write an assignment list",
-                 "read a plan", "write a plan", "claim a run id", "write the parked set"},
+                 "read a plan", "write a plan", "claim a run id", "write the parked set",
+                 "write the topic identity"},  # it stores the journal's shape when no projector has (decision 0043)
     "memory": {"read the projection"},
     "operator": _READS | {"write the projection", "write an owned set", "write an assignment list", "write a plan",
                           "write an approval", "write the parked set", "write a checkpoint projection",
@@ -140,6 +141,7 @@ def test_an_agent_user_of_its_own_cannot_touch_another_instances_keys(cluster: C
                "--json")
     assert made.returncode == 0, made.stderr
     assert json.loads(made.stdout)["users"] == {"agent": user}
+    assert json.loads(made.stdout)["disabled"] == [user]  # issue 35: said, not silent — it has no password yet
     admin = redis_client.client(tenant.settings())
     for node in redis_client.nodes(admin):  # the password, by the administrator (ACLs are per node)
         node.acl_setuser(user, enabled=True, passwords=[f"+{password}"])

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from runjournal.producers.partitioner import partition_for
+from runjournal.schemas.keys import partition_for
 from tests.cluster.conftest import Cluster, Tenant, cli
+from tests.consumers.projector.test_projector import redis_digests, topic_fold_digests
 from tests.support.provider import Provider, child, running_provider, wait_lease, wait_lease_gone
 from tests.support.workload import publish
-from tests.test_projector import redis_digests, topic_fold_digests
 
 pytestmark = [pytest.mark.cluster, pytest.mark.integration, pytest.mark.crash]
 

@@ -16,7 +16,7 @@ from agents import Agent, RunConfig, function_tool
 from agents.testing import ScriptedModel, assistant_message, function_call
 
 from runjournal.adapters import current_idempotency_key
-from runjournal.adapters._checkpoints import CheckpointStore
+from runjournal.adapters._checkpoints import FrameworkRecordStore
 from runjournal.adapters.openai_agents import JournalRunHooks, journal_function_tool, resume_agent, run_agent
 from runjournal.core.settings import Settings
 from runjournal.demo.tools import ProviderTool
@@ -41,7 +41,7 @@ async def main() -> None:
     settings = Settings.load()
     inbox = ApprovalInbox(redis.Redis.from_url(settings.redis_url), settings.topic_prefix)
     async with await AsyncJournal.open(settings, producer_id=producer_id, lease_ttl_ms=2500) as journal:
-        store = CheckpointStore(journal.sync)
+        store = FrameworkRecordStore(journal.sync)
         options = {"inbox": inbox, "store": store, "approval_timeout_s": 120,
                    "run_config": RunConfig(tracing_disabled=True)}
         if mode == "resume":

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from runjournal.core import kafka, redis_client
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
-from runjournal.producers.partitioner import partition_for
+from runjournal.schemas.keys import partition_for
 
 
 def run_on_partition(settings: Settings, partition: int, tag: str) -> str:

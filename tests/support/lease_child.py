@@ -1,4 +1,4 @@
-"""Child agent processes for the lease and incarnation tests (``tests/test_leases.py``).
+"""Child agent processes for the lease and incarnation tests (``tests/producers/test_leases.py``).
 
 Usage (with the service env):
 

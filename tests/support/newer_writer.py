@@ -25,12 +25,14 @@ from runjournal.schemas.catalog import SchemaCatalog
 from runjournal.schemas.versions import SchemaVersion, current_version, load_version, payload_record_name
 
 NEW_TYPE = "NODE_HEARTBEAT"
+NEXT_VERSION = current_version().version + 1
+"""The version number a candidate gets: the one after the newest published envelope."""
 _AT = datetime(2026, 2, 1, tzinfo=UTC)
 
 
 def write_candidate(directory: Path, *, new_type: bool = True, optional_field: bool = True,
                     breaking: str | None = None) -> Path:
-    """Write ``v3.avsc`` (a candidate next version) into ``directory``; return its path.
+    """Write ``v<N+1>.avsc`` (a candidate next version: :data:`NEXT_VERSION`) into ``directory``; return its path.
 
     Args:
         new_type: append ``NODE_HEARTBEAT`` (symbol after UNKNOWN + payload record).
@@ -53,7 +55,7 @@ def write_candidate(directory: Path, *, new_type: bool = True, optional_field: b
         fields.insert(len(fields) - 1, {"name": "region", "type": "string"})
     elif breaking == "int-to-string":
         by_name["epoch"]["type"] = "string"
-    path = directory / "v3.avsc"
+    path = directory / f"v{NEXT_VERSION}.avsc"
     path.write_text(json.dumps(raw, indent=2))
     return path
 
@@ -68,7 +70,7 @@ class NewerWriter:
     """
 
     def __init__(self, settings: Settings, candidate: Path) -> None:
-        self.version: SchemaVersion = load_version(candidate, 3)
+        self.version: SchemaVersion = load_version(candidate, NEXT_VERSION)
         self.catalog = SchemaCatalog(settings)
         self.settings = settings
         self._header: bytes | None = None

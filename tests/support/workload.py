@@ -12,8 +12,8 @@ from datetime import UTC, datetime, timedelta
 
 from runjournal.core import kafka
 from runjournal.core.settings import Settings
-from runjournal.producers.partitioner import partition_for
 from runjournal.schemas import Event, EventType, codec_from_settings
+from runjournal.schemas.keys import partition_for, run_id_of_key
 
 T = EventType
 _BASE = datetime(2026, 1, 1, tzinfo=UTC)
@@ -70,7 +70,7 @@ def publish(settings: Settings, items: list[Event | tuple[str, bytes | None]]) -
             key, value, run_id = item.key, codec.encode(item), item.run_id
         else:
             key, value = item
-            run_id = key.rsplit(":", 2)[0]
+            run_id = run_id_of_key(key.encode()).decode()
         producer.produce(settings.events_topic, key=key.encode(), value=value,
                          partition=partition_for(run_id, settings.partitions))
         producer.poll(0)

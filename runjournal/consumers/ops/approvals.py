@@ -1,0 +1,140 @@
+"""A human's decision on a pending approval, checked against the projection and written to the run's inbox.
+
+Shared by ``runjournal approve`` / ``deny`` / ``settle`` and the console's buttons (grant: run the call again; deny:
+never; settle: it happened — record it with its result, never run it again). The decision goes to the
+run's approval inbox (``runjournal.producers.approvals.ApprovalInbox``, Redis); the run's owner journals it as
+APPROVAL_GRANTED / APPROVAL_DENIED — the approver never writes the run's stream (one writer per epoch). Before
+writing, the projected run state is checked: a call with no pending APPROVAL_REQUESTED is refused, so a typo or
+a second decision never lands in an inbox.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+
+from runjournal.consumers.projector.store import ProjectionStore
+from runjournal.consumers.runtime.partitions import run_partition
+from runjournal.core import redis_client as redis_clients
+from runjournal.core.errors import RunjournalError
+from runjournal.core.ids import CALL_ID, RUN_ID
+from runjournal.core.settings import Settings
+from runjournal.producers.approvals import ApprovalInbox
+
+__all__ = ["ApprovalRefusedError", "submit_decision", "submit_settlement"]
+
+
+class ApprovalRefusedError(RunjournalError):
+    """The decision was not written: the run has no projected state, no pending approval with that
+    call_id (never requested, or already decided), or a decision is already waiting in its inbox."""
+
+
+def submit_decision(settings: Settings, run_id: str, call_id: str, *, granted: bool, approver: str,
+                    comment: str | None = None, redis_client: redis.Redis | None = None) -> dict[str, Any]:
+    """Write a decision to the run's inbox if the projection shows ``call_id`` pending.
+
+    Args:
+        settings: bootstrap (partition count), Redis URL and prefix.
+        run_id: the run.
+        call_id: the ``call_id`` of its APPROVAL_REQUESTED.
+        granted: grant (True) or deny (False).
+        approver: who decides.
+        comment: the grant's comment or the denial's reason.
+        redis_client: default ``runjournal.core.redis_client.client(settings)``.
+
+    Returns:
+        ``{"run_id", "call_id", "decision", "approver", "comment", "tool", "reason"}`` (``tool`` and
+        ``reason`` from the request).
+
+    Raises:
+        ApprovalRefusedError: see the class; nothing was written.
+        InvalidIdError: ``run_id`` or ``call_id`` is not text (``runjournal.core.ids`` ``check_lookup``).
+        TopicNotFoundError: the events topic does not exist.
+        redis.RedisError: Redis unreachable.
+    """
+    RUN_ID.check_lookup(run_id)
+    CALL_ID.check_lookup(call_id)
+    client = redis_client if redis_client is not None else redis_clients.client(settings)
+    state = ProjectionStore(client, settings.topic_prefix).get(run_partition(settings, run_id), run_id)
+    if state is None:
+        raise ApprovalRefusedError(f"run {run_id} has no projected state (unknown run, or the projector has not "
+                                   "caught up: is `runjournal projector` running?)")
+    pending = state.pending_approvals.get(call_id)
+    if pending is None:
+        decided = state.approvals.get(call_id)
+        if decided is not None:
+            raise ApprovalRefusedError(f"approval {call_id!r} of run {run_id} was already {decided.decision} "
+                                       f"by {decided.approver}")
+        listed = ", ".join(sorted(state.pending_approvals)) or "none"
+        raise ApprovalRefusedError(f"run {run_id} ({state.status}) has no pending approval {call_id!r}; "
+                                   f"pending: {listed}")
+    inbox = ApprovalInbox(client, settings.topic_prefix)
+    if not inbox.decide(run_id, call_id, granted=granted, approver=approver, comment=comment):
+        waiting = inbox.decision(run_id, call_id) or {}
+        raise ApprovalRefusedError(f"a decision on {call_id!r} of run {run_id} is already waiting for its owner: "
+                                   f"{waiting.get('decision')} by {waiting.get('approver')}")
+    return {"run_id": run_id, "call_id": call_id, "decision": "GRANTED" if granted else "DENIED",
+            "approver": approver, "comment": comment, "tool": pending.tool, "reason": pending.reason}
+
+
+def submit_settlement(settings: Settings, run_id: str, call_id: str, *, result: Any, approver: str,
+                      comment: str | None = None, redis_client: redis.Redis | None = None) -> dict[str, Any]:
+    """Write "it happened, with this result" for a pending unknown-outcome approval (``<key>@<attempt>``): the
+    run's owner records the call as TOOL_CALL_RECONCILED(COMMITTED) with ``result`` and never runs it again
+    (``runjournal.producers.approvals``, *Settled by hand*).
+
+    Args:
+        settings, run_id, call_id, approver, comment, redis_client: as :func:`submit_decision`.
+        result: the call's result as the person knows it (JSON values; recorded as canonical JSON).
+
+    Returns:
+        ``{"run_id", "call_id", "decision": "EXECUTED", "approver", "comment", "tool", "reason", "result_json",
+        "settles"}`` (``settles``: the idempotency key of the call).
+
+    Raises:
+        ApprovalRefusedError: no such pending approval, it is not bound to one call, that call's outcome is not
+            unknown in the projection, or a decision is already waiting; nothing was written.
+        NonCanonicalValueError: ``result`` has no exact JSON form; nothing was written.
+        InvalidIdError, TopicNotFoundError, redis.RedisError: as :func:`submit_decision`.
+    """
+    from runjournal.model.reducer import CallStatus
+    from runjournal.producers import canonical_value
+    from runjournal.producers.handle import approval_scope
+
+    RUN_ID.check_lookup(run_id)
+    CALL_ID.check_lookup(call_id)
+    result_json = canonical_value(result, "result")
+    client = redis_client if redis_client is not None else redis_clients.client(settings)
+    state = ProjectionStore(client, settings.topic_prefix).get(run_partition(settings, run_id), run_id)
+    pending = state.pending_approvals.get(call_id) if state is not None else None
+    if state is None or pending is None:
+        return _refuse_missing(state, run_id, call_id)
+    key = pending.scope_call_id or approval_scope(call_id)[0]
+    if key is None:
+        raise ApprovalRefusedError(f"approval {call_id!r} of run {run_id} is not bound to one call (an unknown "
+                                   "outcome's approval is <key>@<attempt>): it can be granted or denied, not settled")
+    record = state.records.get(key)
+    if record is None or record.status not in (CallStatus.INTENDED, CallStatus.OUTCOME_UNKNOWN):
+        now = "not in the run" if record is None else record.status.value
+        raise ApprovalRefusedError(f"call {key} of run {run_id} is {now}: only an unknown outcome is settled by hand")
+    inbox = ApprovalInbox(client, settings.topic_prefix)
+    if not inbox.settle(run_id, call_id, result_json=result_json, approver=approver, comment=comment):
+        waiting = inbox.decision(run_id, call_id) or {}
+        raise ApprovalRefusedError(f"a decision on {call_id!r} of run {run_id} is already waiting for its owner: "
+                                   f"{waiting.get('decision')} by {waiting.get('approver')}")
+    return {"run_id": run_id, "call_id": call_id, "decision": "EXECUTED", "approver": approver, "comment": comment,
+            "tool": pending.tool, "reason": pending.reason, "result_json": result_json, "settles": key}
+
+
+def _refuse_missing(state: Any, run_id: str, call_id: str) -> dict[str, Any]:
+    if state is None:
+        raise ApprovalRefusedError(f"run {run_id} has no projected state (unknown run, or the projector has not "
+                                   "caught up: is `runjournal projector` running?)")
+    decided = state.approvals.get(call_id)
+    if decided is not None:
+        raise ApprovalRefusedError(f"approval {call_id!r} of run {run_id} was already {decided.decision} "
+                                   f"by {decided.approver}")
+    listed = ", ".join(sorted(state.pending_approvals)) or "none"
+    raise ApprovalRefusedError(f"run {run_id} ({state.status}) has no pending approval {call_id!r}; "
+                               f"pending: {listed}")

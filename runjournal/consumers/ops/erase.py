@@ -1,0 +1,251 @@
+"""Erase a run: tombstone every event and framework-record key, delete its Redis state and records, delete its memory.
+
+Order (each step is idempotent, so running ``erase`` again finishes an interrupted one):
+
+1. Read the run's record keys from its partition (``read_committed``; a key whose latest record
+   is already a tombstone is skipped) — of the events topic, and of ``{prefix}.checkpoints`` (the framework
+   adapters' records of the run's thread, keyed ``<run_id><SEP><kind><SEP><field>``:
+   ``runjournal.core.checkpoint_records``; same partition number; a deployment without the topic has none).
+2. Refuse a run that is not finished while its owner holds a live lease (it would write on), unless
+   forced — judged from the projected state (a run the projector has not seen yet is not refused).
+3. Produce one tombstone (``value=None``) per key to the run's partition of each topic through a plain
+   idempotent producer (``acks=all``), flush, and check every delivery. Both topics are compacted, so the
+   broker drops the erased values at the next cleaning; every consumer follows the tombstones: the
+   projector deletes the run's state, the memory extractor deletes the items of each record.
+4. Delete the run's Redis keys directly too (the projector may be down): its projected state
+   (``rj:{P.p}:run:<run_id>`` and its entry in ``rj:{P.p}:runs``), recovery plan
+   (``rj:{P:r:<run_id>}:plan``), approval inbox (``rj:{P:r:<run_id>}:approvals`` and pending
+   entries), its framework checkpoint projection (``rj:{P:t:<run_id>}:lg:<kind>`` and its entry in
+   ``rj:P:lg:threads``), and its entries in instances' owned sets, assignment lists, surrendered hashes (found by
+   SCAN on every primary of a Redis Cluster) and the parked set. One command per key: the keys live in several slots.
+   Results (``rj:P:result:<sha256>``) are content-addressed and may be shared: left alone; so is the
+   run-id claim (a run id is used once).
+5. Ask the memory store to delete every point whose provenance is the run (``delete_by_run``). A
+   local Qdrant directory held by a running extractor is reported, not an error: the extractor
+   erases the items itself when it reads the tombstones.
+
+Not erased: copies of the run's records in the dead-letter topics (delete-policy topics, kept forever).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from confluent_kafka import KafkaError, Message, TopicPartition
+
+from runjournal.consumers.ops.inspect import read_run_events
+from runjournal.consumers.projector.store import ProjectionStore
+from runjournal.consumers.recovery.instances import Instances
+from runjournal.consumers.runtime.partitions import range_consumer, read_ranges, run_partition
+from runjournal.core import kafka
+from runjournal.core import redis_client as redis_clients
+from runjournal.core.checkpoint_records import KINDS, of_thread
+from runjournal.core.errors import RunjournalError
+from runjournal.core.ids import RUN_ID
+from runjournal.core.redis_keys import RedisKeys
+from runjournal.core.settings import Settings
+from runjournal.producers.approvals import ApprovalInbox
+from runjournal.schemas.keys import parse_event_key
+
+if TYPE_CHECKING:
+    from runjournal.consumers.memory.store import QdrantMemoryStore
+    from runjournal.consumers.vectors.embed import Embedder
+
+__all__ = ["EraseError", "EraseReport", "RunStillLiveError", "erase_run"]
+
+
+class EraseError(RunjournalError):
+    """The tombstones could not all be written (nothing after step 3 was done; run erase again)."""
+
+
+class RunStillLiveError(EraseError):
+    """The run is unfinished and its owner holds a live lease: it would keep writing (use ``force``)."""
+
+
+@dataclass(frozen=True)
+class EraseReport:
+    """What :func:`erase_run` did."""
+
+    run_id: str
+    """The run."""
+    partition: int
+    """Its partition of the events topic."""
+    records_seen: int
+    """Records of the run read from the topic (tombstones included; 0: the topic never had the run)."""
+    tombstones: int
+    """Tombstones written to the events topic (one per key not already tombstoned)."""
+    redis_keys_deleted: int
+    """Redis keys deleted (state, plan, approvals inbox, the checkpoint projection's kinds)."""
+    redis_entries_removed: int
+    """Set/list entries removed (runs set and index, pending approvals, owned sets, assignment lists, parked set,
+    the checkpoint thread list)."""
+    memory_points_deleted: int | None
+    """Memory points deleted; None when the store could not be opened now (see ``memory_note``)."""
+    memory_note: str | None
+    """Why memory was not (or need not be) erased here, when so."""
+    checkpoint_records_seen: int = 0
+    """Framework records of the run read from ``{prefix}.checkpoints`` (tombstones included)."""
+    checkpoint_tombstones: int = 0
+    """Tombstones written to ``{prefix}.checkpoints`` (one per record key not already tombstoned)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report as a JSON-able dict."""
+        return asdict(self)
+
+
+def erase_run(settings: Settings, run_id: str, *, force: bool = False, erase_memory: bool = True,
+              embedder: Embedder | None = None, memory_store: QdrantMemoryStore | None = None,
+              redis_client: Any = None, timeout_s: float = 30.0) -> EraseReport:
+    """Erase ``run_id`` from the journal, Redis and memory (see the module docstring for the steps).
+
+    Args:
+        settings: bootstrap, Redis URL, prefix, Qdrant path or URL.
+        run_id: the run.
+        force: erase even an unfinished run whose owner holds a live lease.
+        erase_memory: step 5 (default True).
+        embedder: names the memory collection (default: ``runjournal.consumers.memory.default_embedder()``).
+        memory_store: an open store to delete from (default: opened from ``settings`` and closed).
+        redis_client: default ``runjournal.core.redis_client.client(settings)``.
+        timeout_s: longest wait for the tombstones' acknowledgements, seconds (default 30).
+
+    Returns:
+        :class:`EraseReport`.
+
+    Raises:
+        InvalidIdError: ``run_id`` is not text (``runjournal.core.ids`` ``check_lookup``: a run started before the id
+            rules with an id they refuse is still erased).
+        RunStillLiveError: step 2.
+        EraseError: a tombstone was not acknowledged.
+        TopicNotFoundError: the events topic does not exist.
+        KafkaException / redis.RedisError: the broker or Redis is unreachable.
+    """
+    RUN_ID.check_lookup(run_id)
+    client = redis_client if redis_client is not None else redis_clients.client(settings)
+    partition = run_partition(settings, run_id)
+    rows = [r for r in read_run_events(settings, run_id) if parse_event_key(r["key"]).run_id == run_id]  # 1
+    latest = {row["key"]: row["type"] for row in rows}
+    keys = [k for k, kind in latest.items() if kind != "TOMBSTONE"]
+    cp_seen, cp_keys = _checkpoint_keys(settings, partition, run_id, timeout_s)  # 1, framework records
+    _check_not_live(settings, client, partition, run_id, force)  # 2
+    _tombstone(settings, settings.events_topic, partition, keys, timeout_s)  # 3
+    _tombstone(settings, settings.checkpoints_topic, partition, cp_keys, timeout_s)
+    deleted, removed = _delete_redis(settings, client, partition, run_id)  # 4
+    points, note = _erase_memory(settings, run_id, embedder, memory_store) if erase_memory else (None, "skipped")  # 5
+    return EraseReport(run_id=run_id, partition=partition, records_seen=len(rows), tombstones=len(keys),
+                       redis_keys_deleted=deleted, redis_entries_removed=removed, memory_points_deleted=points,
+                       memory_note=note, checkpoint_records_seen=cp_seen, checkpoint_tombstones=len(cp_keys))
+
+
+def _checkpoint_keys(settings: Settings, partition: int, run_id: str, timeout_s: float) -> tuple[int, list[str]]:
+    """(records seen, keys whose latest record is not a tombstone) of ``run_id`` on its partition of
+    ``{prefix}.checkpoints``; (0, []) when the topic does not exist (a deployment from before the adapters)."""
+    topic = settings.checkpoints_topic
+    latest: dict[bytes, bool] = {}
+    seen = 0
+
+    def on_record(msg: Message) -> None:
+        nonlocal seen
+        key = msg.key()
+        if of_thread(key, run_id):  # not a record of a thread whose id merely starts with "<run_id>\x1f"
+            seen += 1
+            latest[key] = msg.value() is not None
+
+    consumer = range_consumer(settings, "erase-checkpoints")
+    try:
+        meta = consumer.list_topics(timeout=10).topics.get(topic)  # all topics: asking for one may auto-create it
+        if meta is None or meta.error is not None or partition not in meta.partitions:
+            return 0, []
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10, cached=False)
+        if read_ranges(consumer, topic, {partition: (low, high)}, on_record, timeout_s=timeout_s):
+            raise EraseError(f"could not read {topic}[{partition}] to offset {high} within {timeout_s} s "
+                             "(an open transaction?); nothing was erased — run erase again")
+    finally:
+        consumer.close()
+    return seen, [k.decode() for k, live in latest.items() if live]
+
+
+def _check_not_live(settings: Settings, client: Any, partition: int, run_id: str, force: bool) -> None:
+    state = ProjectionStore(client, settings.topic_prefix).get(partition, run_id)
+    if force or state is None or state.terminal or not state.owner:
+        return
+    if Instances(client, settings.topic_prefix).view(state.owner).alive:
+        raise RunStillLiveError(f"run {run_id} is {state.status} and its owner {state.owner} holds a live lease; "
+                                "it would keep writing — stop it first (or force)")
+
+
+def _tombstone(settings: Settings, topic: str, partition: int, keys: list[str], timeout_s: float) -> None:
+    if not keys:
+        return
+    errors: list[KafkaError] = []
+
+    def delivered(err: KafkaError | None, _msg: Message) -> None:
+        if err is not None:
+            errors.append(err)
+
+    producer = kafka.producer(settings, **{"acks": "all", "enable.idempotence": True,
+                         "linger.ms": 5, "allow.auto.create.topics": False})
+    for key in keys:
+        for _ in range(100):  # a full local queue: serve deliveries and retry, bounded
+            try:
+                producer.produce(topic, key=key.encode(), value=None, partition=partition,
+                                 on_delivery=delivered)
+                break
+            except BufferError:
+                producer.poll(0.1)
+        else:
+            raise EraseError(f"the local produce queue stayed full while tombstoning {key}")
+        producer.poll(0)
+    left = producer.flush(timeout_s)
+    if left or errors:
+        raise EraseError(f"{left} of {len(keys)} tombstones to {topic} unacknowledged, delivery errors: {errors[:3]}; "
+                         "run erase again")
+
+
+def _delete_redis(settings: Settings, client: Any, partition: int, run_id: str) -> tuple[int, int]:
+    keys = RedisKeys(settings.topic_prefix)
+    inbox = ApprovalInbox(client, settings.topic_prefix)
+    pipe = client.pipeline(transaction=False)  # single-key commands: a cluster pipeline routes each by its slot
+    own = [keys.run(partition, run_id), keys.plan(run_id), keys.approvals(run_id),
+           *(keys.checkpoint(run_id, kind) for kind in KINDS)]
+    for key in own:
+        pipe.delete(key)
+    pipe.srem(keys.checkpoint_threads(), run_id)
+    pipe.srem(keys.runs(partition), run_id)
+    pipe.srem(keys.parked(), run_id)
+    pipe.hdel(keys.index(partition), run_id)  # the runs list's entry (projector/index.py)
+    pipe.hdel(keys.live(partition), run_id)  # the live index's entry (a parked run has none; harmless)
+    for family, op in (("owned", "srem"), ("incoming", "srem"), ("assign", "lrem"), ("surrendered", "hdel")):
+        for key in redis_clients.scan_keys(client, keys.instance_glob(family)):
+            if op == "srem":
+                pipe.srem(key, run_id)
+            elif op == "hdel":
+                pipe.hdel(key, run_id)
+            else:
+                pipe.lrem(key, 0, run_id)
+    results = pipe.execute()
+    deleted, entries = results[:len(own)], results[len(own):]
+    pending_removed = inbox.forget(run_id)  # the inbox hash is gone: only its pending-set entries remain
+    return sum(int(n) for n in deleted), sum(int(n) for n in entries) + pending_removed
+
+
+def _erase_memory(settings: Settings, run_id: str, embedder: Embedder | None,
+                  store: QdrantMemoryStore | None) -> tuple[int | None, str | None]:
+    if store is not None:
+        return store.delete_by_run(run_id), None
+    if not settings.qdrant_url and not Path(settings.effective_qdrant_path).exists():
+        return 0, f"no local memory store at {settings.effective_qdrant_path}"
+    from runjournal.consumers.memory.store import QdrantMemoryStore
+    from runjournal.consumers.vectors.embed import default_embedder
+    from runjournal.consumers.vectors.errors import MemoryPlaneError, StoreLockedError
+
+    later = "the memory extractor erases the run's items as it reads the tombstones"
+    try:
+        with QdrantMemoryStore.open(settings, embedder or default_embedder()) as opened:
+            return opened.delete_by_run(run_id), None
+    except StoreLockedError:
+        return None, f"the local Qdrant directory {settings.effective_qdrant_path} is held by a running " \
+                     f"memory extractor; {later}"
+    except MemoryPlaneError as exc:
+        return None, f"memory not erased now ({type(exc).__name__}: {exc}); {later}"

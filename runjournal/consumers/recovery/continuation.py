@@ -1,0 +1,71 @@
+"""Continue a run that ended FAILED, under a new epoch, on a live Journal.
+
+``Journal.start_run`` refuses the id of an existing run (``RunExistsError``): starting it again would
+write its keys ``{run_id}:1:1…`` a second time and answer its requests with its old decisions. A failed
+run is continued instead, through the recovery job, so the journal — not the caller — says what is done:
+
+1. ``journal.flush()`` (its open transaction would hold the read back), then
+   ``RecoveryJob.recover(runs=[run_id], reopen_failed=True, assign_to=journal.producer_id)``: folds the
+   run (projection snapshot + tail), classifies every call and publishes RUN_RESUMED (seq + 1, epoch + 1),
+   which the reducer takes as reopening a FAILED run; the plan goes to Redis, assigned to ``journal``.
+2. The assignment is taken off the journal's list and ``journal.resume(run_id)`` returns the handle.
+
+The agent then re-executes its code on that handle: committed calls return their recorded results
+(nothing runs), unknown ones are reconciled by key, recorded approvals are honoured (not asked again),
+a recorded retryable failure runs again under its own key (attempt + 1), a non-retryable one is raised
+again (``RecordedFailureError``) — the rules of any resume (``RunHandle.call``).
+"""
+
+from __future__ import annotations
+
+from runjournal.consumers.recovery.job import RecoveryJob
+from runjournal.core.errors import RunjournalError
+from runjournal.core.ids import RUN_ID
+from runjournal.producers import Journal, RunHandle
+
+__all__ = ["RunNotContinuableError", "continue_run"]
+
+
+class RunNotContinuableError(RunjournalError):
+    """``continue_run`` was asked for a run it cannot continue: unknown, still running, or ended otherwise
+    than FAILED (``action`` and ``detail`` say which, as the recovery report does)."""
+
+    def __init__(self, run_id: str, action: str, detail: str | None) -> None:
+        self.run_id = run_id
+        self.action = action
+        self.detail = detail
+        super().__init__(f"run {run_id} cannot be continued: {action}" + (f" ({detail})" if detail else ""))
+
+
+def continue_run(journal: Journal, run_id: str, *, max_wait_s: float = 30.0) -> RunHandle:
+    """Reopen the FAILED run ``run_id`` under a new epoch and resume it on ``journal`` (module docstring).
+
+    Args:
+        journal: the live Journal that takes the run.
+        run_id: a run that ended FAILED.
+        max_wait_s: longest to wait for an unknown call's tool timeout before reconciling it is allowed (s).
+
+    Returns:
+        The run's handle (epoch = the previous epoch + 1).
+
+    Raises:
+        InvalidIdError: ``run_id`` breaks the run-id rules (``runjournal.core.ids.RUN_ID``); nothing was fenced,
+            read or published.
+        RunNotContinuableError: no such run (``no_facts``), it has not ended or is parked (``not_ended``:
+            nobody is fenced by this call; a crashed run is the stale pass's), or it ended SUCCEEDED or
+            CANCELLED (``finished``).
+        DeliveryError: the journal's open transaction could not be committed first.
+        RecoveryError, KafkaException, redis.RedisError: as ``RecoveryJob.recover``.
+    """
+    RUN_ID.check(run_id)
+    journal.flush()  # its own open transaction would hold back the partitions' last stable offset the job reads to
+    job = RecoveryJob(journal.settings, max_wait_s=max_wait_s)
+    try:
+        report = job.recover(runs=[run_id], reopen_failed=True, assign_to=journal.producer_id)
+    finally:
+        job.close()
+    (outcome,) = report.runs
+    if outcome.action != "resumed":
+        raise RunNotContinuableError(run_id, outcome.action, outcome.detail)
+    journal.plans.unassign(run_id, journal.producer_id)
+    return journal.resume(run_id)

@@ -1,0 +1,193 @@
+"""The main job end to end, small: generated workload with approvals, a small fault campaign (agents, the projector,
+zombies, a restart under the same producer_id, Redis, the recovery service) on a private stack, every check must
+hold. The full campaign (200 real runs, every fault kind, 3 brokers) is ``tests/campaign`` (``make test-campaign``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from runjournal.core.settings import default_cache_dir
+from runjournal.deploy.procs import free_port
+from runjournal.deploy.stack import Stack, StackPorts
+
+pytestmark = [pytest.mark.integration, pytest.mark.crash, pytest.mark.slow]
+POLICY = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "knowledge" / "tau-bench-airline-policy.md"
+
+REQUIRED = {"runs_total", "runs_completed", "runs_outcome_matches_input", "events_published", "agents",
+            "crashes_injected", "projector_kills", "runs_recovered", "side_effects_expected",
+            "side_effects_executed", "side_effect_duplicates", "outcome_unknown_reconciled", "projection_mismatches",
+            "memory_items_written", "memory_items_without_provenance", "projector_lag_ms_p50", "projector_lag_ms_p99",
+            "elapsed_s", "ok", "faults_injected", "acked_events", "acked_events_missing", "runs_unfinished",
+            "runs_parked", "runs_orphaned"}
+SMALL_CAMPAIGN = ("agents", "projector", "zombies", "same_id", "redis", "recovery", "recovery_pair", "operators",
+                  "cancels")
+
+
+@pytest.fixture(scope="module")
+def own_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A private 1-broker stack (the campaign SIGKILLs its Redis: never the session's), as ``stack up`` starts it;
+    the environment of a process that uses it through its state file."""
+    stack_dir = tmp_path_factory.mktemp("demo-stack")
+    cache = Path(os.environ.get("RUNJOURNAL_CACHE_DIR") or default_cache_dir())
+    stack = Stack(stack_dir, cache, ports=StackPorts(free_port(), free_port(), free_port()))
+    try:
+        stack.up()
+        yield {**{k: v for k, v in os.environ.items() if not k.startswith("RUNJOURNAL_")},
+               "RUNJOURNAL_STACK_DIR": str(stack_dir), "RUNJOURNAL_REPLICATION_FACTOR": "1"}
+    finally:
+        stack.down()
+
+
+@pytest.mark.parametrize(("idempotency", "mode"), [("off", "group"), ("off", "strict")])
+def test_demo_generated_workload_under_chaos(own_stack: dict[str, str], tmp_path: Path, idempotency: str,
+                                             mode: str) -> None:
+    report = tmp_path / "report.html"
+    proc = subprocess.run(
+        [sys.executable, "-m", "runjournal", "demo", "--runs", "16", "--agents", "3", "--kills", "4", "--seed", "3",
+         "--faults", ",".join(SMALL_CAMPAIGN), "--provider-idempotency", idempotency, "--json", "--report",
+         str(report), "--knowledge", str(POLICY), "--outcome-commit", mode],
+        env=own_stack, capture_output=True, text=True, timeout=600, check=False)
+    summary = json.loads(proc.stdout)  # --json: stdout is one JSON document and nothing else
+    assert summary["outcome_commit"] == mode
+    raw_librdkafka = [line for line in proc.stderr.splitlines() if re.match(r"^%\d+\|", line)]
+    assert raw_librdkafka == []  # librdkafka's lines go through Python logging (runjournal.core.kafka)
+    assert REQUIRED <= set(summary)
+    if not summary["ok"]:
+        print(json.dumps(summary, indent=1, default=str))  # shown with the failure
+    assert summary["ok"] is True and proc.returncode == 0, {k: summary[k] for k in REQUIRED}
+    assert summary["crashes_injected"] >= 4 and summary["projector_kills"] == 1
+    assert set(summary["faults_injected"]) == set(SMALL_CAMPAIGN), summary["faults_injected"]
+    assert summary["faults_injected"]["agents"] >= 4 and min(summary["faults_injected"].values()) >= 1
+    assert summary["acked_events_missing"] == 0 < summary["acked_events"]
+    assert summary["runs_unfinished"] == summary["runs_parked"] == summary["runs_orphaned"] == 0
+    assert summary["side_effects_executed"] == summary["side_effects_expected"] > 0
+    assert summary["approvals_granted"] > 0  # the generated workload has approvals
+    html = report.read_text()
+    assert html.startswith("<!doctype html>") and "Fleet timeline" in html and "<script" not in html
+    for marker in ("fault redis: SIGKILL", "fault zombies", "fault same_id", "fault recovery: SIGKILL at"):
+        assert marker in html, marker  # each fault is on the timeline, with its time
+    # every model turn built its context: facts first, advice labelled; the report shows one run's
+    contexts = {k: v for k, v in summary.items() if k.startswith("contexts_")}
+    assert summary["contexts_built"] > 0 and summary["contexts_with_knowledge"] > 0, contexts
+    assert summary["contexts_advice_unavailable"] == 0, contexts  # the extractor served the agents' reads
+    assert "One run's context" in html and "Execution facts (fact: StateStore / ExecutionRecordStore" in html
+    assert "Knowledge (advisory)" in html and "never an execution fact" in html
+    # issue 14 (g): without --keep the demo removes what it created
+    prefix = summary["topic_prefix"]
+    assert summary["cleanup"]["cleanup_errors"] == [], summary["cleanup"]
+    assert leftovers(own_stack, prefix) == ([], 0), "topics or Redis keys of the demo were left behind"
+    assert summary["cleanup"]["qdrant_collections_deleted"] and not Path(summary["workdir"]).exists()
+
+
+def leftovers(env: dict[str, str], prefix: str) -> tuple[list[str], int]:
+    """(topics, Redis key count) left under ``prefix``."""
+    from runjournal.core import kafka, redis_client
+    from runjournal.core.redis_keys import RedisKeys
+    from runjournal.core.settings import Settings
+
+    settings = Settings.load(stack_dir=Path(env["RUNJOURNAL_STACK_DIR"])) if "RUNJOURNAL_BOOTSTRAP" not in env else \
+        Settings.load(bootstrap=env["RUNJOURNAL_BOOTSTRAP"], redis_url=env["RUNJOURNAL_REDIS_URL"])
+    names = [t for t in kafka.admin_client(settings).list_topics(timeout=10).topics if t.startswith(f"{prefix}.")]
+    r = redis_client.client(settings)
+    keys = sum(1 for pattern in RedisKeys(prefix).patterns() for _ in redis_client.scan_keys(r, pattern))
+    return names, keys
+
+
+def test_demo_keep_leaves_its_data_and_every_option_runs(service_env: dict[str, str]) -> None:
+    """``--keep`` keeps the demo's topics and keys (removed here by the same cleanup); the remaining demo options
+    (``--kill-every``, ``--no-memory``, ``--partitions``) run as a user runs them."""
+    from runjournal.core.settings import Settings
+    from runjournal.demo.cleanup import remove_demo
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "runjournal", "demo", "--runs", "3", "--agents", "2", "--kill-every", "30",
+         "--no-memory", "--partitions", "2", "--seed", "5", "--keep", "--json"],
+        env=service_env, capture_output=True, text=True, timeout=600, check=False)
+    summary = json.loads(proc.stdout)
+    assert proc.returncode == 0 and summary["ok"] is True, proc.stderr[-3000:]
+    prefix = summary["topic_prefix"]
+    names, keys = leftovers(service_env, prefix)
+    settings = Settings.load(bootstrap=service_env["RUNJOURNAL_BOOTSTRAP"],
+                             redis_url=service_env["RUNJOURNAL_REDIS_URL"], topic_prefix=prefix)
+    assert sorted(names) == sorted(settings.all_topics) and keys > 0 and "cleanup" not in summary
+    remove_demo(settings, Path(summary["workdir"]))
+    assert leftovers(service_env, prefix) == ([], 0)
+
+
+def test_a_locked_qdrant_directory_is_named_before_anything_is_created(service_env: dict[str, str],
+                                                                         settings: object) -> None:
+    """Another process holds the embedded Qdrant directory: the demo says so within seconds, naming the fix, and
+    creates nothing (it used to run its whole fleet and fail at the end, leaving its data behind)."""
+    from qdrant_client import QdrantClient
+
+    from runjournal.core import kafka
+    from runjournal.core.settings import Settings
+
+    assert isinstance(settings, Settings)
+    admin = kafka.admin_client(settings)
+    before = {t for t in admin.list_topics(timeout=10).topics if t.startswith("demo-")}
+    holder = QdrantClient(path=str(settings.effective_qdrant_path))
+    try:
+        proc = subprocess.run([sys.executable, "-m", "runjournal", "demo", "--runs", "2", "--agents", "1", "--json"],
+                              env=service_env, capture_output=True, text=True, timeout=120, check=False)
+    finally:
+        holder.close()
+    assert proc.returncode == 1 and proc.stdout == "", proc.stdout[-2000:]
+    error = json.loads(proc.stderr.strip().splitlines()[-1])
+    assert error["error"] == "StoreLockedError" and "--no-memory" in error["message"], error
+    assert {t for t in admin.list_topics(timeout=10).topics if t.startswith("demo-")} == before
+
+
+def test_a_demo_that_fails_part_way_removes_what_it_created(service_env: dict[str, str], settings: object,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failure once the demo has created its topics and started its processes (here: the memory service
+    refuses to start): without --keep its topics and Redis keys go, and the processes it started are stopped."""
+    from runjournal.core.settings import Settings
+    from runjournal.demo import run as demo_run
+    from runjournal.demo.run import DemoOptions
+
+    assert isinstance(settings, Settings)
+    for key, value in service_env.items():
+        monkeypatch.setenv(key, value)
+    seen: dict[str, str] = {}
+
+    def refuse(fleet: object, settings: Settings) -> bool:
+        seen["prefix"] = settings.topic_prefix
+        raise RuntimeError("injected: the memory service cannot start")
+
+    monkeypatch.setattr(demo_run.services, "start_memory", refuse)
+    children = _live_descendants()
+    with pytest.raises(RuntimeError, match="injected"):
+        demo_run.run_demo(DemoOptions(generated_runs=2, agents=1))
+    assert leftovers(service_env, seen["prefix"]) == ([], 0), "the failed demo left its topics or keys"
+    left = _live_descendants() - children
+    assert left == set(), f"processes the failed demo started are still running: {left}"
+
+
+def _live_descendants() -> set[tuple[int, str]]:
+    """(pid, command) of this process's descendants that are not zombies (from /proc)."""
+    parent: dict[int, int] = {}
+    names: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = open(f"/proc/{entry}/stat").read()  # noqa: SIM115,PTH123
+        except OSError:
+            continue
+        rest = stat[stat.rindex(")") + 2:].split()
+        if rest[0] != "Z":
+            parent[int(entry)], names[int(entry)] = int(rest[1]), stat[stat.index("(") + 1:stat.rindex(")")]
+    out, frontier = set(), {os.getpid()}
+    while frontier:
+        frontier = {pid for pid, ppid in parent.items() if ppid in frontier}
+        out |= {(pid, names[pid]) for pid in frontier}
+    return out

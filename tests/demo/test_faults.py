@@ -1,0 +1,61 @@
+"""Issue 17: ``runjournal demo --faults`` — the seeded schedule, and kinds refused before anything starts.
+
+The campaign itself runs in ``tests/demo/test_demo.py`` (a small one, every fault kind a 1-broker stack takes) and
+``tests/campaign`` (``make test-campaign``: 200 real runs, ``--faults all`` on 3 brokers with a registry).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from runjournal.demo.faults import KINDS, FaultSpecError, parse_faults, schedule
+from tests.cli.test_paths import json_error, rj
+
+
+def test_schedule_is_seeded_and_covers_every_kind_the_requested_times() -> None:
+    kinds = list(KINDS)
+    plan = schedule(kinds, times=2, kills=5, rng=random.Random(7))
+    assert plan == schedule(kinds, times=2, kills=5, rng=random.Random(7))  # the seed fixes the schedule
+    assert plan != schedule(kinds, times=2, kills=5, rng=random.Random(8))
+    counts = {k: sum(1 for s in plan if s.kind == k) for k in kinds}
+    assert counts["agents"] == 5 and all(counts[k] == 2 for k in kinds if k != "agents"), counts
+    assert all(0 < s.at < 1 for s in plan) and [s.at for s in plan] == sorted(s.at for s in plan)
+
+
+def test_all_takes_what_the_stack_allows_and_says_why_not_the_rest() -> None:
+    allowed: dict[str, str | None] = {**dict.fromkeys(KINDS), "broker": "needs 3 brokers"}
+    kinds, skipped = parse_faults("all", allowed=allowed)
+    assert "broker" not in kinds and set(kinds) == set(KINDS) - {"broker"} and skipped == {"broker": "needs 3 brokers"}
+    assert parse_faults("none", allowed=allowed) == ([], {})
+    assert parse_faults("redis, agents,redis", allowed=allowed) == (["redis", "agents"], {})
+    with pytest.raises(FaultSpecError, match="needs 3 brokers"):
+        parse_faults("agents,broker", allowed=allowed)
+    with pytest.raises(FaultSpecError, match="unknown fault kind"):
+        parse_faults("agents,meteor", allowed=allowed)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("spec", "named"), [("agents,meteor", "meteor"), ("broker", "--brokers 3")])
+def test_a_fault_the_stack_cannot_take_is_a_json_error_before_anything_starts(service_env: dict[str, str],
+                                                                              spec: str, named: str) -> None:
+    """An unknown kind, or ``broker`` on the session's 1-broker stack: a named error (JSON on stderr, exit != 0)
+    before any topic, process or progress bar."""
+    proc, _ = rj(service_env, "demo", "--runs", "2", "--faults", spec, "--fault-times", "2", "--json", timeout=120)
+    doc = json_error(proc)
+    assert doc["error"] == "FaultSpecError" and named in doc["message"], doc
+
+
+def test_every_fault_kind_is_named_in_the_cli_help_and_the_operations_guide() -> None:
+    """A kind added to the campaign is one a user can find: ``runjournal demo --help`` and the kinds table."""
+    import inspect
+    from pathlib import Path
+
+    from runjournal.cli import demo as demo_cli
+
+    source = inspect.getsource(demo_cli)
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "operations" / "main-job-and-faults.md").read_text()
+    for kind in KINDS:
+        assert f" {kind}," in source.replace('"\n', " ").replace('"', " ") or f" {kind}." in source, kind
+        assert f"| `{kind}` |" in guide, kind

@@ -1,0 +1,194 @@
+"""The registry of every entry point that writes to the journal (or decides who may), with its failpoints and what
+happens when two actors race on it and when it is killed at each step.
+
+tests/faults/test_registry.py fails when a CLI command or a public method of the journal's classes is in neither
+:data:`WRITERS` nor :data:`READERS`, when a production failpoint is missing from
+``runjournal.core.failpoints.REGISTRY`` or armed by no test, and when docs/operations/concurrency.md leaves a
+writer out. tests/faults/test_entrypoint_matrix.py generates its cases from :data:`WRITERS` (entry point × SIGKILL
+at each of its failpoints × a second concurrent actor).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+CALL_POINTS = ("producers.call.before_intent_commit", "producers.call.after_intent", "producers.call.after_tool",
+               "producers.call.after_outcome", "producers.txn.after_outcome_commit")
+RECOVERY_POINTS = ("recovery.after_fence", "recovery.after_read", "recovery.after_commit", "recovery.inside_handover",
+                   "recovery.handover.after_plan", "recovery.handover.after_assign")
+PROJECTOR_POINTS = ("projector.before_write", "projector.write_in_flight", "projector.after_write")
+
+
+@dataclass(frozen=True)
+class Writer:
+    """One entry point that writes to the journal, or takes a run's ownership."""
+
+    failpoints: tuple[str, ...]
+    """The production failpoints it passes through (each armed by the crash matrices)."""
+    race: str
+    """What happens when a second actor acts on the same run at the same time."""
+    kill: str
+    """What happens when it is SIGKILLed at any of its failpoints."""
+    matrix: str | None = None
+    """The scenario of tests/faults/test_entrypoint_matrix.py that drives it (None: ``covered_by`` does)."""
+    covered_by: str = ""
+    """The tests that race and kill it, when the matrix does not."""
+
+
+_HANDLE_RACE = ("threads and tasks sharing the handle publish one step at a time under the run's lock (tools run "
+                "in parallel); a second handle of the run in the same instance is refused (DuplicateSeqError); a "
+                "second instance is fenced before it can write (recovery's fence, the lease)")
+_HANDLE_KILL = ("the run stays in the instance's owned set; recovery fences the instance, folds the journal and "
+                "resumes the run elsewhere: a call killed before its intent was acknowledged never happened, one "
+                "killed after it is OUTCOME_UNKNOWN and reconciled by key, never run blind under a new key")
+_RECOVERY_RACE = ("every actor fences, then reads, then publishes: of two actors on one run, the one initialised "
+                  "later fences the other, whose RUN_RESUMED does not commit (reported `superseded`); an actor "
+                  "initialised after another's commit reads it (`owner_alive`, `not_ended`, or it completes that "
+                  "hand-over: `handed_over`). Plans are check-and-set on the epoch")
+_RECOVERY_KILL = ("before RUN_RESUMED commits: nothing durable happened, the next pass does it all again; after it: "
+                  "the run is in its assignee's incoming set and the journal names the assignee, so the next pass "
+                  "completes the hand-over, or resumes the run again if the assignee died")
+
+WRITERS: dict[str, Writer] = {
+    # -- the agent's API (sync and async) ------------------------------------------------------------------
+    "Journal.start_run": Writer((), "the run id is claimed with SET NX: a second start of one id is RunExistsError",
+                                "no RUN_STARTED acknowledged: the id is freed by recovery (`no_facts`)",
+                                covered_by="tests/producers/test_journal.py, tests/faults/test_producer_crash.py"),
+    "Journal.resume": Writer((), "refused unless the plan is assigned here and is the run's newest (StalePlanError)",
+                             "publishes nothing by itself", covered_by="tests/producers/test_resume.py"),
+    "Journal.publish": Writer(("producers.call.before_intent_commit",), _HANDLE_RACE, _HANDLE_KILL,
+                              covered_by="tests/faults/test_one_writer.py, tests/producers/test_fence_race.py"),
+    "Journal.publish_record": Writer((), "records commit and abort with the run's events; a fenced instance "
+                                         "writes none",
+                                     "the transaction aborts: neither the records nor the events land",
+                                     covered_by="tests/adapters/test_langgraph_journal.py"),
+    "Journal.flush": Writer((), "commits what every thread produced (group commit)", "the open transaction aborts",
+                            covered_by="tests/producers/test_journal.py"),
+    "Journal.close": Writer((), "as flush; unfinished runs stay owned, without a lease", "as flush",
+                            covered_by="tests/producers/test_leases.py"),
+    "Journal.surrender": Writer(("producers.surrender.after_flush",),
+                                "once per run and epoch; it waits for every request of the handle (any thread) before "
+                                "the run leaves the owned set, and two recovery jobs resume it once",
+                                "before its Redis write the run is still owned: recovery fences the dead instance "
+                                "and resumes it; after it, the surrendered entry is resumed like a live one",
+                                covered_by="tests/faults/test_surrender.py"),
+    "RunHandle.call": Writer(CALL_POINTS, _HANDLE_RACE, _HANDLE_KILL, matrix="call"),
+    "RunHandle.call_steps": Writer(CALL_POINTS, _HANDLE_RACE, _HANDLE_KILL, matrix="call"),
+    "RunHandle.advance": Writer(CALL_POINTS, _HANDLE_RACE, _HANDLE_KILL, matrix="call"),
+    "RunHandle.advance_call": Writer(CALL_POINTS, _HANDLE_RACE, _HANDLE_KILL, matrix="call"),
+    "RunHandle.undeliver": Writer((), "under the run's lock: a value the caller never received reopens the call (its "
+                                  "retry keeps the key, gets the recorded value)", "nothing published",
+                                  covered_by="tests/faults/test_one_writer.py"),
+    "RunHandle.close_steps": Writer((), "under the run's lock: the abandoned call stays open, its retry keeps the key",
+                                    "nothing published", covered_by="tests/faults/test_one_writer.py"),
+    "RunHandle.emit": Writer((), _HANDLE_RACE, _HANDLE_KILL, covered_by="tests/faults/test_one_writer.py"),
+    "RunHandle.node": Writer((), _HANDLE_RACE, _HANDLE_KILL, covered_by="tests/faults/test_producer_crash.py"),
+    "RunHandle.message": Writer((), _HANDLE_RACE, _HANDLE_KILL, covered_by="tests/faults/test_one_writer.py"),
+    "RunHandle.correction": Writer((), _HANDLE_RACE, _HANDLE_KILL, covered_by="tests/producers/test_journal.py"),
+    "RunHandle.request_approval": Writer((), _HANDLE_RACE, _HANDLE_KILL,
+                                         covered_by="tests/producers/test_approvals.py"),
+    "RunHandle.succeed": Writer((), _HANDLE_RACE, _HANDLE_KILL, covered_by="tests/faults/test_one_writer.py"),
+    "RunHandle.fail": Writer((), _HANDLE_RACE, _HANDLE_KILL, covered_by="tests/faults/test_after_the_effect.py"),
+    "RunHandle.start_new": Writer((), "as Journal.start_run", "as Journal.start_run",
+                                  covered_by="tests/producers/test_journal.py"),
+    "AsyncJournal.start_run": Writer((), "as Journal.start_run", "as Journal.start_run",
+                                     covered_by="tests/adapters/test_async_journal.py"),
+    "AsyncJournal.resume": Writer((), "as Journal.resume", "as Journal.resume",
+                                  covered_by="tests/adapters/test_async_journal.py"),
+    "AsyncJournal.flush": Writer((), "as Journal.flush", "as Journal.flush",
+                                 covered_by="tests/adapters/test_async_journal.py"),
+    "AsyncJournal.close": Writer((), "as Journal.close", "as Journal.close",
+                                 covered_by="tests/adapters/test_async_journal.py"),
+    "AsyncJournal.run_sync": Writer((), "a step runs to its end however often the task is cancelled",
+                                    "as the step it runs", covered_by="tests/faults/test_one_writer.py"),
+    **{f"AsyncRunHandle.{m}": Writer(CALL_POINTS if m == "call" else (), _HANDLE_RACE, _HANDLE_KILL,
+                                     covered_by="tests/faults/test_one_writer.py, tests/adapters/test_async_journal.py")
+       for m in ("emit", "message", "correction", "request_approval", "succeed", "fail", "node", "call",
+                 "await_approval")},
+    "await_approval": Writer((), "the first decision in the inbox wins; the owner journals it",
+                             "a pending approval survives: the resumed owner waits for the inbox",
+                             covered_by="tests/producers/test_approvals.py"),
+    # -- taking a run over ---------------------------------------------------------------------------------
+    "RecoveryJob.recover": Writer(RECOVERY_POINTS, _RECOVERY_RACE, _RECOVERY_KILL, matrix="recover"),
+    "continue_run": Writer(RECOVERY_POINTS, _RECOVERY_RACE + "; the loser raises RunNotContinuableError",
+                           _RECOVERY_KILL, matrix="continue_run"),
+    "cli recover": Writer(RECOVERY_POINTS, _RECOVERY_RACE, _RECOVERY_KILL, matrix="recover"),
+    # -- operators -------------------------------------------------------------------------------------------
+    "cli approve": Writer((), "checked against the projection; the first decision wins (HSETNX); the owner journals it",
+                          "the decision is in the inbox or not; nothing is half-written",
+                          covered_by="tests/producers/test_approvals.py"),
+    "cli deny": Writer((), "as approve", "as approve", covered_by="tests/producers/test_approvals.py"),
+    "cli settle": Writer((), "checked against the projection (a pending unknown-outcome approval); the first decision "
+                             "wins (HSETNX); the owner journals the outcome, then the answer",
+                         "the decision is in the inbox or not; the owner's crash between the outcome and the answer "
+                         "keeps the outcome, and a resumed owner answers from the inbox again",
+                         covered_by="tests/faults/test_settle_by_hand.py"),
+    "cli console": Writer((), "its approve / deny are the CLI's (submit_decision)", "as approve",
+                          covered_by="tests/console/test_console.py"),
+    "cli erase": Writer((), "refused while the run is live (RunStillLiveError); every step idempotent",
+                        "running it again finishes an interrupted erase",
+                        covered_by="tests/consumers/ops/test_erase.py"),
+    "cli demo": Writer(CALL_POINTS + RECOVERY_POINTS + PROJECTOR_POINTS, "the fleet's agents, recovery and operators "
+                       "act at once (the fault campaign)", "every kill of the campaign", covered_by="tests/campaign"),
+    "cli projector": Writer(PROJECTOR_POINTS, "group members split the partitions; a stale view is refused by the "
+                            "apply script (Redis holds the applied offset)", "the next member re-seeks to Redis's "
+                            "offset: nothing double-applied or lost",
+                            covered_by="tests/faults/test_projector_crash.py"),
+    "cli memory-extractor": Writer((), "its own group; deterministic point ids",
+                                   "a redelivery rewrites the same points",
+                                   covered_by="tests/faults/test_memory.py"),
+    # -- framework adapters ----------------------------------------------------------------------------------
+    **{f"JournalCheckpointSaver.{m}": Writer((), "under the run's lock: the projection's order is the topic's",
+                                             "records ride the run's transaction (fenced with it)",
+                                             covered_by="tests/adapters/test_langgraph_journal.py, "
+                                                        "tests/adapters/test_crash_resume.py")
+       for m in ("put", "put_writes", "delete_thread", "aput", "aput_writes", "adelete_thread")},
+    **{f"JournalSession.{m}": Writer((), "read-modify-write under the run's lock", "as the checkpointer",
+                                     covered_by="tests/adapters/test_crash_resume.py")
+       for m in ("add_items", "pop_item", "clear_session")},
+    **{f"FrameworkRecordStore.{m}": Writer((), "under the run's lock", "as the checkpointer",
+                                           covered_by="tests/adapters/test_langgraph_journal.py")
+       for m in ("write", "forget", "project", "rebuild")},
+    "JournalRuns.handle": Writer((), "one handle per thread id per instance (a lock)", "as Journal.start_run",
+                                 covered_by="tests/adapters/test_langgraph_journal.py"),
+    "JournalRuns.async_handle": Writer((), "as handle", "as Journal.start_run",
+                                       covered_by="tests/adapters/test_langgraph_journal.py"),
+    "JournalRuns.attach": Writer((), "the handle given is the thread's from now on", "rebuilds from the topic",
+                                 covered_by="tests/adapters/test_crash_resume.py"),
+    "JournalRunHooks.on_tool_start": Writer((), _HANDLE_RACE, _HANDLE_KILL,
+                                            covered_by="tests/adapters/test_crash_resume.py"),
+    "JournalRunHooks.on_tool_end": Writer((), _HANDLE_RACE, _HANDLE_KILL,
+                                          covered_by="tests/adapters/test_crash_resume.py"),
+    "ApprovalInbox.decide": Writer((), "the first decision wins", "written or not",
+                                   covered_by="tests/producers/test_approvals.py"),
+    "ApprovalInbox.settle": Writer((), "as decide", "as decide", covered_by="tests/faults/test_settle_by_hand.py"),
+    "RunHandle.settle_by_hand": Writer((), _HANDLE_RACE, _HANDLE_KILL,
+                                       covered_by="tests/faults/test_settle_by_hand.py"),
+    "ApprovalInbox.forget": Writer((), "idempotent", "idempotent", covered_by="tests/consumers/ops/test_erase.py"),
+}
+
+READERS: frozenset[str] = frozenset({
+    "Journal.probe_lease", "Journal.check_still_owner", "Journal.run_lock", "Journal.claim_assignment",
+    "Journal.release_run", "RunHandle.approval", "RunHandle.wait_idle", "AsyncJournal.open", "AsyncJournal.wrap",
+    "AsyncJournal.claim_assignment", "AsyncRunHandle.approval", "ApprovalInbox.from_settings", "ApprovalInbox.key",
+    "ApprovalInbox.pending_key", "ApprovalInbox.decision", "ApprovalInbox.requested", "ApprovalInbox.pending",
+    "FrameworkRecordStore.key", "FrameworkRecordStore.threads_key", "FrameworkRecordStore.lock",
+    "FrameworkRecordStore.fields", "FrameworkRecordStore.entries", "FrameworkRecordStore.get",
+    "FrameworkRecordStore.threads", "JournalCheckpointSaver.get_tuple", "JournalCheckpointSaver.list",
+    "JournalCheckpointSaver.get_next_version", "JournalCheckpointSaver.aget_tuple", "JournalCheckpointSaver.alist",
+    "JournalSession.get_items", "RecoveryJob.close", "RecoveryJob.unknown_runs",
+    # read-only commands
+    "cli inspect", "cli replay", "cli settings", "cli stack up", "cli stack env", "cli stack down", "cli stack status",
+    "cli topics create", "cli topics describe", "cli schemas check", "cli schemas publish", "cli memory serve",
+    "cli memory search", "cli memory stats", "cli knowledge ingest", "cli knowledge search", "cli knowledge stats",
+    "cli acls show", "cli acls create",
+})
+"""Entry points that write nothing to the journal and take no run (they may write elsewhere: topics, ACLs,
+the knowledge corpus)."""
+
+CLASSES = ("runjournal.producers:Journal", "runjournal.producers:RunHandle", "runjournal.producers.aio:AsyncJournal",
+           "runjournal.producers.aio:AsyncRunHandle", "runjournal.producers.approvals:ApprovalInbox",
+           "runjournal.adapters:FrameworkRecordStore", "runjournal.adapters:JournalCheckpointSaver",
+           "runjournal.adapters:JournalSession", "runjournal.adapters:JournalRuns",
+           "runjournal.adapters:JournalRunHooks", "runjournal.consumers.recovery.job:RecoveryJob")
+"""Classes whose every public method must be classified (a new method is a new entry point)."""
