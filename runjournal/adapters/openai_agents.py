@@ -219,12 +219,25 @@ async def _record_state(run: AsyncRunHandle, store: FrameworkRecordStore, state:
     await run.journal.run_sync(store.write, run.run_id, [Record("state", _STATE_FIELD, data)])
 
 
+def _arguments(raw_item: Any) -> Any:
+    """The interrupted tool call's arguments (the model's JSON text decoded) for the approver; the text itself when it
+    is not JSON; None when the item carries none."""
+    text = getattr(raw_item, "arguments", None)
+    if not isinstance(text, str):
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
 async def _decide(run: AsyncRunHandle, inbox: ApprovalInbox, state: Any, timeout_s: float) -> None:
     """Each interruption: a durable approval (asked once, across crashes); approve or reject it in ``state``."""
     for item in state.get_interruptions():
         call_id = str(getattr(item.raw_item, "call_id", None) or item.raw_item.id)
         name = getattr(item, "tool_name", None) or getattr(item.raw_item, "name", "tool")
-        granted = await run.await_approval(inbox, call_id, f"{name} needs approval", tool=name, timeout_s=timeout_s)
+        granted = await run.await_approval(inbox, call_id, f"{name} needs approval", tool=name,
+                                           args=_arguments(item.raw_item), timeout_s=timeout_s)
         if granted:
             state.approve(item)
         else:

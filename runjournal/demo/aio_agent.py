@@ -65,7 +65,8 @@ async def aexecute(handle: AsyncRunHandle, script: RunScript, *, provider_url: s
                 await handle.message(step.role, step.content, user_id=script.user_id if step.role == "user" else None)
                 continue
             if step.needs_approval and not await handle.await_approval(inbox, path, f"{step.tool} needs a human",
-                                                                       tool=step.tool, timeout_s=120.0):
+                                                                       tool=step.tool, args=step.args,
+                                                                       timeout_s=120.0):
                 await handle.message("assistant", f"{step.tool} was not approved")
                 continue
             await canceller.call(handle, tool_for(step, handle.sync, provider_url), step.args, f"step{i}")

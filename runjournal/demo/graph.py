@@ -88,7 +88,7 @@ def execute_graph(runs: JournalRuns, handle: RunHandle, script: RunScript, *, pr
             if step.needs_approval:
                 with handle.node(f"step{pos}") as path:
                     granted = await_approval(handle, inbox, path, f"{step.tool} needs a human", tool=step.tool,
-                                             timeout_s=approval_timeout_s)
+                                             args=step.args, timeout_s=approval_timeout_s)
                     if not granted:
                         handle.message("assistant", f"{step.tool} was not approved")
                 if not granted:

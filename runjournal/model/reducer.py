@@ -231,6 +231,9 @@ class PendingApproval:
     """The call (idempotency key) the approval is bound to (APPROVAL_REQUESTED ``scope_call_id``, envelope v3)."""
     scope_attempt: int | None = None
     """The attempt of ``scope_call_id`` a grant authorises (``scope_attempt``, v3); None: not bound to one."""
+    args_json: str | None = None
+    """The arguments of the call awaiting approval as canonical JSON (``args_json``, envelope v4), when the asker
+    gave them; None: not given, or an older writer."""
 
 
 @dataclass(frozen=True)
@@ -547,7 +550,7 @@ _ADDED_FIELDS: dict[str, Any] = {"unknown_events": dict}
 #: The same for the value types inside a state (by mapping field): name -> default.
 _ADDED_VALUE_FIELDS: dict[str, dict[str, Any]] = {
     "approvals": {"consumed_offset": None, "scope_call_id": None, "scope_attempt": None},
-    "pending_approvals": {"scope_call_id": None, "scope_attempt": None},
+    "pending_approvals": {"scope_call_id": None, "scope_attempt": None, "args_json": None},
 }
 
 
@@ -908,6 +911,7 @@ def _approval_requested(state: RunState, event: Event, offset: int) -> Changes:
         requested_at_ms=ms(event.occurred_at),
         scope_call_id=event.payload.get("scope_call_id"),
         scope_attempt=event.payload.get("scope_attempt"),
+        args_json=event.payload.get("args_json"),
     )
     changes: Changes = {
         "pending_approvals": {**state.pending_approvals, call_id: pending},

@@ -214,9 +214,10 @@ class AsyncRunHandle:
         """As :meth:`RunHandle.correction`."""
         return await self._op(lambda: self.sync.correction(subject, text, user_id=user_id))
 
-    async def request_approval(self, call_id: str, reason: str, tool: str | None = None) -> Event:
-        """As :meth:`RunHandle.request_approval` (durable)."""
-        return await self._op(lambda: self.sync.request_approval(call_id, reason, tool))
+    async def request_approval(self, call_id: str, reason: str, tool: str | None = None, *,
+                               args: Any = None) -> Event:
+        """As :meth:`RunHandle.request_approval` (durable; ``args`` recorded as canonical JSON)."""
+        return await self._op(lambda: self.sync.request_approval(call_id, reason, tool, args=args))
 
     async def succeed(self, output: Any = None) -> Event:
         """As :meth:`RunHandle.succeed` (durable; ends the run)."""
@@ -251,9 +252,9 @@ class AsyncRunHandle:
         return await self._drive(self.sync.call_steps(tool, args, side_effect=side_effect, step=step))
 
     async def await_approval(self, inbox: ApprovalInbox, call_id: str, reason: str, *, tool: str | None = None,
-                             timeout_s: float = 300.0, poll_s: float = 0.1) -> bool:
+                             args: Any = None, timeout_s: float = 300.0, poll_s: float = 0.1) -> bool:
         """As ``runjournal.producers.approvals.await_approval`` (the same steps; the wait is ``asyncio.sleep``)."""
-        return bool(await self._drive(approval_steps(self.sync, inbox, call_id, reason, tool=tool,
+        return bool(await self._drive(approval_steps(self.sync, inbox, call_id, reason, tool=tool, args=args,
                                                      timeout_s=timeout_s, poll_s=poll_s)))
 
     async def _drive(self, steps: CallSteps) -> Any:

@@ -162,10 +162,14 @@ def await_approval(
     reason: str,
     *,
     tool: str | None = None,
+    args: Any = None,
     timeout_s: float = 300.0,
     poll_s: float = 0.1,
 ) -> bool:
     """Ask for (or, after a resume, keep waiting for) a human decision on ``call_id``; True when granted.
+
+    ``tool`` and ``args`` (the call's arguments, recorded as canonical JSON: envelope v4) are what the approver
+    sees in the console, ``inspect`` and ``approve`` — give them, or the approver decides blind.
 
     Publishes APPROVAL_REQUESTED unless the run's journal already shows it requested, and APPROVAL_GRANTED /
     DENIED once decided, unless the journal already has the decision — as known to the handle: its recovery
@@ -178,13 +182,13 @@ def await_approval(
         ApprovalTimeoutError: no decision within ``timeout_s`` seconds (the request stays durable).
         DeliveryError and the other publishing errors of :meth:`RunHandle.emit`.
     """
-    granted: bool = drive(approval_steps(handle, inbox, call_id, reason, tool=tool, timeout_s=timeout_s,
+    granted: bool = drive(approval_steps(handle, inbox, call_id, reason, tool=tool, args=args, timeout_s=timeout_s,
                                          poll_s=poll_s), getattr(handle, "advance", advance))  # a ReplayHandle: plain
     return granted
 
 
 def approval_steps(handle: RunHandle, inbox: ApprovalInbox, call_id: str, reason: str, *, tool: str | None,
-                   timeout_s: float, poll_s: float) -> Generator[Effect, Any, bool]:
+                   timeout_s: float, poll_s: float, args: Any = None) -> Generator[Effect, Any, bool]:
     """:func:`await_approval` as steps (``runjournal.producers._steps``): yields a ``Sleep`` between inbox polls.
     ``call_id`` is checked first (``InvalidIdError``: ``runjournal.core.ids.CALL_ID``), before anything is published."""
     CALL_ID.check(call_id)
@@ -194,7 +198,7 @@ def approval_steps(handle: RunHandle, inbox: ApprovalInbox, call_id: str, reason
         # calling again returns that result without running — so "go on" is the answer.
         return known == ApprovalStatus.GRANTED or _verdict(handle, call_id) in _HAPPENED
     if known is None:
-        handle.request_approval(call_id, reason, tool=tool)
+        handle.request_approval(call_id, reason, tool=tool, args=args)
     inbox.requested(handle.run_id, call_id)
     deadline = time.monotonic() + timeout_s
     while (decided := inbox.decision(handle.run_id, call_id)) is None:

@@ -933,17 +933,21 @@ class RunHandle:
         payload = {"subject": subject, "text": text, "user_id": user_id}
         return self._publish(EventType.USER_CORRECTION, payload, node_id=self.node_path, durable=False)
 
-    def request_approval(self, call_id: str, reason: str, tool: str | None = None) -> Event:
+    def request_approval(self, call_id: str, reason: str, tool: str | None = None, *, args: Any = None) -> Event:
         """APPROVAL_REQUESTED (durable) for ``call_id`` — e.g. an ``OutcomeUnknownError.approval_id``
         (``<key>@<attempt>``), whose scope the event records: ``scope_call_id`` = the key, ``scope_attempt`` = the
-        attempt a grant authorises (envelope v3; :func:`approval_scope`; docs/design/decisions/0044).
+        attempt a grant authorises (envelope v3; :func:`approval_scope`; docs/design/decisions/0044). ``args``: the
+        call's arguments, recorded as canonical JSON (``args_json``, envelope v4) so the approver sees what they
+        decide about (docs/design/decisions/0046-approvals-carry-their-arguments.md); None: not recorded.
 
         Raises ``InvalidIdError`` for a ``call_id`` that breaks ``runjournal.core.ids.CALL_ID`` (a control character,
-        ``|`` or ``/``, over 256 bytes); otherwise as :meth:`emit`."""
+        ``|`` or ``/``, over 256 bytes), ``NonCanonicalValueError`` for ``args`` with no canonical JSON (NaN, a set
+        …), both before anything is published; otherwise as :meth:`emit`."""
         CALL_ID.check(call_id)
+        args_json = None if args is None else canonical_json(args)
         scope_call_id, scope_attempt = approval_scope(call_id)
         payload = {"call_id": call_id, "reason": reason, "tool": tool, "scope_call_id": scope_call_id,
-                   "scope_attempt": scope_attempt}
+                   "scope_attempt": scope_attempt, "args_json": args_json}
         return self._publish(EventType.APPROVAL_REQUESTED, payload, node_id=self.node_path, durable=True)
 
     def succeed(self, output: Any = None) -> Event:

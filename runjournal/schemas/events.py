@@ -140,7 +140,8 @@ PAYLOAD_FIELDS: dict[EventType, dict[str, tuple[type, bool]]] = {
         "result_digest": (_S, False),
     },
     EventType.APPROVAL_REQUESTED: {"call_id": (_S, True), "reason": (_S, True), "tool": (_S, False),
-                                   "scope_call_id": (_S, False), "scope_attempt": (_I, False)},  # scope: v3
+                                   "scope_call_id": (_S, False), "scope_attempt": (_I, False),  # scope: v3
+                                   "args_json": (_S, False)},  # the call's arguments: v4
     EventType.APPROVAL_GRANTED: {"call_id": (_S, True), "approver": (_S, True), "comment": (_S, False)},
     EventType.APPROVAL_DENIED: {"call_id": (_S, True), "approver": (_S, True), "reason": (_S, False)},
     EventType.RUN_RESUMED: {

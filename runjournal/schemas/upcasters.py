@@ -63,6 +63,7 @@ def no_semantic_change(record: dict[str, Any]) -> dict[str, Any]:
 UPCASTERS: dict[int, Upcaster] = {
     1: upcast_v1_to_v2,
     2: no_semantic_change,  # v3 adds APPROVAL_REQUESTED scope_call_id / scope_attempt (null for older writers)
+    3: no_semantic_change,  # v4 adds APPROVAL_REQUESTED args_json (null for older writers)
 }
 
 

@@ -6,6 +6,7 @@ CLI in a subprocess, the real broker and Redis; the provider's SQLite ledger is 
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -104,6 +105,11 @@ def test_a_pending_approval_survives_a_crash_and_recovery(topics: Settings, serv
     store = project(topics)
     state = store.get(partition_for(run_id, topics.partitions), run_id)
     assert set(state.pending_approvals) == {"send"} and state.pending_approvals["send"].tool == "send_email"
+    asked = {"to": "bob@example.com", "subject": "booking 0"}  # the approver sees what they decide about (v4)
+    assert json.loads(state.pending_approvals["send"].args_json) == asked
+    shown = cli({**service_env, "COLUMNS": "200"}, "inspect", run_id, "--no-timeline")
+    assert shown.returncode == 0 and 'arguments: {"subject":"booking 0","to":"bob@example.com"}' in shown.stdout, \
+        shown.stdout
     if waiting:
         refused = cli(service_env, "approve", run_id, "no-such-call")
         assert refused.returncode == 1 and "no pending approval 'no-such-call'" in refused.stderr
@@ -120,8 +126,10 @@ def test_a_pending_approval_survives_a_crash_and_recovery(topics: Settings, serv
         assert state.status is RunStatus.WAITING_APPROVAL and state.epoch == 2
         assert set(state.pending_approvals) == {"send"}
         assert provider.executions() == 0, "nothing is sent before a human decides"
-        granted = cli(service_env, "approve", run_id, "send", "--approver", "alice", "--comment", "ok")
+        granted = cli({**service_env, "COLUMNS": "200"}, "approve", run_id, "send", "--approver", "alice",
+                      "--comment", "ok")
         assert granted.returncode == 0, granted.stderr
+        assert 'with arguments {"subject": "booking 0", "to": "bob@example.com"}' in granted.stdout, granted.stdout
     assert taker.wait(60) == 0, taker.stderr.read()[-3000:]
 
     assert provider.executions() == 1

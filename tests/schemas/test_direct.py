@@ -33,7 +33,7 @@ from runjournal.schemas import (
 from runjournal.schemas._direct import DirectWriter, zigzag_varint
 from runjournal.schemas.versions import payload_record_name
 
-V1, V2, CURRENT = load_versions()
+V1, V2, *_, CURRENT = load_versions()
 CODEC = EventCodec()
 CODEC.encode(Event(event_id="warm", run_id="r", tenant_id="t", seq=1, epoch=1, producer_id="p",
                    type=EventType.RUN_FAILED, occurred_at=datetime(2024, 1, 1, tzinfo=UTC), payload={"error": "e"}))

@@ -15,7 +15,7 @@ from runjournal.schemas import KNOWN_TYPES, PAYLOAD_FIELDS, Event, EventCodec, E
 from runjournal.schemas.versions import payload_record_name
 
 CODEC = EventCodec()
-V1, V2, CURRENT = load_versions()
+V1, V2, *_, CURRENT = load_versions()
 
 # -- properties: every type, both versions ----------------------------------------------------
 
@@ -72,7 +72,7 @@ def test_current_round_trip_every_type(event: Event) -> None:
     assert CODEC.decode(value) == event
 
 
-_ADDED_AFTER_V1 = {"APPROVAL_REQUESTED": ("scope_call_id", "scope_attempt")}  # v3: null for older writers
+_ADDED_AFTER_V1 = {"APPROVAL_REQUESTED": ("scope_call_id", "scope_attempt", "args_json")}  # v3, v4: null for older
 
 
 def _v1_expected(symbol: str, payload: dict[str, Any]) -> dict[str, Any]:

@@ -42,7 +42,7 @@ from tests.support.newer_writer import NEXT_VERSION, write_candidate
 
 pytestmark = [pytest.mark.registry]
 
-V1, V2, CURRENT = load_versions()
+V1, V2, *_, CURRENT = load_versions()
 REGISTERED = [v.label for v in load_versions() if v.version >= 2]
 """What ``register_versions`` registers: every published version from v2 (registration.py)."""
 RUNJOURNAL = [sys.executable, "-m", "runjournal"]

@@ -27,14 +27,15 @@ def script(handle, provider_url: str, sends: int = 1, inbox: ApprovalInbox | Non
     with handle.node("compose"):
         handle.message("assistant", "drafting the confirmation email")
     for i in range(sends):
+        args = {"to": "bob@example.com", "subject": f"booking {i}"}
         with handle.node("send") as path:
             if inbox is not None and not await_approval(handle, inbox, path, "send_email needs a human",
-                                                        tool="send_email", timeout_s=60):
+                                                        tool="send_email", args=args, timeout_s=60):
                 handle.message("assistant", "send_email was not approved")
                 continue
             tool = ProviderTool(name="send_email", base_url=provider_url, run_id=handle.run_id, epoch=handle.epoch,
                                 result='{"sent": true}', timeout_ms=1000)
-            handle.call(tool, {"to": "bob@example.com", "subject": f"booking {i}"})
+            handle.call(tool, args)
     handle.message("assistant", "The email has been sent.")
     handle.succeed({"done": True})
 

@@ -302,7 +302,8 @@ class ReplayHandle:
             raise ValueError(f"{etype} is published by start_run/resume/succeed/fail or the recovery job, not emit()")
         return self._match(etype, node_id or self.node_path, payload)
 
-    def request_approval(self, call_id: str, reason: str, tool: str | None = None) -> Event | None:
+    def request_approval(self, call_id: str, reason: str, tool: str | None = None, *,
+                         args: Any = None) -> Event | None:
         """The recorded APPROVAL_REQUESTED of ``call_id`` when it was decided by the replay point.
 
         Raises:

@@ -10,6 +10,7 @@ a second decision never lands in an inbox.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import redis
@@ -44,8 +45,9 @@ def submit_decision(settings: Settings, run_id: str, call_id: str, *, granted: b
         redis_client: default ``runjournal.core.redis_client.client(settings)``.
 
     Returns:
-        ``{"run_id", "call_id", "decision", "approver", "comment", "tool", "reason"}`` (``tool`` and
-        ``reason`` from the request).
+        ``{"run_id", "call_id", "decision", "approver", "comment", "tool", "reason", "args"}`` (``tool``,
+        ``reason`` and ``args`` — the call's arguments, decoded, or None when the request did not record them
+        (envelope v4) — from the request).
 
     Raises:
         ApprovalRefusedError: see the class; nothing was written.
@@ -75,7 +77,8 @@ def submit_decision(settings: Settings, run_id: str, call_id: str, *, granted: b
         raise ApprovalRefusedError(f"a decision on {call_id!r} of run {run_id} is already waiting for its owner: "
                                    f"{waiting.get('decision')} by {waiting.get('approver')}")
     return {"run_id": run_id, "call_id": call_id, "decision": "GRANTED" if granted else "DENIED",
-            "approver": approver, "comment": comment, "tool": pending.tool, "reason": pending.reason}
+            "approver": approver, "comment": comment, "tool": pending.tool, "reason": pending.reason,
+            "args": None if pending.args_json is None else json.loads(pending.args_json)}
 
 
 def submit_settlement(settings: Settings, run_id: str, call_id: str, *, result: Any, approver: str,
