@@ -188,6 +188,18 @@ class _Console:
                                  "memory": [h.as_dict() for h in page.memory], "memory_note": page.memory_note})
         return self._page(request, "run.html", {"run": page, "decided_now": request.query_params.get("decided")})
 
+    def search(self, request: Request) -> Response:
+        """``/search?run_id=ID``: 303 to the run's page (any id, ``/`` and ``%`` too: one escaped path segment);
+        a missing or malformed id is a 400 naming the rule."""
+        run_id = request.query_params.get("run_id", "")
+        if not run_id:
+            return self._error(request, "give a run id: /search?run_id=ID", 400, kind="BadRequest")
+        try:
+            RUN_ID.check_lookup(run_id)
+        except InvalidIdError as exc:
+            return self._error(request, exc, 400, kind="BadRequest")
+        return RedirectResponse(f"/runs/{path_segment(run_id)}", status_code=303)
+
     def lag_page(self, request: Request) -> Response:
         return self._page(request, "lag.html", {"lag": self.lag.view()})
 
@@ -282,7 +294,7 @@ def build_app(config: ConsoleConfig, *, data: ConsoleData | None = None,
     console = _Console(config, data, metrics)
     routes = [
         Route("/", lambda _r: RedirectResponse("/runs", status_code=307)),
-        Route("/runs", console.runs), Route("/api/runs", console.runs),
+        Route("/runs", console.runs), Route("/api/runs", console.runs), Route("/search", console.search),
         # {run_id:path}: a run id may hold "/" (it arrives percent-encoded, the server decodes it); the decide route
         # takes the last two segments, so a run id holding "/approvals/" still reaches its run page by GET.
         Route("/runs/{run_id:path}/approvals/{call_id:str}", console.decide, methods=["POST"]),

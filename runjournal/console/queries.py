@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +28,7 @@ from runjournal.model.reducer import CallStatus, RunState
 from runjournal.producers.approvals import ApprovalInbox
 from runjournal.schemas.keys import partition_for
 
-__all__ = ["ConsoleData", "RunPage", "RunsPage", "record_class"]
+__all__ = ["ConsoleData", "RunPage", "RunsPage", "record_class", "run_page"]
 
 #: The ``status`` filter's choices beside every RunStatus value.
 STATUS_GROUPS = {"parked": {"GAP", "BLOCKED"}, "active": {"RUNNING", "WAITING_APPROVAL"},
@@ -73,15 +74,28 @@ class RunPage:
     partition: int
     state: RunState
     timeline: list[dict[str, Any]]
-    """The run's records in offset order: ``offset, seq, epoch, type, node_id, producer_id, at, detail``."""
+    """The run's records in offset order (its event history): ``offset, seq, epoch, type, node_id, producer_id,
+    at, at_ms, detail, payload`` — ``payload`` the event's fields with the JSON-valued ones (``args_json``,
+    ``result_json``, ``input_json`` …) decoded, pretty-printed (None for a tombstone or an undecodable record);
+    ``large`` when it is over :data:`LARGE_PAYLOAD_CHARS`."""
     epochs: list[dict[str, Any]]
-    """One row per ownership epoch: ``epoch, began_with, offset, seq, owner, recovered_by, calls, at``."""
+    """One row per ownership epoch: ``epoch, began_with, offset, seq, owner, recovered_by, calls, at, at_ms``."""
     records: list[dict[str, Any]]
     """Execution records with their class (``committed``, ``reconciled``, ``outcome unknown`` …)."""
     pending: list[dict[str, Any]]
     """Pending approvals with any decision already waiting in the inbox for the owner to journal."""
     decided: list[dict[str, Any]]
     """Journaled approval decisions."""
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+    """The run's graph nodes (NODE_* events; a framework run's graph): ``node_path, status, attempt, error`` in
+    first-seen order."""
+    run_input: str | None = None
+    """The run's input (RUN_STARTED ``input_json``), pretty-printed."""
+    run_output: str | None = None
+    """The run's output (RUN_SUCCEEDED ``output_json``), pretty-printed."""
+    behind: int = 0
+    """Events of the timeline after the projection's applied offset: the header (the projection) is this many
+    events behind the topic — the page says so rather than contradict itself."""
     memory: list[Any] = field(default_factory=list)
     """The run's memory items (advisory), each with provenance."""
     memory_note: str | None = None
@@ -176,23 +190,10 @@ class ConsoleData:
         if state is None:
             return None
         rows = read_run_events(self.settings, run_id)
-        decided = [{"call_id": cid, "decision": d.decision.value, "approver": d.approver, "note": d.note,
-                    "at_ms": d.decided_at_ms, "scope": _approval_scope(cid, d.scope_attempt),
-                    "consumed_offset": d.consumed_offset} for cid, d in sorted(state.approvals.items())]
-        page = RunPage(run_id=run_id, partition=partition, state=state, timeline=[_timeline_row(r) for r in rows],
-                       epochs=_epochs(rows), records=_records(state), pending=self._pending(state), decided=decided)
+        page = run_page(run_id, partition, state, rows, inbox_decision=self.inbox.decision)
         if with_memory:
             page.memory, page.memory_note = self._memory_items(state)
         return page
-
-    def _pending(self, state: RunState) -> list[dict[str, Any]]:
-        out = []
-        for call_id, p in sorted(state.pending_approvals.items()):
-            out.append({"call_id": call_id, "reason": p.reason, "tool": p.tool, "requested_at_ms": p.requested_at_ms,
-                        "scope": _approval_scope(call_id, p.scope_attempt),
-                        "settleable": _settleable(state, call_id, p.scope_call_id),
-                        "inbox": self.inbox.decision(state.run_id, call_id)})
-        return out
 
     def _memory_items(self, state: RunState) -> tuple[list[Any], str | None]:
         """The run's memory items through the Qdrant directory's owner (or the server); never a failure."""
@@ -217,29 +218,124 @@ class ConsoleData:
         self.redis.close()
 
 
+def _short(value: Any, limit: int = 120) -> str:
+    """``value`` on one line, at most ``limit`` characters (the full text is in the row's payload)."""
+    text = " ".join(str(value).split())
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def run_page(run_id: str, partition: int, state: RunState, rows: list[dict[str, Any]], *,
+             inbox_decision: Callable[[str, str], Any]) -> RunPage:
+    """The run page of ``run_id`` from its projected ``state`` and its records ``rows`` (``read_run_events``'s
+    shape, offset order); ``inbox_decision(run_id, call_id)`` gives a decision waiting in the approval inbox (None:
+    none). A pure function of its inputs (no memory: :meth:`ConsoleData.run` adds it)."""
+    decided = [{"call_id": cid, "decision": d.decision.value, "approver": d.approver, "note": d.note,
+                "at_ms": d.decided_at_ms, "scope": _approval_scope(cid, d.scope_attempt),
+                "consumed_offset": d.consumed_offset} for cid, d in sorted(state.approvals.items())]
+    timeline = [_timeline_row(r) for r in rows]
+    return RunPage(run_id=run_id, partition=partition, state=state, timeline=timeline, epochs=_epochs(rows),
+                   records=_records(state), pending=_pending(state, rows, inbox_decision), decided=decided,
+                   nodes=_nodes(state), run_input=_pretty_json(state.input_json),
+                   run_output=_pretty_json(state.output_json),
+                   behind=sum(1 for t in timeline if t["offset"] > state.applied_offset))
+
+
+def _pending(state: RunState, rows: list[dict[str, Any]],
+             inbox_decision: Callable[[str, str], Any]) -> list[dict[str, Any]]:
+    """Pending approvals, each with the call's arguments when the journal holds them — the request's own
+    (``args_json``, envelope v4), else the latest TOOL_CALL_INTENDED of the call it is bound to (an unknown
+    outcome's re-run) — and the decision waiting in the inbox."""
+    intents: dict[str, str | None] = {}
+    for row in rows:
+        event = row.get("event")
+        if event is not None and row["type"] == "TOOL_CALL_INTENDED":
+            intents[str(event.payload.get("call_id"))] = event.payload.get("args_json")
+    out = []
+    for call_id, p in sorted(state.pending_approvals.items()):
+        key = _approval_call(call_id, p.scope_call_id)
+        out.append({"call_id": call_id, "reason": p.reason, "tool": p.tool, "requested_at_ms": p.requested_at_ms,
+                    "scope": _approval_scope(call_id, p.scope_attempt),
+                    "settleable": _settleable(state, call_id, p.scope_call_id),
+                    "args": _pretty_json(p.args_json if p.args_json is not None else intents.get(key)),
+                    "inbox": inbox_decision(state.run_id, call_id)})
+    return out
+
+
 def _detail(event: Any) -> str:
+    """One line saying what the event did (its payload in full is a click away on the page)."""
     payload = event.payload
     kind = str(event.type)
+    g = payload.get
+    if kind == "TOOL_CALL_INTENDED":
+        return " ".join(x for x in (g("call_id"), g("tool") or "", _short(g("args_json") or "", 100)) if x)
     if kind.startswith("TOOL_CALL_"):
-        extra = payload.get("outcome") or payload.get("error") or ""
-        return " ".join(str(x) for x in (payload.get("call_id"), payload.get("tool") or "", extra) if x)
+        extra = g("outcome") or g("error") or (_short(g("result_json"), 80) if g("result_json") else "")
+        return " ".join(str(x) for x in (g("call_id"), g("tool") or "", extra) if x)
+    if kind == "APPROVAL_REQUESTED":
+        return " ".join(str(x) for x in (g("call_id"), g("tool") or "", g("reason") or "") if x)
     if kind.startswith("APPROVAL_"):
-        return " ".join(str(x) for x in (payload.get("call_id"), payload.get("approver") or "") if x)
+        return " ".join(str(x) for x in (g("call_id"), g("approver") or "", g("comment") or g("reason") or "") if x)
     if kind == "RUN_RESUMED":
-        return f"epoch {payload.get('previous_epoch')}→{event.epoch}, assigned to {payload.get('assigned_to')}"
+        return f"epoch {g('previous_epoch')}→{event.epoch}, assigned to {g('assigned_to')}"
     if kind.startswith("NODE_"):
-        return str(payload.get("node_path") or "")
+        return " ".join(str(x) for x in (g("node_path") or "", g("error") or "") if x)
+    if kind == "RUN_STARTED":
+        return f"{g('agent')}: {_short(g('input_json') or '', 100)}"
+    if kind == "RUN_SUCCEEDED":
+        return _short(g("output_json") or "", 120)
+    if kind in ("RUN_FAILED", "RUN_CANCELLED"):
+        return _short(g("error") or g("reason") or "", 120)
+    if kind == "MESSAGE":
+        return f"{g('role')}: {_short(g('content') or '', 110)}"
+    if kind == "USER_CORRECTION":
+        return f"{g('subject')}: {_short(g('text') or '', 110)}"
     return ""
+
+
+#: A payload longer than this (characters of its pretty JSON) is shown collapsed, with its size.
+LARGE_PAYLOAD_CHARS = 2_000
+
+
+def _pretty_json(text: str | None) -> str | None:
+    """JSON text pretty-printed (keys as written); text that is not JSON as it is; None stays None."""
+    if text is None:
+        return None
+    try:
+        return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+    except ValueError:
+        return text
+
+
+def _payload(event: Any) -> dict[str, Any]:
+    """The event's payload with each JSON-valued field (``*_json``) decoded: what the event history shows."""
+    out: dict[str, Any] = {}
+    for name, value in (event.payload or {}).items():
+        if name.endswith("_json") and isinstance(value, str):
+            try:
+                out[name.removesuffix("_json")] = json.loads(value)
+                continue
+            except ValueError:
+                pass
+        out[name] = value
+    return out
 
 
 def _timeline_row(row: dict[str, Any]) -> dict[str, Any]:
     event = row.get("event")
     out = {"offset": row["offset"], "seq": row["seq"], "epoch": row["epoch"], "type": row["type"],
-           "node_id": row.get("node_id"), "producer_id": None, "at": None, "detail": row.get("error", "")}
+           "node_id": row.get("node_id"), "producer_id": None, "at": None, "at_ms": None,
+           "detail": row.get("error", ""), "payload": None, "large": False}
     if event is not None:
+        payload = json.dumps(_payload(event), indent=2, ensure_ascii=False, default=str)
         out.update(producer_id=event.producer_id, at=event.occurred_at.isoformat(timespec="milliseconds"),
-                   detail=_detail(event))
+                   at_ms=int(event.occurred_at.timestamp() * 1000), detail=_detail(event), payload=payload,
+                   large=len(payload) > LARGE_PAYLOAD_CHARS)
     return out
+
+
+def _nodes(state: RunState) -> list[dict[str, Any]]:
+    return [{"node_path": path, "status": n.status.value, "attempt": n.attempt, "error": n.error}
+            for path, n in state.nodes.items()]
 
 
 def _epochs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -250,7 +346,8 @@ def _epochs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         entry = {"epoch": event.epoch, "began_with": str(event.type), "offset": row["offset"], "seq": event.seq,
                  "owner": event.producer_id, "recovered_by": None, "calls": {},
-                 "at": event.occurred_at.isoformat(timespec="milliseconds")}
+                 "at": event.occurred_at.isoformat(timespec="milliseconds"),
+                 "at_ms": int(event.occurred_at.timestamp() * 1000)}
         if str(event.type) == "RUN_RESUMED":
             try:
                 plan = json.loads(event.payload.get("plan_json") or "{}")
@@ -280,6 +377,13 @@ def _approval_scope(call_id: str, attempt: int | None = None) -> str:
         return f"one re-run of attempt {attempt}"
     head, _, suffix = call_id.rpartition("@")
     return f"one re-run of attempt {suffix}" if head and suffix.isdigit() else "this call id"
+
+
+def _approval_call(call_id: str, scope_call_id: str | None) -> str:
+    """The call an approval is about: its recorded scope (envelope v3), else the key of a ``<key>@<n>`` id, else
+    the approval's own id (an approval asked before the call, under the call's id)."""
+    head, _, attempt = call_id.rpartition("@")
+    return scope_call_id or (head if head and attempt.isdigit() else call_id)
 
 
 def _settleable(state: RunState, call_id: str, scope_call_id: str | None) -> bool:

@@ -242,6 +242,9 @@ def test_approval_granted_in_the_browser_with_the_token_is_journaled_and_the_run
         page.fill("input[name=token]", TOKEN)
         page.click("form.login button")
         page.goto(f"{stack.console}/runs/{run_id}")
+        asked = page.inner_text("#approvals")  # issue 35: the approver sees what they decide about
+        assert "bob@example.com" in asked and "booking 0" in asked, asked
+        assert "Approve: the run's owner runs send_email" in asked and "Deny: the owner never runs it" in asked
         page.fill("#approvals input[name=comment]", "looks right")
         page.click("#approvals button.grant")
         assert "written to the run's inbox" in page.inner_text("#decided-note")
@@ -258,6 +261,7 @@ def test_approval_granted_in_the_browser_with_the_token_is_journaled_and_the_run
     page.goto(f"{stack.console}/runs/{run_id}")
     assert page.inner_text("#run-status") == "SUCCEEDED"
     assert "APPROVAL_GRANTED" in page.inner_text("#timeline") and "alice (console)" in page.inner_text("#decided")
+    assert page.locator("#behind").count() == 0  # the header and the history agree once projected
 
 
 def test_lag_page_shows_lag_from_the_services_metrics(stack: Stack, page: Any) -> None:
@@ -286,6 +290,86 @@ def test_a_service_killed_without_withdrawing_is_shown_missing(stack: Stack, pag
         assert row.count() == 1 and "missing" in row.inner_text() and "pid 4242" in row.inner_text()
     finally:
         r.hdel(endpoints_key(stack.settings.topic_prefix), field)
+
+
+def _sign_in(stack: Stack, page: Any, name: str = "alice") -> None:
+    page.goto(f"{stack.console}/login")
+    page.fill("input[name=name]", name)
+    page.fill("input[name=token]", TOKEN)
+    page.click("form.login button")
+
+
+def test_a_runs_page_is_its_event_history_with_payloads_and_search_finds_an_id_with_a_slash(
+        stack: Stack, page: Any) -> None:
+    """Issue 35 case 1: the run page shows input and output, every event with its payload (arguments, results,
+    messages), one time format; the header's search box reaches a run whose id holds "/" and a space."""
+    run_id = f"team/history {uuid.uuid4().hex[:6]}"
+    owner = child(stack.env, run_id, "agent-h", stack.provider)
+    assert owner.wait(120) == 0, owner.stderr.read()[-3000:] if owner.stderr else ""
+    _wait_state(stack, run_id, lambda s: s.status.value == "SUCCEEDED")
+    page.goto(f"{stack.read_only}/runs")
+    page.fill("header form.search input[name=run_id]", run_id)
+    page.click("header form.search button")
+    assert page.inner_text("h1 .mono") == run_id and page.inner_text("#run-status") == "SUCCEEDED"
+    assert '"to": "bob"' in page.inner_text("#run-input") and '"done": true' in page.inner_text("#run-output")
+    history = page.locator("#timeline")
+    intended = history.locator("tr.t-TOOL_CALL_INTENDED details")
+    assert intended.count() == 1 and "bob@example.com" in intended.locator("summary").inner_text()
+    intended.locator("summary").click()  # the payload in full: arguments decoded, the idempotency key
+    shown = intended.locator("pre").inner_text()
+    assert '"subject": "booking 0"' in shown and '"idempotency_key"' in shown
+    committed = history.locator("tr.t-TOOL_CALL_COMMITTED details")
+    committed.locator("summary").click()
+    assert '"sent": true' in committed.locator("pre").inner_text()
+    assert "The email has been sent." in history.inner_text()  # messages' text, not only their type
+    times = [t.strip() for t in page.locator("#timeline tbody tr td:last-child").all_inner_texts()]
+    assert times and all(len(t) == 23 and t[10] == " " for t in times), times  # one format: 2026-12-02 16:05:01.123
+    assert "T" not in page.inner_text("#epochs tbody td:last-child")
+    shot = stack.shots / "console-run-history.png"
+    page.screenshot(path=str(shot), full_page=True)
+
+
+def test_an_unknown_outcome_is_settled_in_the_browser_and_never_runs_again(stack: Stack, page: Any) -> None:
+    """Issue 35 case 2, in the console: "It happened" with a result beside Approve and Deny; the owner records the
+    result (TOOL_CALL_RECONCILED) and calling again returns it without running."""
+    from runjournal.producers import Journal, OutcomeUnknownError
+    from runjournal.producers.approvals import ApprovalInbox, await_approval
+    from tests.support.ledger import Ledger, LedgerTool
+
+    class Blind(LedgerTool):
+        reconcile = None  # type: ignore[assignment]
+
+    r = redis.Redis.from_url(stack.settings.redis_url)
+    ledger = Ledger(r, f"console{uuid.uuid4().hex[:8]}")
+    charge = Blind(ledger, name="charge", then="timeout_after", result={"id": 7})
+    run_id = f"console-settle-{uuid.uuid4().hex[:6]}"
+    with Journal(stack.settings, producer_id=f"payer-{uuid.uuid4().hex[:6]}") as journal:
+        run = journal.start_run("tenant-a", "payer", {"amount": 12}, run_id=run_id)
+        with pytest.raises(OutcomeUnknownError) as unknown:
+            run.call(charge, {"logical": "charge", "amount": 12})
+        approval = unknown.value.approval_id
+        run.request_approval(approval, "the charge timed out after it was sent", tool="charge")
+        journal.flush()
+        _wait_state(stack, run_id, lambda s: approval in s.pending_approvals)
+        _sign_in(stack, page)
+        page.goto(f"{stack.console}/runs/{run_id}")
+        asked = page.inner_text("#approvals")
+        assert '"amount": 12' in asked and "It happened: the owner records the result you give" in asked, asked
+        page.fill("#approvals input[name=result]", '{"id": 7, "via": "bank statement"}')
+        page.fill("#approvals input[name=comment]", "the bank shows it")
+        page.click("#approvals button.executed")
+        assert "written to the run's inbox" in page.inner_text("#decided-note")
+        inbox = ApprovalInbox(r, stack.settings.topic_prefix)
+        assert await_approval(run, inbox, approval, "the charge timed out", tool="charge", timeout_s=30)
+        assert run.call(charge, {"logical": "charge", "amount": 12}) == {"id": 7, "via": "bank statement"}
+        run.succeed({})
+        journal.flush()
+    assert ledger.executions() == 1, "the settled charge ran again"
+    state = _wait_state(stack, run_id, lambda s: s.status.value == "SUCCEEDED")
+    (record,) = state.records.values()
+    assert record.status.value == "RECONCILED" and record.reconciled_outcome.value == "COMMITTED"
+    page.goto(f"{stack.console}/runs/{run_id}")
+    assert "TOOL_CALL_RECONCILED" in page.inner_text("#timeline")
 
 
 def _wait_pending(stack: Stack, run_id: str, timeout_s: float = 60) -> None:

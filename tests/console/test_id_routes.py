@@ -60,3 +60,20 @@ def test_the_decide_route_takes_the_run_id_before_the_last_two_segments(client: 
     path = f"/runs/{path_segment('team/run')}/approvals/call-1"
     assert http.post(path, data={"decision": "grant"}).status_code == 403
     assert http.get(path).status_code == 404 and reads.asked[-1] == "team/run/approvals/call-1"
+
+
+@pytest.mark.parametrize("run_id", ["team/run 1", "a?b#c", "100%", " padded ", "名前 🚀"])
+def test_search_goes_to_the_page_of_exactly_the_id_typed(client: tuple[TestClient, Reads], run_id: str) -> None:
+    """The header's search box (issue 35): ``/search?run_id=`` redirects to the run's page, the id escaped as one
+    segment, and that page looks up exactly the id typed (spaces and ``/`` kept)."""
+    http, reads = client
+    res = http.get("/search", params={"run_id": run_id}, follow_redirects=False)
+    assert res.status_code == 303 and res.headers["location"] == f"/runs/{path_segment(run_id)}"
+    assert http.get(res.headers["location"]).status_code == 404 and reads.asked[-1] == run_id
+
+
+def test_search_without_an_id_is_a_bad_request_naming_the_form(client: tuple[TestClient, Reads]) -> None:
+    http, reads = client
+    res = http.get("/search", params={"run_id": ""})
+    assert res.status_code == 400 and "/search?run_id=ID" in res.text and reads.asked == []
+    assert 'action="/search"' in res.text  # every page carries the search box, an error page too

@@ -1,0 +1,109 @@
+"""The run page as the run's event history (issue 35, case 1), rendered by the console app from a folded run:
+input and output, each event's payload (JSON fields decoded), the graph's nodes, one time format, a pending
+approval with its arguments and what each decision does, and a note when the projection is behind the history.
+Starlette's test client, a stub for the reads built with ``runjournal.console.queries.run_page`` (no services)."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from starlette.testclient import TestClient
+
+from runjournal.console import ConsoleConfig, build_app
+from runjournal.console.app import path_segment
+from runjournal.console.queries import LARGE_PAYLOAD_CHARS, RunPage, run_page
+from runjournal.core.settings import Settings
+from runjournal.model.reducer import fold
+from runjournal.schemas import Event, EventType
+
+RUN = "team/history 1"
+AT = datetime(2026, 12, 2, 16, 5, 1, 123000, tzinfo=UTC)
+
+
+def _events() -> list[Event]:
+    def ev(seq: int, etype: EventType, node: str | None = None, **payload: Any) -> Event:
+        return Event(event_id=f"00000000-0000-4000-8000-{seq:012d}", run_id=RUN, tenant_id="t", seq=seq, epoch=1,
+                     producer_id="agent-a", type=etype, occurred_at=AT + timedelta(seconds=seq), node_id=node,
+                     payload=payload)
+
+    big = "x" * (LARGE_PAYLOAD_CHARS + 10)
+    return [
+        ev(1, EventType.RUN_STARTED, agent="mailer", input_json='{"to":"bob"}', user_id="u1"),
+        ev(2, EventType.NODE_STARTED, "plan", node_path="plan", attempt=1),
+        ev(3, EventType.MESSAGE, "plan", role="assistant", content="drafting the confirmation email", user_id=None),
+        ev(4, EventType.TOOL_CALL_INTENDED, "plan", call_id="c1", tool="lookup", idempotency_key="k1",
+           args_digest="d1", side_effect=False, attempt=1, timeout_ms=1000, args_json='{"q":"' + big + '"}'),
+        ev(5, EventType.TOOL_CALL_COMMITTED, "plan", call_id="c1", tool="lookup", idempotency_key="k1",
+           args_digest="d1", result_json='{"found":3}', result_ref=None, result_digest="r1"),
+        ev(6, EventType.NODE_SUCCEEDED, "plan", node_path="plan", output_digest=None),
+        ev(7, EventType.APPROVAL_REQUESTED, "send", call_id="send", reason="send_email needs a human",
+           tool="send_email", scope_call_id=None, scope_attempt=None,
+           args_json='{"subject":"booking 0","to":"bob@example.com"}'),
+    ]
+
+
+def _rows(events: list[Event]) -> list[dict[str, Any]]:
+    return [{"offset": 100 + i, "key": f"{e.run_id}:{e.epoch}:{e.seq}", "seq": e.seq, "epoch": e.epoch,
+             "type": str(e.type), "node_id": e.node_id, "event": e} for i, e in enumerate(events)]
+
+
+class Reads:
+    """Stands in for ``ConsoleData``: one run, its page built by ``run_page`` from the events folded up to
+    ``projected`` of them (the rest is the history the projection has not reached)."""
+
+    redis = None
+    partitions = 1
+
+    def __init__(self, events: list[Event], projected: int) -> None:
+        rows = _rows(events)
+        state = fold([(r["event"], 0, r["offset"]) for r in rows[:projected]])
+        assert state is not None
+        self.page = run_page(RUN, 0, state, rows, inbox_decision=lambda _run, _call: None)
+
+    def run(self, run_id: str, **_: Any) -> RunPage | None:
+        return self.page if run_id == RUN else None
+
+    def close(self) -> None:
+        pass
+
+
+def _get(reads: Reads) -> str:
+    app = build_app(ConsoleConfig(Settings.load(topic_prefix="page"), operator_token="t0ken"), data=reads)  # type: ignore[arg-type]
+    res = TestClient(app).get(f"/runs/{path_segment(RUN)}")
+    assert res.status_code == 200, res.text[-2000:]
+    return res.text
+
+
+def _section(html: str, name: str) -> str:
+    start = html.index(f'<section id="{name}">')
+    return html[start:html.index("</section>", start)]
+
+
+def test_the_history_shows_input_output_payloads_nodes_and_one_time_format() -> None:
+    html = _get(Reads(_events(), projected=7))
+    io = _section(html, "io")
+    assert "&#34;to&#34;: &#34;bob&#34;" in io and "not yet: the run has not ended" in io
+    history = _section(html, "timeline")
+    assert "drafting the confirmation email" in history  # a message's text, not only its type
+    assert "&#34;found&#34;: 3" in history  # the result decoded, pretty-printed
+    assert re.search(r"summary>c1 lookup .*<span class=\"muted\">\(\d+ characters\)</span>", history)  # collapsed
+    times = re.findall(r"<td>(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3})</td>", history)
+    assert len(times) == 7 and times[0] == "2026-12-02 16:05:02.123" and "T16:" not in html  # one format
+    assert "plan" in _section(html, "nodes") and "SUCCEEDED" in _section(html, "nodes")
+    assert 'id="behind"' not in html
+
+
+def test_a_pending_approval_shows_its_arguments_and_what_each_decision_does() -> None:
+    approvals = _section(_get(Reads(_events(), projected=7)), "approvals")
+    assert "bob@example.com" in approvals and "booking 0" in approvals
+    assert "Approve</b>: the run's owner runs send_email." in approvals
+    assert "Deny</b>: the owner never runs it" in approvals
+    assert "It happened" not in approvals  # a step's own approval: not bound to an unknown outcome
+
+
+def test_a_projection_behind_the_history_is_said_not_contradicted() -> None:
+    html = _get(Reads(_events(), projected=5))
+    note = html[html.index('id="behind"'):].split("</p>")[0]
+    assert "2 event(s) behind the topic" in note and "offset 104" in note and "offset 106" in note
