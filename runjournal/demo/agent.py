@@ -54,6 +54,9 @@ class DemoKeys:
         self._keys = RedisKeys(prefix)
         self.queue = self._keys.demo("queue")
         self.done = self._keys.demo("done")
+        self.bait = self._keys.demo("bait")
+        """Runs held out of the queue for the ``recovery`` fault's bait agent (``runjournal.demo.faults``): an agent
+        armed to die at its first intent takes one, so the armed recovery pass always has a run to recover."""
         self.contexts = self._keys.demo("contexts")
         """Hash of counters: built, with_memory, with_knowledge, advice_unavailable, facts_pending (the run not yet
         projected: the context holds no facts and, without a tenant, no memory)."""
@@ -171,7 +174,8 @@ def execute(handle: RunHandle, script: RunScript, *, provider_url: str, inbox: A
                 handle.message(step.role, step.content, user_id=script.user_id if step.role == "user" else None)
                 continue
             if step.needs_approval and not await_approval(handle, inbox, path, f"{step.tool} needs a human",
-                                                          tool=step.tool, timeout_s=approval_timeout_s):
+                                                          tool=step.tool, args=step.args,
+                                                          timeout_s=approval_timeout_s):
                 handle.message("assistant", f"{step.tool} was not approved")
                 continue
             try:  # keyed by the step (as the graph agent's tool call ids are): the two agents resume each other's runs
@@ -212,6 +216,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="run each script as a LangGraph agent whose model turns ask for parallel tool calls")
     ap.add_argument("--commit-timeout-s", type=float, default=30.0,
                     help="the Journal's commit_transaction timeout (s); the broker_stall fault's agent uses 2")
+    ap.add_argument("--bait", action="store_true",
+                    help="take a run held for the recovery fault (DemoKeys.bait) before the queue's")
     ap.add_argument("--clock-skew-s", type=int, default=0,
                     help="run this process's wall clock SECONDS off (the campaign's skew fault; monotonic untouched)")
     args = ap.parse_args(argv)
@@ -239,12 +245,17 @@ def main(argv: list[str] | None = None) -> None:
             from runjournal.demo.graph import execute_graph
 
             runs = JournalRuns(journal)
+        source = keys.bait if args.bait else keys.queue
         while not stop["now"]:
             run_id = _redis_waits(journal.claim_assignment)(timeout_s=0)
             if run_id:
                 handle = journal.resume(run_id)
             else:
-                raw = _redis_waits(r.lmove)(keys.queue, claimed, "LEFT", "RIGHT")
+                raw = _redis_waits(r.lmove)(source, claimed, "LEFT", "RIGHT")
+                if source != keys.queue:  # one held run at most, then the queue's
+                    source = keys.queue
+                    if raw is None:
+                        continue
                 if raw is None:
                     if _redis_waits(r.exists)(keys.done):
                         break

@@ -38,7 +38,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,10 +50,15 @@ from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.demo.fleet import RECOVERY_FAILPOINTS, Fleet
 from runjournal.demo.stackctl import StackControl
+from runjournal.demo.workload import RunScript
 
 __all__ = ["KINDS", "Campaign", "FaultSpecError", "Scheduled", "parse_faults", "schedule"]
 
 log = logging.getLogger("runjournal.demo.faults")
+
+#: Where the recovery fault's bait agent dies: its first intent committed, the call not run (recovery has a call to
+#: decide, and the armed pass a run to fence, read, resume and hand over).
+BAIT_FAILPOINT = "producers.call.after_intent"
 
 KINDS: dict[str, str] = {
     "agents": "SIGKILL agent instances (some die at a failpoint inside a tool call)",
@@ -152,6 +157,9 @@ class Campaign:
         self.fleet, self.settings, self.rng, self.stack = fleet, settings, rng, stack
         self.restart_memory = restart_memory
         self.pending = list(plan)
+        self.held = 0
+        """Runs held out of the queue for the recovery fault's bait agents (``hold_bait``); progress counts them
+        out until each is taken or released."""
         self.injected: dict[str, int] = dict.fromkeys(sorted({s.kind for s in plan}), 0)
         self.errors: list[str] = []
         self._work: queue.Queue[Scheduled | None] = queue.Queue()
@@ -424,24 +432,50 @@ class Campaign:
         point = f"{self.rng.choice(RECOVERY_FAILPOINTS)}=1"
         self.fleet.kill_recoverer(point)
         self.fleet.note("fault", "recovery", f"fault recovery: armed {point}")
-        victim = self._busy_agent_within(AGENT_KILL_WAIT_S)
-        if victim:
-            self.fleet.kill_agent(victim, "fault recovery: killed to give the armed pass a run")
-        deadline = time.monotonic() + 60
         deaths = self.fleet.recoverer_failpoint_deaths
-        again = time.monotonic() + 10
+        if self.held:  # the pass's run: a held run taken by an agent that dies at its first intent, whatever the
+            self.held -= 1  # fleet is doing (the runs may be nearly all done when the worker gets here)
+            self.fleet.spawn_agent(arm_failpoint=False, bait=True, failpoint=f"{BAIT_FAILPOINT}=1",
+                                   why="fault recovery: an agent taking a held run, to die at its first intent")
+        elif victim := self._busy_agent_within(AGENT_KILL_WAIT_S):
+            self.fleet.kill_agent(victim, "fault recovery: killed to give the armed pass a run")
+        deadline = time.monotonic() + 90
+        again = time.monotonic() + 20
         while self.fleet.recoverer_failpoint_deaths == deaths and time.monotonic() < deadline:
             self.fleet.reap_services()
-            if time.monotonic() > again:  # the victim had no run to hand over (between runs): give the pass another
+            if time.monotonic() > again:  # the pass found nothing yet: give it another run
                 again = time.monotonic() + 10
                 if (busy := self._busy_agent(fallback=False)) is not None:
                     self.fleet.kill_agent(busy, "fault recovery: killed again to give the armed pass a run")
             time.sleep(0.2)
         if self.fleet.recoverer_failpoint_deaths == deaths:  # not counted: faults_ok says so
             self.fleet.kill_recoverer(None)  # disarm, so a later pass does not die unplanned
-            self.fleet.note("fault_end", "recovery", f"the armed failpoint {point} was not reached in 60 s")
+            self.fleet.note("fault_end", "recovery", f"the armed failpoint {point} was not reached in 90 s")
         else:
             self.fleet.note("fault_end", "recovery", f"the armed recovery service died at {point}; restarted")
+
+    def hold_bait(self, scripts: Sequence[RunScript], queue_key: str, bait_key: str) -> list[str]:
+        """Hold one run out of the queue per planned ``recovery`` fault (never the last run): the run ids, pushed to
+        ``bait_key`` (the others are the caller's to queue). Runs whose first tool call needs no approval, from the
+        end of the workload, so the bait agent reaches an intent at once."""
+        wanted = min(sum(1 for s in self.pending if s.kind == "recovery"), len(scripts) - 1)
+        fit = [s.run_id for s in scripts if (tools := [t for t in s.steps if t.kind == "tool"])
+               and not tools[0].needs_approval]
+        held = fit[len(fit) - wanted:] if wanted > 0 else []
+        if held:
+            redis_client.client(self.settings, socket_timeout=10).rpush(bait_key, *held)
+        self.held = len(held)
+        self._queue_key, self._bait_key = queue_key, bait_key
+        return held
+
+    def release_held(self) -> None:
+        """Queue the held runs no recovery fault took (its plan ended another way): every run still runs."""
+        if self.held:
+            r = redis_client.client(self.settings, socket_timeout=10)
+            while r.lmove(self._bait_key, self._queue_key, "LEFT", "RIGHT") is not None:
+                pass
+            self.fleet.note("fault_end", "recovery", f"{self.held} held run(s) queued: no recovery fault took them")
+            self.held = 0
 
     def kill_agent(self, why: str = "fault agents: SIGKILL", *, busy_only: bool = False) -> bool:
         """SIGKILL an agent that owns a run now (a kill between runs tests nothing), else (unless ``busy_only``)

@@ -90,14 +90,18 @@ class Fleet:
 
     def _spawn(self, argv: list[str], name: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         log = open(self.workdir / f"{name.replace('#', '_')}.log", "ab")  # noqa: SIM115 - owned by the child
+        # its own session: a Ctrl-C in the terminal reaches the demo only, which stops every process it started
+        # (no traceback from each child); the demo's SIGKILLs and SIGSTOPs go to the pid, as before
         return subprocess.Popen(argv, env=env or self.env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
+                                stdin=subprocess.DEVNULL, start_new_session=True)
 
     # -- agents ------------------------------------------------------------------------------------
     def spawn_agent(self, *, arm_failpoint: bool, name: str | None = None, why: str = "",
-                    clock_skew_s: int = 0, graph: bool = False, commit_timeout_s: float | None = None) -> str:
+                    clock_skew_s: int = 0, graph: bool = False, commit_timeout_s: float | None = None,
+                    bait: bool = False, failpoint: str | None = None) -> str:
         """Start one agent instance (a new name, or ``name`` again: a restart under the same producer_id);
-        maybe armed to SIGKILL itself at a random tool-call point."""
+        maybe armed to SIGKILL itself at a random tool-call point (``arm_failpoint``) or at ``failpoint``
+        (``point=N``); ``bait``: it takes a run held for the recovery fault first (``DemoKeys.bait``)."""
         with self.lock:
             if name is None:
                 self.generation += 1
@@ -108,12 +112,15 @@ class Fleet:
                 point = self.rng.choice(CALL_FAILPOINTS)
                 env["RJ_FAILPOINTS"] = f"{point}={self.rng.randint(1, 6)}"
                 detail = f"{detail} {env['RJ_FAILPOINTS']}".strip()
+            elif failpoint:
+                env["RJ_FAILPOINTS"] = failpoint
+                detail = f"{detail} {failpoint}".strip()
             self.agents[name] = self._spawn(
                 [sys.executable, "-m", "runjournal.demo.agent", "--producer-id", name, "--workload",
                  str(self.workload_path), "--provider", self.provider_url, "--advice", "on" if self.advice else "off",
                  "--acks", str(self.workdir / "acks" / f"{name}.jsonl"),
                  *(["--clock-skew-s", str(clock_skew_s)] if clock_skew_s else []),
-                 *(["--graph"] if graph else []),
+                 *(["--graph"] if graph else []), *(["--bait"] if bait else []),
                  *(["--commit-timeout-s", str(commit_timeout_s)] if commit_timeout_s else [])], name, env)
             self.note("spawn", name, detail)
             return name

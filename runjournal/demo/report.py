@@ -16,6 +16,8 @@ table{border-collapse:collapse}td,th{padding:3px 10px;border-bottom:1px solid #e
 .ok{color:#080;font-weight:bold}.bad{color:#c00;font-weight:bold}
 .committed{background:#cfe8cf}.reconciled{background:#cfd8f5}.re-run{background:#f8e3b5}
 .failed,.unknown{background:#f5c6c6}
+.verdict{padding:10px 14px;border-radius:4px;font-size:16px}.verdict.ok{background:#e3f3e3}
+.verdict.bad{background:#f8dddd}.status-FAILED{color:#a60}.status-SUCCEEDED{color:#222}
 .chip{display:inline-block;padding:1px 6px;margin:1px;border-radius:3px;font-size:12px}
 svg text{font-size:10px;fill:#444}
 """
@@ -26,6 +28,21 @@ _INFRA = ("broker", "redis", "registry", "qdrant", "projector", "memory", "recov
 
 def _esc(x: Any) -> str:
     return html.escape(str(x))
+
+
+def _verdict(summary: dict[str, Any]) -> str:
+    """The verdict first: passed or failed, and the checks that did not hold (all of them below, with what was
+    observed)."""
+    checks = summary.get("checks", [])
+    failed = [c for c in checks if not c["held"]]
+    if summary.get("ok"):
+        head = f"<p class='verdict ok'>PASSED — all {len(checks)} checks held</p>"
+    else:
+        names = "; ".join(f"{c['check']} ({c['observed']})" for c in failed) or "see the summary"
+        head = f"<p class='verdict bad'>FAILED — {_esc(names)}</p>"
+    rows = "".join(f"<tr><td class='{'ok' if c['held'] else 'bad'}'>{'held' if c['held'] else 'FAILED'}</td>"
+                   f"<td>{_esc(c['check'])}</td><td>{_esc(c['observed'])}</td></tr>" for c in checks)
+    return head + ("<table><tr><th></th><th>check</th><th>observed</th></tr>" + rows + "</table>" if rows else "")
 
 
 def _summary(summary: dict[str, Any]) -> str:
@@ -92,15 +109,40 @@ def _faults(summary: dict[str, Any]) -> str:
 
 
 def _runs(per_run: dict[str, Any], limit: int = 400) -> str:
+    """One row per run: its status in its own colour (a FAILED run that the input says fails is not an error) and
+    whether it ended as its input says with a projection equal to the topic's fold (the check, green or red)."""
     rows = []
     for run_id, info in list(sorted(per_run.items()))[:limit]:
         chips = "".join(f"<span class='chip {c['class'].split()[0]}' title='{_esc(c['call_id'])} epochs {c['epochs']}'>"
                         f"{_esc(c['tool'])}: {_esc(c['class'])}</span>" for c in info.get("calls", []))
-        mark = "ok" if info["outcome_matches"] and info["projection_matches"] else "bad"
-        rows.append(f"<tr><td>{_esc(run_id)}</td><td class='{mark}'>{_esc(info['status'])}</td>"
-                    f"<td>{info['epoch']}</td><td>{info['events']}</td><td>{chips}</td></tr>")
-    return ("<table><tr><th>run</th><th>status</th><th>epoch</th><th>events</th><th>tool calls (class)</th></tr>"
-            + "".join(rows) + "</table>")
+        held = info["outcome_matches"] and info["projection_matches"]
+        check = "as recorded" if held else ("outcome differs from the input" if not info["outcome_matches"]
+                                             else "projection differs from the topic")
+        rows.append(f"<tr><td>{_esc(run_id)}</td><td class='status-{_esc(info['status'])}'>{_esc(info['status'])}"
+                    f"</td><td class='{'ok' if held else 'bad'}'>{check}</td><td>{info['epoch']}</td>"
+                    f"<td>{info['events']}</td><td>{chips}</td></tr>")
+    return ("<table><tr><th>run</th><th>status</th><th>check</th><th>epoch</th><th>events</th>"
+            "<th>tool calls (class)</th></tr>" + "".join(rows) + "</table>")
+
+
+def _recoveries(passes: list[dict[str, Any]], limit: int = 200) -> str:
+    """One row per run a recovery pass decided: when, what it did (resumed, finished, parked, deferred …), the
+    epochs, the new owner, the calls by class, the instances the pass fenced."""
+    rows = []
+    for i, p in enumerate(passes[:limit], 1):
+        fenced = ", ".join(p.get("fenced", [])) or "—"
+        for r in p.get("runs", []):
+            calls = ", ".join(f"{k} {v}" for k, v in sorted((r.get("calls") or {}).items())) or "—"
+            epochs = f"{r.get('previous_epoch')} → {r.get('epoch')}" if r.get("epoch") else "—"
+            rows.append(f"<tr><td>{i}</td><td>{p.get('t_s', '')} s</td><td>{_esc(r['run_id'])}</td>"
+                        f"<td>{_esc(r.get('action'))}</td><td>{_esc(epochs)}</td>"
+                        f"<td>{_esc(r.get('assigned_to') or '—')}</td><td>{_esc(calls)}</td><td>{_esc(fenced)}</td>"
+                        f"<td><small>{_esc(r.get('detail') or '')}</small></td></tr>")
+    if not rows:
+        return "<p>no pass decided anything</p>"
+    more = f"<p>… and {len(passes) - limit} more passes</p>" if len(passes) > limit else ""
+    return ("<table><tr><th>pass</th><th>time</th><th>run</th><th>action</th><th>epoch</th><th>assigned to</th>"
+            "<th>calls</th><th>fenced</th><th>detail</th></tr>" + "".join(rows) + "</table>" + more)
 
 
 def _context(ctx: dict[str, Any] | None) -> str:
@@ -139,6 +181,7 @@ def write_report(path: Path, summary: dict[str, Any]) -> None:
     lag_pts = [((t / 1000.0), v) for t, v in lag]
     body = [
         f"<h1>runjournal demo · {_esc(summary.get('topic_prefix'))}</h1>",
+        _verdict(summary),
         "<h2>Summary</h2>", _summary(summary),
         "<h2>Fleet timeline</h2><p>green: spawn · red: SIGKILL · orange: SIGSTOP · teal: SIGCONT · "
         "dark orange: fault injected · dark green: fault over · grey: exit · blue: recovery of a run</p>",
@@ -153,8 +196,7 @@ def write_report(path: Path, summary: dict[str, Any]) -> None:
         "<h2>One run's context</h2><p>What the ContextManager gave the agent for the run's last turn: facts "
         "from the journal first; memory and knowledge after, each labelled advisory with its provenance.</p>",
         _context(summary.get("context_example")),
-        "<h2>Recovery passes</h2><pre>" + _esc(json.dumps(summary.get("recoveries", [])[:50], indent=1,
-                                                           default=str)[:200_000]) + "</pre>",
+        "<h2>Recovery passes</h2>", _recoveries(summary.get("recoveries", [])),
     ]
     path.write_text(f"<!doctype html><html><head><meta charset='utf-8'><title>runjournal demo</title>"
                     f"<style>{_CSS}</style></head><body>{''.join(body)}</body></html>")

@@ -150,7 +150,7 @@ def read_recoveries(path: Path, fleet: Fleet, started_wall: float) -> tuple[list
         if "error" in entry:
             errors.append(entry["error"])
             continue
-        reports.append(entry["report"])
+        reports.append({"t_s": t_s, **entry["report"]})
         for r in entry["report"]["runs"]:
             fleet.note_at(t_s, "recovery", r["run_id"], f"{r['action']} {r.get('previous_epoch')}→{r.get('epoch')} "
                           f"to {r.get('assigned_to')} {r['calls']}")

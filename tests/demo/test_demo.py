@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -72,8 +74,11 @@ def test_demo_generated_workload_under_chaos(own_stack: dict[str, str], tmp_path
     assert summary["approvals_granted"] > 0  # the generated workload has approvals
     html = report.read_text()
     assert html.startswith("<!doctype html>") and "Fleet timeline" in html and "<script" not in html
-    for marker in ("fault redis: SIGKILL", "fault zombies", "fault same_id", "fault recovery: SIGKILL at"):
+    for marker in ("fault redis: SIGKILL", "fault zombies", "fault same_id", "fault recovery: SIGKILL at",
+                   "fault recovery: an agent taking a held run"):
         assert marker in html, marker  # each fault is on the timeline, with its time
+    assert html.index("PASSED — all") < html.index("<h2>Summary</h2>")  # the verdict first
+    assert all(c["held"] for c in summary["checks"]) and "<h2>Recovery passes</h2><table>" in html
     # every model turn built its context: facts first, advice labelled; the report shows one run's
     contexts = {k: v for k, v in summary.items() if k.startswith("contexts_")}
     assert summary["contexts_built"] > 0 and summary["contexts_with_knowledge"] > 0, contexts
@@ -120,6 +125,46 @@ def test_demo_keep_leaves_its_data_and_every_option_runs(service_env: dict[str, 
     assert sorted(names) == sorted(settings.all_topics) and keys > 0 and "cleanup" not in summary
     remove_demo(settings, Path(summary["workdir"]))
     assert leftovers(service_env, prefix) == ([], 0)
+
+
+def test_ctrl_c_stops_every_process_the_demo_started_and_removes_its_data(service_env: dict[str, str],
+                                                                          settings: object) -> None:
+    """Issue 35 case 8: a Ctrl-C (SIGINT to the terminal's foreground process group) printed a traceback from each
+    child (the provider's among them). The demo's children run in their own sessions, so only the demo gets it: it
+    stops every process it started, removes its topics and keys, says so in one line and exits 130."""
+    import psutil
+
+    from runjournal.core import kafka
+    from runjournal.core.settings import Settings
+
+    assert isinstance(settings, Settings)
+    admin = kafka.admin_client(settings)
+    before = {t for t in admin.list_topics(timeout=10).topics if t.startswith("demo-")}
+    demo = subprocess.Popen([sys.executable, "-m", "runjournal", "demo", "--runs", "40", "--agents", "2",
+                             "--no-memory", "--json"], env=service_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # its group: the "terminal"
+    try:
+        deadline = time.monotonic() + 120
+        children: list[psutil.Process] = []
+        while time.monotonic() < deadline:  # until its fleet runs: provider, projector, recovery, agents
+            children = psutil.Process(demo.pid).children(recursive=True)
+            if len([c for c in children if "runjournal.demo.agent" in " ".join(c.cmdline())]) >= 2:
+                break
+            assert demo.poll() is None, demo.stderr.read() if demo.stderr else ""
+            time.sleep(0.5)
+        assert len(children) >= 4, [c.cmdline() for c in children]
+        time.sleep(3)
+        os.killpg(demo.pid, signal.SIGINT)  # what Ctrl-C does: the whole foreground group
+        _out, err = demo.communicate(timeout=120)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+    assert demo.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "interrupted" in err.strip().splitlines()[-1], err[-3000:]
+    gone, alive = psutil.wait_procs(children, timeout=30)
+    assert not alive, [p.cmdline() for p in alive]
+    assert {t for t in admin.list_topics(timeout=10).topics if t.startswith("demo-")} == before
 
 
 def test_a_locked_qdrant_directory_is_named_before_anything_is_created(service_env: dict[str, str],
