@@ -7,10 +7,13 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["PAIRS", "Row", "Summary", "goal_met", "paired_ratios", "percentile", "summarise"]
+__all__ = ["PAIRS", "STACKLESS", "Row", "Summary", "goal_met", "paired_ratios", "percentile", "summarise"]
 
 #: The bench's pairs, in the order they run.
-PAIRS = ("publish", "boundary", "projection", "recovery", "memory", "footprint", "console", "aio")
+PAIRS = ("publish", "boundary", "projection", "recovery", "memory", "footprint", "console", "aio", "startup")
+
+#: Pairs that use no broker, Redis or Qdrant: when only these run, the bench opens no stack.
+STACKLESS = frozenset({"startup"})
 
 
 def percentile(values: Sequence[float], q: float) -> float:

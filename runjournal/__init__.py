@@ -23,13 +23,9 @@ Names resolve lazily (PEP 562): ``import runjournal`` costs nothing until a name
 from __future__ import annotations
 
 import importlib
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
-try:
-    __version__: str = version("runjournal")
-except PackageNotFoundError:  # a checkout on sys.path without an install
-    __version__ = "0.0.0+unknown"
+__version__: str  # the installed version, read on first use: importing importlib.metadata takes tens of ms
 
 _EXPORTS: dict[str, str] = {
     **dict.fromkeys(["ConfigError", "RunjournalError"], "runjournal.core.errors"),
@@ -161,11 +157,23 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from runjournal.schemas import Event, EventCodec, EventType, SchemaError
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("runjournal")
+    except PackageNotFoundError:  # a checkout on sys.path without an install
+        return "0.0.0+unknown"
+
+
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'runjournal' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    if name == "__version__":
+        value: Any = _version()
+    else:
+        module = _EXPORTS.get(name)
+        if module is None:
+            raise AttributeError(f"module 'runjournal' has no attribute {name!r}")
+        value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
 

@@ -8,7 +8,6 @@ from typing import Annotated
 
 import typer
 
-from runjournal import __version__
 from runjournal.cli.acls import acls_app
 from runjournal.cli.approvals import approve_command, deny_command, settle_command
 from runjournal.cli.console import console_command
@@ -23,7 +22,6 @@ from runjournal.cli.schemas import app as schemas_app
 from runjournal.cli.stack import stack_app, topics_app
 from runjournal.core import logs
 from runjournal.core.errors import ConfigError
-from runjournal.core.settings import Settings
 
 __all__ = ["app", "run"]
 
@@ -37,6 +35,8 @@ app = typer.Typer(
 
 def _print_version(value: bool) -> None:
     if value:
+        from runjournal import __version__
+
         print(f"runjournal {__version__}")
         raise typer.Exit()
 
@@ -81,6 +81,8 @@ app.command("console")(console_command)
 @app.command("settings")
 def show_settings() -> None:
     """Print the effective settings as JSON (secrets masked)."""
+    from runjournal.core.settings import Settings
+
     print(json.dumps(Settings.load().masked(), indent=2))
 
 

@@ -13,9 +13,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import typer
-from confluent_kafka import KafkaException
-from redis import RedisError
-from redis.exceptions import RedisClusterException
 
 from runjournal.core.errors import RunjournalError
 
@@ -35,8 +32,21 @@ def fail(error: BaseException | str, *, as_json: bool, code: int = 1, kind: str 
 @contextmanager
 def cli_errors(as_json: bool) -> Iterator[None]:
     """Turn runjournal, Kafka and Redis errors raised inside the block into :func:`fail` (exit 1) — a Redis
-    Cluster client's own errors too (``SlotNotCoveredError`` …: not ``RedisError`` subclasses)."""
+    Cluster client's own errors too (``SlotNotCoveredError`` …: not ``RedisError`` subclasses); any other
+    exception passes through unchanged."""
     try:
         yield
-    except (RunjournalError, KafkaException, RedisError, RedisClusterException) as exc:
+    except Exception as exc:
+        if not isinstance(exc, _client_errors()):
+            raise
         raise fail(exc, as_json=as_json) from exc
+
+
+def _client_errors() -> tuple[type[Exception], ...]:
+    """The error classes :func:`cli_errors` reports, the Kafka and Redis ones imported only when an error is
+    raised (``runjournal --help`` never loads either client)."""
+    from confluent_kafka import KafkaException
+    from redis import RedisError
+    from redis.exceptions import RedisClusterException
+
+    return (RunjournalError, KafkaException, RedisError, RedisClusterException)

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from runjournal.core.errors import ConfigError
-from runjournal.core.settings import Settings
+
+if TYPE_CHECKING:
+    from runjournal.core.settings import Settings
 
 __all__ = ["acls_app"]
 
@@ -34,6 +36,7 @@ def acls_show(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object: role → grants.")] = False,
 ) -> None:
     """Print each role's grants for RUNJOURNAL_TOPIC_PREFIX (agent, projector, recovery, memory, operator)."""
+    from runjournal.core.settings import Settings
     from runjournal.deploy.acls import ROLES, grants_for
 
     prefix = Settings.load().topic_prefix
@@ -104,6 +107,7 @@ def acls_create(
     """
     from confluent_kafka import KafkaException
 
+    from runjournal.core.settings import Settings
     from runjournal.deploy.acls import ROLES, create_acls
 
     pairs = [p.split("=", 1) for p in principal or []]

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import getpass
 import json
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 
-from runjournal.consumers.ops.approvals import ApprovalRefusedError, submit_decision, submit_settlement
-from runjournal.core.settings import Settings
+if TYPE_CHECKING:
+    from runjournal.consumers.ops.approvals import ApprovalRefusedError, submit_decision
 
 __all__ = ["ApprovalRefusedError", "approve_command", "deny_command", "settle_command", "submit_decision"]
 
@@ -30,11 +30,25 @@ _WHAT = {"GRANTED": "the owner runs the call again under the same key",
 
 console = Console(stderr=True, soft_wrap=True)
 
+#: Names this module re-exports from ``runjournal.consumers.ops.approvals``, imported on first use (PEP 562):
+#: the command line's startup loads no consumer.
+_REEXPORTS = frozenset({"ApprovalRefusedError", "submit_decision"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _REEXPORTS:
+        from runjournal.consumers.ops import approvals
+
+        return getattr(approvals, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 def _decide(run_id: str, call_id: str, *, granted: bool, approver: str | None, comment: str | None,
             as_json: bool) -> None:
     from runjournal.cli._errors import cli_errors
+    from runjournal.consumers.ops.approvals import submit_decision
     from runjournal.consumers.runtime.topic_identity import preflight
+    from runjournal.core.settings import Settings
 
     settings = Settings.load()
     with cli_errors(as_json):  # ApprovalRefusedError included: exit 1, nothing written
@@ -44,8 +58,10 @@ def _decide(run_id: str, call_id: str, *, granted: bool, approver: str | None, c
     if as_json:
         print(json.dumps(out))
     else:
-        console.print(f"{out['decision']} {call_id} of run {run_id} ({out['tool'] or 'no tool'}: {out['reason']}) "
-                      f"by {out['approver']}: {_WHAT[out['decision']]}; the run's owner journals it")
+        args = "" if out.get("args") is None else f" with arguments {json.dumps(out['args'], ensure_ascii=False)}"
+        console.print(f"{out['decision']} {call_id} of run {run_id} ({out['tool'] or 'no tool'}{args}: "
+                      f"{out['reason']}) by {out['approver']}: {_WHAT[out['decision']]}; the run's owner journals it",
+                      markup=False, highlight=False)
 
 
 def _os_user() -> str:
@@ -102,7 +118,9 @@ def settle_command(
     TOOL_CALL_RECONCILED(COMMITTED) and never runs the call again; calling it returns the result. Exits 1
     (nothing written) unless the run has this pending approval for a call whose outcome is unknown."""
     from runjournal.cli._errors import cli_errors
+    from runjournal.consumers.ops.approvals import submit_settlement
     from runjournal.consumers.runtime.topic_identity import preflight
+    from runjournal.core.settings import Settings
 
     value = _json_result(result)
     settings = Settings.load()

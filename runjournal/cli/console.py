@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import socket
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from runjournal.cli._values import PORT
 from runjournal.core.errors import bind_error
-from runjournal.core.settings import Settings
+
+if TYPE_CHECKING:
+    import socket
 
 __all__ = ["console_command"]
 
@@ -36,6 +37,7 @@ def console_command(
     from runjournal.console import ConsoleConfig, build_app
     from runjournal.consumers.runtime.topic_identity import preflight
     from runjournal.core.logs import setup_logging
+    from runjournal.core.settings import Settings
 
     setup_logging("INFO")
     settings = Settings.load()
@@ -58,6 +60,8 @@ def _bind(host: str, port: int) -> socket.socket:
     Raises:
         PortInUseError: the port is taken or not allowed (names ``--port`` and the fix).
     """
+    import socket
+
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

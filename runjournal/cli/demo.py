@@ -8,7 +8,6 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from runjournal.cli._values import positive_seconds
@@ -57,6 +56,8 @@ def demo_command(
 ) -> None:
     """The main job: an agent fleet runs real (or generated) runs under a seeded fault campaign; every run is
     verified against independent witnesses (topic, ledger, ack logs, input, Qdrant)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     from runjournal.cli._errors import cli_errors, fail
     from runjournal.consumers.runtime.topic_identity import preflight
     from runjournal.core.settings import Settings
@@ -92,8 +93,15 @@ def demo_command(
             for kind, why in skipped.items():
                 console.print(f"  not in 'all' here: {kind} ({why})")
 
-        with cli_errors(as_json):  # FaultSpecError: a fault this stack cannot take, named before anything starts
-            summary = run_demo(opts, progress=progress, on_plan=on_plan)
+        try:
+            with cli_errors(as_json):  # FaultSpecError: a fault this stack cannot take, named before anything starts
+                summary = run_demo(opts, progress=progress, on_plan=on_plan)
+        except KeyboardInterrupt:  # run_demo stopped every process it started and (without --keep) removed its data
+            bar.stop()
+            kept = "its topics, keys and work folder are kept (--keep)" if keep else \
+                "its topics, Redis keys and work folder were removed"
+            raise fail(f"interrupted: the demo stopped every process it started; {kept}", as_json=as_json, code=130,
+                       kind="Interrupted") from None
     if report:
         from runjournal.demo.report import write_report
 
@@ -102,6 +110,12 @@ def demo_command(
         print(json.dumps({k: v for k, v in summary.items()
                           if k not in {"per_run", "timeline", "recoveries", "series", "context_example"}}, default=str))
     else:
+        failed = [c for c in summary.get("checks", []) if not c["held"]]
+        if summary["ok"]:  # the verdict first, then the figures
+            Console().print(f"[bold green]PASSED[/] — all {len(summary.get('checks', []))} checks held")
+        else:
+            Console().print("[bold red]FAILED[/] — " + ("; ".join(f"{c['check']} ({c['observed']})" for c in failed)
+                                                        or "see the table"), highlight=False)
         table = Table("check", "value", title=f"runjournal demo · {summary['topic_prefix']}")
         for key in _SUMMARY_KEYS:
             value = summary.get(key)

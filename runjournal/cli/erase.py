@@ -8,8 +8,6 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from runjournal.core.settings import Settings
-
 __all__ = ["erase_command"]
 
 console = Console(stderr=True, soft_wrap=True)
@@ -31,6 +29,7 @@ def erase_command(
     from runjournal.cli._errors import cli_errors, fail
     from runjournal.consumers.ops.erase import erase_run
     from runjournal.consumers.runtime.topic_identity import preflight
+    from runjournal.core.settings import Settings
 
     settings = Settings.load()
     with cli_errors(as_json):
@@ -38,7 +37,8 @@ def erase_command(
     if not yes:
         typer.confirm(f"Erase run {run_id} (events, Redis state, memory)? This cannot be undone", abort=True)
     with cli_errors(as_json):  # EraseError included
-        report = erase_run(settings, run_id, force=force)
+        report = erase_run(settings, run_id, force=force,
+                           progress=None if as_json else lambda text: console.print(f"… {text}", highlight=False))
     out = report.as_dict()
     if as_json:
         print(json.dumps(out))

@@ -13,7 +13,6 @@ from typing import Annotated
 import typer
 
 from runjournal.cli._advisory import console, guarded
-from runjournal.core.settings import Settings
 
 __all__ = ["knowledge_app"]
 
@@ -29,6 +28,7 @@ def ingest_command(
 ) -> None:
     """Ingest documents: unchanged sections change nothing; a changed section supersedes the old one."""
     from runjournal.consumers.cognition import open_retriever
+    from runjournal.core.settings import Settings
 
     reader = open_retriever(Settings.load())
     reports = []
@@ -56,6 +56,7 @@ def search_command(
 ) -> None:
     """Search the corpus: sections ranked by their best passage, each with path, section and sha256."""
     from runjournal.consumers.cognition import open_retriever
+    from runjournal.core.settings import Settings
     from runjournal.stores import KnowledgeScope
 
     scope = guarded(lambda: KnowledgeScope(corpus=corpus, document=str(document.resolve()) if document else None),
@@ -79,6 +80,7 @@ def search_command(
 def stats_command(as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False) -> None:
     """Collection, embedder, passage counts by status and the documents ingested."""
     from runjournal.consumers.cognition import open_retriever
+    from runjournal.core.settings import Settings
 
     reader = open_retriever(Settings.load())
     try:

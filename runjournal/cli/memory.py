@@ -9,15 +9,17 @@ ContextManagers answer while it writes. ``memory serve`` is the same owner witho
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from runjournal.cli._advisory import console, fail, guarded
 from runjournal.cli._signals import stop_on_signals
 from runjournal.cli._values import PORT
-from runjournal.core.settings import Settings
-from runjournal.stores import MemoryHit, Scope, ScopeError
+
+if TYPE_CHECKING:
+    from runjournal.core.settings import Settings
+    from runjournal.stores import MemoryHit, Scope
 
 __all__ = ["memory_app", "memory_extractor_command"]
 
@@ -49,6 +51,7 @@ def memory_extractor_command(
     from runjournal.consumers.runtime.topic_identity import preflight
     from runjournal.consumers.vectors.embed import default_embedder
     from runjournal.core.logs import setup_logging
+    from runjournal.core.settings import Settings
 
     setup_logging("INFO")
     settings = Settings.load()
@@ -93,6 +96,7 @@ def serve_command() -> None:
     from runjournal.consumers.cognition import CognitionOwner
     from runjournal.consumers.vectors.embed import default_embedder
     from runjournal.core.logs import setup_logging
+    from runjournal.core.settings import Settings
 
     setup_logging("INFO")
     settings = Settings.load()
@@ -115,6 +119,7 @@ def search_command(
 ) -> None:
     """Search one tenant's advisory memory; hits show text, score, scope and provenance."""
     from runjournal.consumers.cognition import open_memory_reader
+    from runjournal.core.settings import Settings
 
     scope = _scope(tenant, user, agent, as_json)
     reader = open_memory_reader(Settings.load())
@@ -142,6 +147,7 @@ def stats_command(
 ) -> None:
     """Collection, embedder and item counts by status."""
     from runjournal.consumers.cognition import open_memory_reader
+    from runjournal.core.settings import Settings
 
     scope = _scope(tenant, None, None, as_json) if tenant is not None else None
     reader = open_memory_reader(Settings.load())
@@ -153,6 +159,8 @@ def stats_command(
 
 
 def _scope(tenant: str, user: str | None, agent: str | None, as_json: bool) -> Scope:
+    from runjournal.stores import Scope, ScopeError
+
     try:
         return Scope(tenant, user_id=user, agent_id=agent)
     except ScopeError as exc:

@@ -13,7 +13,6 @@ from runjournal.cli._errors import cli_errors
 from runjournal.cli._signals import stop_on_signals
 from runjournal.cli._values import PORT
 from runjournal.cli.replay import timeline_type
-from runjournal.core.settings import Settings
 
 __all__ = ["inspect_command", "projector_command"]
 
@@ -41,6 +40,7 @@ def projector_command(
     from runjournal.consumers.projector.service import Projector
     from runjournal.consumers.runtime.topic_identity import preflight
     from runjournal.core.logs import setup_logging
+    from runjournal.core.settings import Settings
 
     setup_logging("INFO")
     settings = Settings.load()
@@ -81,6 +81,7 @@ def inspect_command(
     from runjournal.cli._errors import fail
     from runjournal.consumers.ops.inspect import inspect_run
     from runjournal.consumers.runtime.topic_identity import preflight
+    from runjournal.core.settings import Settings
 
     settings = Settings.load()
     with cli_errors(as_json):
@@ -103,6 +104,8 @@ def inspect_command(
     for approval_id, pending in sorted((st.get("pending_approvals") or {}).items()):
         console.print(f"  pending approval {approval_id}: {pending.get('tool') or '-'} — {pending.get('reason')} "
                       f"(`runjournal approve {run_id} {approval_id}` / `deny`)", markup=False, highlight=False)
+        if pending.get("args_json"):  # what the approver decides about (envelope v4)
+            console.print(f"    arguments: {_clip(pending['args_json'])}", markup=False, highlight=False)
     records = Table("call_id", "tool", "status", "attempts", "epoch", "idempotency key", title="execution records")
     for cid, rec in sorted(st.get("records", {}).items()):
         records.add_row(cid, rec.get("tool"), rec.get("status"), str(rec.get("attempts")), str(rec.get("epoch")),

@@ -11,7 +11,6 @@ from rich.console import Console
 from rich.table import Table
 
 from runjournal.cli._values import PORT, positive_seconds
-from runjournal.core.settings import Settings
 
 __all__ = ["recover_command"]
 
@@ -43,6 +42,7 @@ def recover_command(
     from runjournal.consumers.recovery.job import RecoveryJob
     from runjournal.consumers.runtime.topic_identity import preflight
     from runjournal.core.logs import setup_logging
+    from runjournal.core.settings import Settings
 
     if not (stale or instance or run):
         raise fail("say which runs: --stale, --instance ID or --run RUN_ID", as_json=as_json, code=2,

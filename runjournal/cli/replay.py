@@ -9,8 +9,6 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from runjournal.core.settings import Settings
-
 __all__ = ["timeline_type", "replay_command"]
 
 console = Console(soft_wrap=True)
@@ -30,6 +28,7 @@ def replay_command(
     from runjournal.cli._errors import cli_errors, fail
     from runjournal.consumers.ops.replay import replay_state
     from runjournal.consumers.runtime.topic_identity import preflight
+    from runjournal.core.settings import Settings
 
     settings = Settings.load()
     with cli_errors(as_json):

@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from runjournal.core.settings import Settings
-from runjournal.schemas.compat import POLICY, Problem, check_all
-from runjournal.schemas.errors import SchemaError
-from runjournal.schemas.versions import load_version, load_versions
+if TYPE_CHECKING:
+    from runjournal.schemas.compat import Problem
 
 __all__ = ["app"]
 
@@ -48,6 +46,9 @@ def check(
 
     Exits 0 when the gate passes, 1 when any problem is found (or the registry refuses a candidate).
     """
+    from runjournal.schemas.compat import POLICY, check_all
+    from runjournal.schemas.versions import load_versions
+
     candidates = list(candidate or [])
     problems = check_all(candidates=candidates, samples=samples)
     if registry:
@@ -69,7 +70,11 @@ def check(
 
 def _registry_problems(candidates: list[Path]) -> list[Problem]:
     """A Problem per candidate the registry's own check refuses (subject ``{prefix}.events-value``)."""
+    from runjournal.core.settings import Settings
+    from runjournal.schemas.compat import POLICY, Problem
+    from runjournal.schemas.errors import SchemaError
     from runjournal.schemas.registration import registry_accepts
+    from runjournal.schemas.versions import load_version
 
     settings = Settings.load()
     if not settings.schema_registry_url:
@@ -101,6 +106,9 @@ def publish(
     The only writer of registry versions (producers look ids up, never register).
     Exit 1 when the ledger or the registry refuses.
     """
+    from runjournal.core.settings import Settings
+    from runjournal.schemas.compat import POLICY
+    from runjournal.schemas.errors import SchemaError
     from runjournal.schemas.published import publish as publish_ledger
     from runjournal.schemas.registration import register_versions
 
@@ -150,6 +158,8 @@ def _as_dict(problem: Problem) -> dict[str, str]:
 
 
 def _print_table(problems: list[Problem], versions: list[str]) -> None:
+    from runjournal.schemas.compat import POLICY
+
     console = Console()
     console.print(f"policy [bold]{POLICY}[/] over {', '.join(versions)}")
     if not problems:

@@ -5,17 +5,18 @@ from __future__ import annotations
 import json
 import shlex
 from dataclasses import asdict
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from runjournal.cli._values import PORT, positive_seconds
-from runjournal.core.settings import Settings
 from runjournal.deploy.errors import StackError
-from runjournal.deploy.stack import Stack, StackPorts
-from runjournal.schemas.errors import SchemaError
+
+if TYPE_CHECKING:
+    from runjournal.core.settings import Settings
+    from runjournal.deploy.stack import Stack, StackPorts
 
 __all__ = ["stack_app", "topics_app"]
 
@@ -29,14 +30,16 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object ins
 
 def _stack(settings: Settings, ports: StackPorts | None = None, brokers: int | None = None,
            secure: bool | None = None, redis_cluster: bool | None = None) -> Stack:
+    from runjournal.deploy.stack import Stack, StackPorts
+
     return Stack(settings.stack_dir, settings.cache_dir, ports=ports or StackPorts(), qdrant_url=settings.qdrant_url,
                  brokers=brokers, secure=secure, redis_cluster=redis_cluster, topic_prefix=settings.topic_prefix)
 
 
-def _fail(exc: Exception, as_json: bool = False) -> typer.Exit:
+def _fail(exc: Exception | str, as_json: bool = False, code: int = 1) -> typer.Exit:
     from runjournal.cli._errors import fail
 
-    return fail(exc, as_json=as_json)
+    return fail(exc, as_json=as_json, code=code, kind="Interrupted" if code == 130 else None)
 
 
 @stack_app.command("up")
@@ -65,15 +68,29 @@ def stack_up(
 ) -> None:
     """Start Kafka and Redis (and set up Qdrant's local path); with --registry a schema registry too.
     Idempotent: restarts only what is not running."""
+    from runjournal.core.settings import Settings
+    from runjournal.deploy.stack import StackPorts
+    from runjournal.schemas.errors import SchemaError
+
     settings = Settings.load()
     ports = StackPorts(kafka_port, controller_port, redis_port, registry_port)
     stack = _stack(settings, ports, brokers, secure or None, redis_cluster or None)
+    was_up = [name for name, health in stack.status().items() if name != "qdrant" and health.get("healthy")]
     try:
         report = stack.up(timeout_s=timeout_s, registry=registry)
         if registry:
             report["registry"]["subjects"] = _register(report["registry"]["url"], settings)
     except (StackError, SchemaError) as exc:
         raise _fail(exc, as_json) from exc
+    except KeyboardInterrupt:  # Ctrl-C while starting: stop what this command started, say so, exit 130
+        if was_up:
+            message = (f"interrupted: {', '.join(was_up)} ran before this `stack up` and is left running; "
+                       "`runjournal stack status` shows the stack, `runjournal stack down` stops it")
+        else:
+            stopped = stack.down()
+            message = "interrupted: stopped what this `stack up` started (" + ", ".join(
+                f"{name} {how}" for name, how in stopped.items()) + ")"
+        raise _fail(message, as_json, code=130) from None
     if as_json:
         print(json.dumps(report))
         return
@@ -95,6 +112,8 @@ def stack_env(
 ) -> None:
     """Print the RUNJOURNAL_* settings that run a service as ROLE's user on the secure local stack (its Kafka
     SCRAM user and its Redis ACL user)."""
+    from runjournal.core.settings import Settings
+
     try:
         env = _stack(Settings.load()).role_env(role)
     except StackError as exc:
@@ -121,6 +140,8 @@ def _register(url: str, settings: Settings) -> dict[str, Any]:
 @stack_app.command("down")
 def stack_down(as_json: JsonOpt = False) -> None:
     """Stop the processes 'stack up' started (graceful, then forceful). Harmless when nothing runs."""
+    from runjournal.core.settings import Settings
+
     result = _stack(Settings.load()).down()
     if as_json:
         print(json.dumps(result))
@@ -132,6 +153,8 @@ def stack_down(as_json: JsonOpt = False) -> None:
 @stack_app.command("status")
 def stack_status(as_json: JsonOpt = False) -> None:
     """Report each component's health; exit code 1 when any is unhealthy."""
+    from runjournal.core.settings import Settings
+
     report = _stack(Settings.load()).status()
     healthy = all(c.get("healthy") for c in report.values())
     if as_json:
@@ -170,6 +193,7 @@ def topics_create(
     """Create runjournal.events (compacted) and the two DLQs. Idempotent; refuses a mismatched events topic."""
     from runjournal.cli._errors import cli_errors
     from runjournal.consumers.runtime.topic_identity import preflight
+    from runjournal.core.settings import Settings
 
     settings = Settings.load()
     with cli_errors(as_json):  # TopicConfigError, no broker (named within 5 s): exit 1
@@ -190,6 +214,7 @@ def topics_describe(as_json: JsonOpt = False) -> None:
     (naming `runjournal topics create`)."""
     from runjournal.cli._errors import cli_errors, fail
     from runjournal.consumers.runtime.topic_identity import preflight
+    from runjournal.core.settings import Settings
     from runjournal.deploy.topics import describe_topics
 
     settings = Settings.load()
