@@ -29,6 +29,7 @@ import time
 from typing import TYPE_CHECKING, Any, Literal
 
 from runjournal.core.errors import ConfigError
+from runjournal.core.logs import RepeatFilter
 
 if TYPE_CHECKING:  # pragma: no cover
     from confluent_kafka import Consumer, Producer
@@ -39,8 +40,10 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["ACCESS_HINTS", "KAFKA_LOGGER", "Role", "admin_client", "check_access", "client_config", "consumer",
            "producer"]
 
-#: The Python logger librdkafka's log lines are forwarded to.
+#: The Python logger librdkafka's log lines are forwarded to; a repeated line passes once a minute, with its count
+#: (``runjournal.core.logs.RepeatFilter``): a broker that stays away is one line, not one per reconnect.
 KAFKA_LOGGER = "runjournal.kafka"
+logging.getLogger(KAFKA_LOGGER).addFilter(RepeatFilter(window_s=60.0))
 
 Role = Literal["producer", "consumer", "admin"]
 

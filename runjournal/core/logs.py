@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
+import threading
 import time
 
-__all__ = ["LEVELS", "JsonFormatter", "set_level_override", "setup_logging"]
+__all__ = ["LEVELS", "JsonFormatter", "RepeatFilter", "set_level_override", "setup_logging"]
 
 #: Level names accepted by ``--log-level`` / ``RUNJOURNAL_LOG_LEVEL``.
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -31,6 +33,49 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         return json.dumps(out, default=str)
+
+
+class RepeatFilter(logging.Filter):
+    """Collapses a logger's repeated lines: the first of a kind passes, the same line again within ``window_s``
+    seconds is counted and dropped, and the first one after the window passes with ``repeated`` (the count
+    dropped) and ``repeated_over_s`` added — so a broker that stays away gives one line a minute, not one per
+    reconnect (librdkafka's ``FAIL`` / ``ERROR`` lines on ``runjournal.kafka``; issue 35).
+
+    Lines are the same kind when they differ only in librdkafka's counters (``after 12ms``, ``5 identical
+    error(s) suppressed``). Thread-safe (librdkafka's lines arrive from the client's threads). At most
+    ``max_kinds`` kinds are remembered (then the table starts over).
+
+    Args:
+        window_s: seconds a kind stays collapsed after it passed (> 0).
+        max_kinds: kinds remembered at most.
+    """
+
+    _COUNTERS = re.compile(r"\(after \d+ms(?:[^()]|\([^()]*\))*\)|\d+ identical error\(s\) suppressed|\d+ms")
+
+    def __init__(self, window_s: float = 60.0, max_kinds: int = 256) -> None:
+        super().__init__()
+        if window_s <= 0:
+            raise ValueError(f"window_s must be > 0, not {window_s}")
+        self.window_s = window_s
+        self.max_kinds = max_kinds
+        self._lock = threading.Lock()
+        self._seen: dict[tuple[int, str], list[float]] = {}  # kind -> [passed at (monotonic s), dropped since]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        kind = (record.levelno, self._COUNTERS.sub("#", record.getMessage()))
+        now = time.monotonic()
+        with self._lock:
+            entry = self._seen.get(kind)
+            if entry is not None and now - entry[0] < self.window_s:
+                entry[1] += 1
+                return False
+            if entry is None and len(self._seen) >= self.max_kinds:
+                self._seen.clear()
+            if entry is not None and entry[1]:
+                record.repeated = int(entry[1])
+                record.repeated_over_s = round(now - entry[0], 1)
+            self._seen[kind] = [now, 0]
+        return True
 
 
 def set_level_override(level: str | None) -> None:

@@ -65,3 +65,42 @@ def test_librdkafka_lines_become_json_log_records_filtered_by_level() -> None:
     quiet = subprocess.run([sys.executable, "-c", CHILD, bootstrap, "CRITICAL"], env=_env(), capture_output=True,
                            text=True, timeout=60, check=False)
     assert quiet.returncode == 0 and quiet.stderr.strip() == ""
+
+
+def test_a_broker_that_stays_away_is_one_line_not_one_per_reconnect() -> None:
+    """Issue 35 case 5: librdkafka's repeats collapse (``runjournal.core.logs.RepeatFilter`` on ``runjournal.kafka``):
+    4 s of reconnects every 100 ms to a closed port give one "Connect to … failed" line."""
+    bootstrap = f"127.0.0.1:{free_port()}"
+    shown = subprocess.run([sys.executable, "-c", CHILD, bootstrap, "WARNING"], env=_env(), capture_output=True,
+                           text=True, timeout=60, check=False)
+    assert shown.returncode == 0, shown.stderr
+    records = [json.loads(ln) for ln in shown.stderr.splitlines() if ln.startswith("{")]
+    refused = [r for r in records if r["logger"] == "runjournal.kafka" and "Connection refused" in r["msg"]]
+    assert len(refused) == 1, [r["msg"] for r in refused]
+
+
+def test_repeat_filter_counts_what_it_dropped_and_lets_a_kind_through_after_the_window() -> None:
+    import logging
+    import time
+
+    from runjournal.core.logs import RepeatFilter
+
+    def record(msg: str, level: int = logging.ERROR) -> logging.LogRecord:
+        return logging.LogRecord("runjournal.kafka", level, __file__, 1, msg, None, None)
+
+    f = RepeatFilter(window_s=0.3)
+    assert f.filter(record("FAIL b:1 Connect failed (after 0ms in state CONNECT)"))
+    for n in range(5):  # the same line but for librdkafka's counters: dropped, counted
+        assert not f.filter(record(f"FAIL b:1 Connect failed (after {n}ms in state CONNECT, {n} identical error(s) "
+                                   "suppressed)"))
+    assert f.filter(record("FAIL b:2 Connect failed (after 0ms in state CONNECT)"))  # another broker: its own kind
+    assert f.filter(record("FAIL b:1 Connect failed (after 0ms in state CONNECT)", logging.WARNING))  # another level
+    time.sleep(0.35)
+    again = record("FAIL b:1 Connect failed (after 9ms in state CONNECT)")
+    assert f.filter(again) and again.repeated == 5 and again.repeated_over_s >= 0.3  # type: ignore[attr-defined]
+    try:
+        RepeatFilter(window_s=0)
+    except ValueError as exc:
+        assert "window_s" in str(exc)
+    else:
+        raise AssertionError("a window of 0 s was accepted")

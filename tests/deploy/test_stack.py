@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -161,3 +162,39 @@ def test_stack_cli_lifecycle(tmp_path: Path) -> None:
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3]
     status = _cli(env, "stack", "status", "--json")
     assert status.returncode == 1 and not json.loads(status.stdout)["healthy"]
+
+
+@pytest.mark.skipif(bool(os.environ.get("RUNJOURNAL_BOOTSTRAP")), reason="services are given; launcher not used")
+@pytest.mark.slow
+def test_ctrl_c_of_stack_up_stops_what_it_started(tmp_path: Path) -> None:
+    """Issue 35 case 8: a Ctrl-C while ``stack up`` waited for Kafka left Kafka running and printed nothing. Now
+    it stops what that command started, says so in one line, and exits 130."""
+    import signal
+    import time
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RUNJOURNAL_")}
+    env["RUNJOURNAL_STACK_DIR"] = str(tmp_path / "stack")
+    up = subprocess.Popen([sys.executable, "-m", "runjournal", "stack", "up", "--kafka-port", str(free_port()),
+                           "--controller-port", str(free_port()), "--redis-port", str(free_port())], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    state = tmp_path / "stack" / "stack.json"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # until Kafka's process exists (its pid is in the state file)
+            if state.exists() and '"pid"' in state.read_text():
+                break
+            assert up.poll() is None, up.stderr.read() if up.stderr else ""
+            time.sleep(0.05)
+        pids = [int(p) for p in re.findall(r'"pid":\s*(\d+)', state.read_text())]
+        assert pids, state.read_text()
+        os.killpg(up.pid, signal.SIGINT)  # a terminal's Ctrl-C
+        _out, err = up.communicate(timeout=120)
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+        _cli(env, "stack", "down")
+    assert up.returncode == 130, err[-3000:]
+    assert "interrupted: stopped what this `stack up` started" in err and "Traceback" not in err, err[-3000:]
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3]

@@ -29,6 +29,7 @@ Not erased: copies of the run's records in the dead-letter topics (delete-policy
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -97,7 +98,8 @@ class EraseReport:
 
 def erase_run(settings: Settings, run_id: str, *, force: bool = False, erase_memory: bool = True,
               embedder: Embedder | None = None, memory_store: QdrantMemoryStore | None = None,
-              redis_client: Any = None, timeout_s: float = 30.0) -> EraseReport:
+              redis_client: Any = None, timeout_s: float = 30.0,
+              progress: Callable[[str], None] | None = None) -> EraseReport:
     """Erase ``run_id`` from the journal, Redis and memory (see the module docstring for the steps).
 
     Args:
@@ -109,6 +111,7 @@ def erase_run(settings: Settings, run_id: str, *, force: bool = False, erase_mem
         memory_store: an open store to delete from (default: opened from ``settings`` and closed).
         redis_client: default ``runjournal.core.redis_client.client(settings)``.
         timeout_s: longest wait for the tombstones' acknowledgements, seconds (default 30).
+        progress: called with a sentence before each step (what it does now), for a long erase's progress.
 
     Returns:
         :class:`EraseReport`.
@@ -122,16 +125,23 @@ def erase_run(settings: Settings, run_id: str, *, force: bool = False, erase_mem
         KafkaException / redis.RedisError: the broker or Redis is unreachable.
     """
     RUN_ID.check_lookup(run_id)
+    say = progress or (lambda _text: None)
     client = redis_client if redis_client is not None else redis_clients.client(settings)
     partition = run_partition(settings, run_id)
+    say(f"reading partition {partition} of {settings.events_topic} and {settings.checkpoints_topic} for the run's keys")
     rows = [r for r in read_run_events(settings, run_id) if parse_event_key(r["key"]).run_id == run_id]  # 1
     latest = {row["key"]: row["type"] for row in rows}
     keys = [k for k, kind in latest.items() if kind != "TOMBSTONE"]
     cp_seen, cp_keys = _checkpoint_keys(settings, partition, run_id, timeout_s)  # 1, framework records
     _check_not_live(settings, client, partition, run_id, force)  # 2
+    say(f"writing {len(keys)} tombstone(s) to the events and {len(cp_keys)} to the framework records "
+        "(waiting for the broker's acknowledgements)")
     _tombstone(settings, settings.events_topic, partition, keys, timeout_s)  # 3
     _tombstone(settings, settings.checkpoints_topic, partition, cp_keys, timeout_s)
+    say("deleting the run's Redis state, records and index entries")
     deleted, removed = _delete_redis(settings, client, partition, run_id)  # 4
+    if erase_memory:
+        say("erasing the run's memory items (loads the embedder that names the collection)")
     points, note = _erase_memory(settings, run_id, embedder, memory_store) if erase_memory else (None, "skipped")  # 5
     return EraseReport(run_id=run_id, partition=partition, records_seen=len(rows), tombstones=len(keys),
                        redis_keys_deleted=deleted, redis_entries_removed=removed, memory_points_deleted=points,

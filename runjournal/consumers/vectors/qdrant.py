@@ -12,6 +12,7 @@ and serialising one client between threads.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -29,6 +30,8 @@ from runjournal.consumers.vectors.errors import (
     StoreWriteError,
 )
 from runjournal.stores.errors import StoreContractError
+
+_log = logging.getLogger("runjournal.consumers.vectors.qdrant")
 
 if TYPE_CHECKING:
     from runjournal.core.settings import Settings
@@ -89,14 +92,26 @@ def open_client(settings: Settings, *, timeout_s: int = 5, wait_s: float = 0.0) 
             "server"
     path = Path(settings.effective_qdrant_path)
     path.mkdir(parents=True, exist_ok=True)
-    deadline = time.monotonic() + wait_s
+    started = time.monotonic()
+    deadline = started + wait_s
     delay = 0.05
+    said = None  # when the wait was last reported: a long wait says what it waits for, every 10 s
     while True:
         try:
-            return QdrantClient(path=str(path)), "local"
+            client = QdrantClient(path=str(path)), "local"
+            if said is not None:
+                _log.warning("opened the local Qdrant directory after waiting %.1f s", time.monotonic() - started,
+                             extra={"path": str(path)})
+            return client
         except RuntimeError as exc:
             if not is_locked_error(exc):
                 raise StoreWriteError(f"cannot open local Qdrant at {path}: {exc}") from exc
+            now = time.monotonic()
+            if now < deadline and (said is None and now - started >= 1.0 or said is not None and now - said >= 10):
+                said = now
+                _log.warning("waiting for the local Qdrant directory (held by another process: a running "
+                             "memory-extractor, memory serve or demo) — %.0f s of %.0f s", now - started, wait_s,
+                             extra={"path": str(path), "waited_s": round(now - started, 1)})
             if time.monotonic() >= deadline:
                 raise StoreLockedError(
                     f"the local Qdrant directory {path} is in use by another process (a running "

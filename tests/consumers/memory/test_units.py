@@ -273,6 +273,18 @@ def test_the_local_directory_admits_one_process(store: QdrantMemoryStore, tmp_pa
         QdrantMemoryStore.open(Settings(qdrant_path=tmp_path / "q", qdrant_url=None), HashingEmbedder())
 
 
+def test_a_long_wait_for_the_local_directory_says_what_it_waits_for(store: QdrantMemoryStore, tmp_path: Path,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 35 case 5: ``memory serve`` / ``memory-extractor`` waited 34–37 s in silence on the Qdrant lock."""
+    from runjournal.consumers.vectors.qdrant import open_client
+
+    with caplog.at_level("WARNING", logger="runjournal.consumers.vectors.qdrant"), \
+            pytest.raises(StoreLockedError, match="in use by another process"):
+        open_client(Settings(qdrant_path=tmp_path / "q", qdrant_url=None), wait_s=2.0)
+    said = [r.getMessage() for r in caplog.records if r.name == "runjournal.consumers.vectors.qdrant"]
+    assert len(said) == 1 and "waiting for the local Qdrant directory" in said[0] and "of 2 s" in said[0], said
+
+
 # -- isolation property -----------------------------------------------------------------------------
 TENANTS = ["acme", "Acme", "acme ", "globex", "t-1", "t_1"]
 WORDS = ["window", "aisle", "seat", "tea", "vegan", "flight", "hotel", "SFO", "never", "prefer"]

@@ -130,6 +130,9 @@ def test_erase_cli_with_memory_held_by_a_running_extractor(topics: Settings, ser
     refused = subprocess.run([sys.executable, "-m", "runjournal", "erase", "never-was", "--yes"], env=service_env,
                              capture_output=True, text=True, timeout=120)
     assert refused.returncode == 1 and "never held run never-was" in refused.stderr
+    steps = [line for line in refused.stderr.splitlines() if line.startswith("… ")]  # issue 35: progress, each step
+    assert steps[0].startswith("… reading partition") and any("tombstone(s)" in s for s in steps), refused.stderr
+    assert "… " not in done.stdout and "… " not in done.stderr  # --json: stdout is pure JSON, no progress lines
 
 
 def test_erase_refuses_a_live_run(topics: Settings) -> None:
