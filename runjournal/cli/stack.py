@@ -75,21 +75,20 @@ def stack_up(
     settings = Settings.load()
     ports = StackPorts(kafka_port, controller_port, redis_port, registry_port)
     stack = _stack(settings, ports, brokers, secure or None, redis_cluster or None)
-    was_up = [name for name, health in stack.status().items() if name != "qdrant" and health.get("healthy")]
+    was_up: set[str] = set()
     try:
+        was_up = stack.running()  # processes alive before: a Ctrl-C leaves them alone
         report = stack.up(timeout_s=timeout_s, registry=registry)
         if registry:
             report["registry"]["subjects"] = _register(report["registry"]["url"], settings)
     except (StackError, SchemaError) as exc:
         raise _fail(exc, as_json) from exc
     except KeyboardInterrupt:  # Ctrl-C while starting: stop what this command started, say so, exit 130
+        stopped = stack.down(only={"kafka", "redis", "registry"} - was_up)
+        message = "interrupted: stopped what this `stack up` started (" + (", ".join(
+            f"{name} {how}" for name, how in stopped.items()) or "nothing yet") + ")"
         if was_up:
-            message = (f"interrupted: {', '.join(was_up)} ran before this `stack up` and is left running; "
-                       "`runjournal stack status` shows the stack, `runjournal stack down` stops it")
-        else:
-            stopped = stack.down()
-            message = "interrupted: stopped what this `stack up` started (" + ", ".join(
-                f"{name} {how}" for name, how in stopped.items()) + ")"
+            message += f"; {', '.join(sorted(was_up))} ran before it and is left running (`runjournal stack down`)"
         raise _fail(message, as_json, code=130) from None
     if as_json:
         print(json.dumps(report))

@@ -294,6 +294,9 @@ def _detail(event: Any) -> str:
 
 #: A payload longer than this (characters of its pretty JSON) is shown collapsed, with its size.
 LARGE_PAYLOAD_CHARS = 2_000
+#: At most this many characters of one payload are sent to the browser (a long run's page stays small); the rest is
+#: a line naming ``runjournal inspect RUN_ID --json``, which shows it all.
+MAX_PAYLOAD_CHARS = 32_000
 
 
 def _pretty_json(text: str | None) -> str | None:
@@ -327,9 +330,13 @@ def _timeline_row(row: dict[str, Any]) -> dict[str, Any]:
            "detail": row.get("error", ""), "payload": None, "large": False}
     if event is not None:
         payload = json.dumps(_payload(event), indent=2, ensure_ascii=False, default=str)
+        size = len(payload)
+        if size > MAX_PAYLOAD_CHARS:
+            payload = (f"{payload[:MAX_PAYLOAD_CHARS]}\n… {size - MAX_PAYLOAD_CHARS} more characters: "
+                       f"`runjournal inspect {event.run_id} --json` shows the whole event")
         out.update(producer_id=event.producer_id, at=event.occurred_at.isoformat(timespec="milliseconds"),
                    at_ms=int(event.occurred_at.timestamp() * 1000), detail=_detail(event), payload=payload,
-                   large=len(payload) > LARGE_PAYLOAD_CHARS)
+                   large=size > LARGE_PAYLOAD_CHARS, size=size)
     return out
 
 

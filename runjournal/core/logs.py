@@ -13,6 +13,7 @@ import re
 import sys
 import threading
 import time
+from collections import OrderedDict
 
 __all__ = ["LEVELS", "JsonFormatter", "RepeatFilter", "set_level_override", "setup_logging"]
 
@@ -41,16 +42,17 @@ class RepeatFilter(logging.Filter):
     dropped) and ``repeated_over_s`` added — so a broker that stays away gives one line a minute, not one per
     reconnect (librdkafka's ``FAIL`` / ``ERROR`` lines on ``runjournal.kafka``; issue 35).
 
-    Lines are the same kind when they differ only in librdkafka's counters (``after 12ms``, ``5 identical
-    error(s) suppressed``). Thread-safe (librdkafka's lines arrive from the client's threads). At most
-    ``max_kinds`` kinds are remembered (then the table starts over).
+    Lines are the same kind when they differ only in librdkafka's counters and client names (``after 12ms``,
+    ``, 5 identical error(s) suppressed``, ``rdkafka#producer-7``); a different broker, state or error is another
+    kind. Thread-safe (librdkafka's lines arrive from the clients' threads). At most ``max_kinds`` kinds are
+    remembered, the least recently seen forgotten first. A storm that ends within the window reports no count.
 
     Args:
         window_s: seconds a kind stays collapsed after it passed (> 0).
         max_kinds: kinds remembered at most.
     """
 
-    _COUNTERS = re.compile(r"\(after \d+ms(?:[^()]|\([^()]*\))*\)|\d+ identical error\(s\) suppressed|\d+ms")
+    _COUNTERS = re.compile(r",? ?\d+ identical error\(s\) suppressed|(?<=rdkafka#)([a-z]+)-\d+|\d+ms")
 
     def __init__(self, window_s: float = 60.0, max_kinds: int = 256) -> None:
         super().__init__()
@@ -59,21 +61,29 @@ class RepeatFilter(logging.Filter):
         self.window_s = window_s
         self.max_kinds = max_kinds
         self._lock = threading.Lock()
-        self._seen: dict[tuple[int, str], list[float]] = {}  # kind -> [passed at (monotonic s), dropped since]
+        self._seen: OrderedDict[tuple[int, str], list[float]] = OrderedDict()  # kind -> [passed at, dropped since]
+
+    @classmethod
+    def kind_of(cls, message: str) -> str:
+        """``message`` without the parts that differ between repeats of one line."""
+        return cls._COUNTERS.sub(lambda m: f"{m.group(1)}-#" if m.group(1) else ("#ms" if "ms" in m.group(0) else ""),
+                                 message)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        kind = (record.levelno, self._COUNTERS.sub("#", record.getMessage()))
+        kind = (record.levelno, self.kind_of(record.getMessage()))
         now = time.monotonic()
         with self._lock:
             entry = self._seen.get(kind)
-            if entry is not None and now - entry[0] < self.window_s:
-                entry[1] += 1
-                return False
-            if entry is None and len(self._seen) >= self.max_kinds:
-                self._seen.clear()
-            if entry is not None and entry[1]:
-                record.repeated = int(entry[1])
-                record.repeated_over_s = round(now - entry[0], 1)
+            if entry is not None:
+                self._seen.move_to_end(kind)
+                if now - entry[0] < self.window_s:
+                    entry[1] += 1
+                    return False
+                if entry[1]:
+                    record.repeated = int(entry[1])
+                    record.repeated_over_s = round(now - entry[0], 1)
+            elif len(self._seen) >= self.max_kinds:
+                self._seen.popitem(last=False)
             self._seen[kind] = [now, 0]
         return True
 

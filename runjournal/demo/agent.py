@@ -245,17 +245,14 @@ def main(argv: list[str] | None = None) -> None:
             from runjournal.demo.graph import execute_graph
 
             runs = JournalRuns(journal)
-        source = keys.bait if args.bait else keys.queue
+        # a bait agent takes its held run first, before any assignment (it dies at that run's first intent)
+        held = _redis_waits(r.lmove)(keys.bait, claimed, "LEFT", "RIGHT") if args.bait else None
         while not stop["now"]:
-            run_id = _redis_waits(journal.claim_assignment)(timeout_s=0)
+            run_id = None if held else _redis_waits(journal.claim_assignment)(timeout_s=0)
             if run_id:
                 handle = journal.resume(run_id)
             else:
-                raw = _redis_waits(r.lmove)(source, claimed, "LEFT", "RIGHT")
-                if source != keys.queue:  # one held run at most, then the queue's
-                    source = keys.queue
-                    if raw is None:
-                        continue
+                raw, held = held or _redis_waits(r.lmove)(keys.queue, claimed, "LEFT", "RIGHT"), None
                 if raw is None:
                     if _redis_waits(r.exists)(keys.done):
                         break

@@ -164,7 +164,10 @@ class Campaign:
         self.errors: list[str] = []
         self._work: queue.Queue[Scheduled | None] = queue.Queue()
         self._kill_due_since: float | None = None
-        self._busy = threading.Event()
+        self._lock = threading.Lock()
+        self._outstanding = 0  # faults queued or running (under _lock): counted before the put, after the run
+        self._aborted = threading.Event()
+        self._queue_key = self._bait_key = ""  # set by hold_bait
         self._worker = threading.Thread(target=self._run, name="fault-campaign", daemon=True)
         self._worker.start()
 
@@ -185,26 +188,39 @@ class Campaign:
                 self.pending.pop(0)
                 return
             else:
-                self._busy.set()
-                self._work.put(due)
+                self._queue(due)
             self.pending.pop(0)
+
+    def _queue(self, item: Scheduled) -> None:
+        with self._lock:
+            self._outstanding += 1
+        self._work.put(item)
 
     @property
     def settled(self) -> bool:
-        """True when nothing is planned, queued or running."""
-        return not self.pending and self._work.empty() and not self._busy.is_set()
+        """True when nothing is planned, queued or running (one counter under a lock: never True while a fault
+        is between the queue and the worker)."""
+        with self._lock:
+            return not self.pending and self._outstanding == 0
 
     def drain(self, frac: float = 1.0) -> None:
         """Make everything still planned due (runs finished before the schedule did)."""
         self.tick(frac)
         for s in list(self.pending):
             if s.kind != "agents":
-                self._busy.set()
-                self._work.put(s)
+                self._queue(s)
                 self.pending.remove(s)
 
     def close(self, timeout_s: float = 300.0) -> None:
         """Wait for the running fault to end (its processes back), then stop the worker."""
+        self._work.put(None)
+        self._worker.join(timeout_s)
+
+    def abort(self, timeout_s: float = 30.0) -> None:
+        """Stop injecting (the demo is stopping: an interrupt, a failure): queued faults are dropped, a running
+        one ends at its next wait, and the worker is joined (at most ``timeout_s``) before the fleet is stopped."""
+        self._aborted.set()
+        self.pending.clear()
         self._work.put(None)
         self._worker.join(timeout_s)
 
@@ -222,25 +238,36 @@ class Campaign:
             item = self._work.get()
             if item is None:
                 return
-            self._busy.set()
+            again = False
             try:
+                if self._aborted.is_set():
+                    continue
                 getattr(self, f"_{item.kind}")()
                 if item.kind != "recovery":
                     self.injected[item.kind] += 1
             except _NotYet:  # its occasion has not come (no run ended FAILED yet): the faults queued after it go first
                 time.sleep(1.0)
-                self._work.put(item)
+                again = not self._aborted.is_set()
             except Exception as exc:  # noqa: BLE001 - a fault that could not be injected is reported
                 log.exception("fault %s failed", item.kind)
                 self.errors.append(f"{item.kind}: {exc!r}"[:400])
                 self.fleet.note("fault_error", item.kind, repr(exc)[:200])
             finally:
-                if self._work.empty():
-                    self._busy.clear()
+                if again:
+                    self._work.put(item)  # still outstanding: the count stays
+                else:
+                    with self._lock:
+                        self._outstanding -= 1
+
+    def _pause(self, seconds: float) -> None:
+        """A fault's poll interval, cut short once the campaign is aborted (the fault's loops check
+        ``_aborted`` and end; what a fault restores — a broker, Redis, a stopped agent — is still restored)."""
+        self._aborted.wait(seconds)
 
     def _sleep(self, low: float, high: float) -> float:
+        """A seeded wait of ``low``–``high`` s (cut short by an abort); the seconds drawn."""
         seconds = round(self.rng.uniform(low, high), 2)
-        time.sleep(seconds)
+        self._aborted.wait(seconds)
         return seconds
 
     def _zombies(self) -> None:
@@ -260,9 +287,9 @@ class Campaign:
         """An agent for a zombie or a same-id restart: one that owns a run when there is one."""
         deadline = time.monotonic() + 60
         while (name := self._busy_agent()) is None:
-            if time.monotonic() > deadline:
-                raise RuntimeError("no live agent for 60 s")
-            time.sleep(0.2)
+            if time.monotonic() > deadline or self._aborted.is_set():
+                raise RuntimeError("no live agent for 60 s" if not self._aborted.is_set() else "aborted")
+            self._pause(0.2)
         return name
 
     def _recovery_pair(self) -> None:
@@ -331,7 +358,7 @@ class Campaign:
                     break
             except redis.RedisError:
                 pass
-            time.sleep(0.2)
+            self._pause(0.2)
         node = self.rng.choice(self.stack.broker_ids())
         self.stack.signal_broker(node, signal.SIGSTOP)
         self.fleet.note("fault", f"broker-{node}", "fault broker_stall: SIGSTOP (commits coordinated there time out)")
@@ -416,7 +443,7 @@ class Campaign:
                 leaders = {}
             if leaders and all(leaders.get(p, -1) not in (node, -1) for p in parts):
                 return {p: leaders[p] for p in parts}
-            time.sleep(0.25)
+            self._pause(0.25)
         return {}
 
     def _redis(self) -> None:
@@ -434,20 +461,25 @@ class Campaign:
         self.fleet.note("fault", "recovery", f"fault recovery: armed {point}")
         deaths = self.fleet.recoverer_failpoint_deaths
         if self.held:  # the pass's run: a held run taken by an agent that dies at its first intent, whatever the
-            self.held -= 1  # fleet is doing (the runs may be nearly all done when the worker gets here)
-            self.fleet.spawn_agent(arm_failpoint=False, bait=True, failpoint=f"{BAIT_FAILPOINT}=1",
-                                   why="fault recovery: an agent taking a held run, to die at its first intent")
+            with self._lock:  # fleet is doing (the runs may be nearly all done when the worker gets here)
+                self.held -= 1
+            try:
+                self.fleet.spawn_agent(arm_failpoint=False, bait=True, failpoint=f"{BAIT_FAILPOINT}=1",
+                                       why="fault recovery: an agent taking a held run, to die at its first intent")
+            finally:
+                self._requeue_untaken(wait_s=30)
         elif victim := self._busy_agent_within(AGENT_KILL_WAIT_S):
             self.fleet.kill_agent(victim, "fault recovery: killed to give the armed pass a run")
         deadline = time.monotonic() + 90
         again = time.monotonic() + 20
-        while self.fleet.recoverer_failpoint_deaths == deaths and time.monotonic() < deadline:
+        while self.fleet.recoverer_failpoint_deaths == deaths and time.monotonic() < deadline \
+                and not self._aborted.is_set():
             self.fleet.reap_services()
             if time.monotonic() > again:  # the pass found nothing yet: give it another run
                 again = time.monotonic() + 10
                 if (busy := self._busy_agent(fallback=False)) is not None:
                     self.fleet.kill_agent(busy, "fault recovery: killed again to give the armed pass a run")
-            time.sleep(0.2)
+            self._pause(0.2)
         if self.fleet.recoverer_failpoint_deaths == deaths:  # not counted: faults_ok says so
             self.fleet.kill_recoverer(None)  # disarm, so a later pass does not die unplanned
             self.fleet.note("fault_end", "recovery", f"the armed failpoint {point} was not reached in 90 s")
@@ -468,14 +500,32 @@ class Campaign:
         self._queue_key, self._bait_key = queue_key, bait_key
         return held
 
+    def _requeue_untaken(self, wait_s: float) -> None:
+        """After a bait agent was started: wait up to ``wait_s`` for it to take its run from the bait list (Redis is
+        the truth: more runs there than ``held`` says are untaken), then queue any it did not take (it died
+        starting, was killed, or never ran), so no run waits for a fault that has passed."""
+        r = redis_client.client(self.settings, socket_timeout=10)
+        deadline = time.monotonic() + wait_s
+        while (extra := int(r.llen(self._bait_key)) - self.held) > 0 and time.monotonic() < deadline \
+                and not self._aborted.is_set():
+            self._pause(0.2)
+        moved = 0
+        for _ in range(max(0, extra)):
+            moved += r.lmove(self._bait_key, self._queue_key, "LEFT", "RIGHT") is not None
+        if moved:
+            self.fleet.note("fault_end", "recovery", f"{moved} held run(s) queued: the bait agent did not take it")
+
     def release_held(self) -> None:
-        """Queue the held runs no recovery fault took (its plan ended another way): every run still runs."""
-        if self.held:
-            r = redis_client.client(self.settings, socket_timeout=10)
-            while r.lmove(self._bait_key, self._queue_key, "LEFT", "RIGHT") is not None:
-                pass
-            self.fleet.note("fault_end", "recovery", f"{self.held} held run(s) queued: no recovery fault took them")
+        """Queue every run still held (the plan's recovery faults are done, or ended another way): every run
+        runs. Called by the chaos loop once the campaign is settled (no fault queued or running)."""
+        r = redis_client.client(self.settings, socket_timeout=10)
+        moved = 0
+        while r.lmove(self._bait_key, self._queue_key, "LEFT", "RIGHT") is not None:
+            moved += 1
+        with self._lock:
             self.held = 0
+        if moved:
+            self.fleet.note("fault_end", "recovery", f"{moved} held run(s) queued: no recovery fault took them")
 
     def kill_agent(self, why: str = "fault agents: SIGKILL", *, busy_only: bool = False) -> bool:
         """SIGKILL an agent that owns a run now (a kill between runs tests nothing), else (unless ``busy_only``)
@@ -487,10 +537,10 @@ class Campaign:
         """An agent that owns a run, waiting up to ``seconds`` for one (a kill between runs gives recovery nothing);
         then any running agent."""
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not self._aborted.is_set():
             if (name := self._busy_agent(fallback=False)) is not None:
                 return name
-            time.sleep(0.2)
+            self._pause(0.2)
         return self._busy_agent()
 
     def _busy_agent(self, *, fallback: bool = True) -> str | None:

@@ -20,7 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CALL_FAILPOINTS", "RECOVERY_FAILPOINTS", "Fleet", "FleetEvent", "write_workload"]
+__all__ = ["CALL_FAILPOINTS", "RECOVERY_FAILPOINTS", "Fleet", "FleetClosedError", "FleetEvent", "write_workload"]
+
+class FleetClosedError(RuntimeError):
+    """A process was to be started after :meth:`Fleet.stop_all` (the demo is stopping)."""
+
 
 #: Failpoints an agent may be armed with, so some kills land exactly inside a tool call.
 CALL_FAILPOINTS = ("producers.call.before_intent_commit", "producers.call.after_intent",
@@ -77,6 +81,11 @@ class Fleet:
     lock: threading.RLock = field(default_factory=threading.RLock)
     stalled: set[str] = field(default_factory=set)
     """Agents SIGSTOPped right now (never chosen for another fault until continued)."""
+    operators: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    """Operator processes started (the ``operators`` fault); stopped with the rest."""
+    closing: bool = False
+    """Set by :meth:`stop_all`: from then on nothing is started or restarted (a fault still running on the
+    campaign's worker cannot bring a service back behind the demo's back)."""
 
     def note(self, kind: str, who: str, detail: str = "") -> None:
         """Append a timeline entry (seconds since start)."""
@@ -89,6 +98,8 @@ class Fleet:
             self.events.append(FleetEvent(t_s, kind, who, detail))
 
     def _spawn(self, argv: list[str], name: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        if self.closing:
+            raise FleetClosedError(f"the demo is stopping: {name} is not started")
         log = open(self.workdir / f"{name.replace('#', '_')}.log", "ab")  # noqa: SIM115 - owned by the child
         # its own session: a Ctrl-C in the terminal reaches the demo only, which stops every process it started
         # (no traceback from each child); the demo's SIGKILLs and SIGSTOPs go to the pid, as before
@@ -146,6 +157,7 @@ class Fleet:
                 [sys.executable, "-m", "runjournal.demo.agent", "--producer-id", name, "--workload",
                  str(self.workload_path), "--provider", self.provider_url, "--advice", "off", "--continue-run", run_id,
                  "--acks", str(self.workdir / "acks" / f"{name}.jsonl")], name)
+            self.operators.append(proc)
             self.note("spawn", name, f"operator: continue_run {run_id}")
             return proc
 
@@ -265,6 +277,8 @@ class Fleet:
     def reap_services(self) -> None:
         """Restart a recovery service that died (counting a SIGKILL) and a projector that exited by itself."""
         with self.lock:
+            if self.closing:
+                return
             if self.recoverer is not None and (rc := self.recoverer.poll()) is not None:
                 if rc == -signal.SIGKILL:
                     self.recoverer_kills += 1
@@ -314,9 +328,11 @@ class Fleet:
             self.start_recoverer(failpoint)
 
     def stop_all(self, grace_s: float = 20.0) -> None:
-        """SIGCONT anything stalled, SIGTERM every process still running, then SIGKILL stragglers."""
+        """SIGCONT anything stalled, SIGTERM every process still running, then SIGKILL stragglers; nothing is
+        started after this (:attr:`closing`)."""
         with self.lock:
-            procs = [*self.agents.values(),
+            self.closing = True
+            procs = [*self.agents.values(), *self.operators,
                      *(p for p in (self.projector, self.recoverer, self.second_recoverer, self.memory) if p)]
             for p in procs:
                 if p.poll() is None:

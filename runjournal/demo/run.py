@@ -27,8 +27,10 @@ from __future__ import annotations
 import importlib.util
 import logging
 import random
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -208,12 +210,28 @@ def run_demo(opts: DemoOptions, *, progress: Any = None,
     if on_plan:
         on_plan(plan, skipped)
     workdir = settings.stack_dir / "demo" / prefix
+    previous = _interrupt_on_termination()
     try:
         return _run(opts, settings, (plan, skipped, stack), rng, (started, started_wall), progress, workdir)
     except BaseException:
         if not opts.keep:  # what it created goes with a failure too (unless --keep)
             _remove_after_failure(settings, workdir)
         raise
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _interrupt_on_termination() -> dict[int, Any]:
+    """SIGTERM and SIGHUP (a supervisor, a closed terminal) stop the demo as Ctrl-C does — its children run in their
+    own sessions, so only the demo can stop them; the previous handlers, to put back (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+
+    def interrupt(signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    return {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
 
 
 def _check_qdrant(settings: Settings) -> None:
@@ -268,6 +286,7 @@ def _run(opts: DemoOptions, settings: Settings, faults_plan: tuple[list[Schedule
     fleet = Fleet(env=env, workdir=workdir, workload_path=workdir / "workload.json",
                   provider_url=f"http://127.0.0.1:{port}", rng=rng)
     approver: services.Approver | None = None
+    campaign: Campaign | None = None
     try:  # every process it starts is stopped, whatever fails (a locked Qdrant directory, a broker gone …)
         services.wait_http(f"http://127.0.0.1:{port}/health")
         fleet.start_projector()
@@ -295,6 +314,8 @@ def _run(opts: DemoOptions, settings: Settings, faults_plan: tuple[list[Schedule
     finally:
         if approver is not None:
             approver.stop.set()
+        if campaign is not None:  # a fault still running restores what it broke and starts nothing more
+            campaign.abort()
         fleet.stop_all()
         provider.terminate()
         provider.wait(10)

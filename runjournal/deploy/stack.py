@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -148,16 +149,21 @@ class Stack:
         return {"action": "local", "path": str(path)}
 
     # -- down -------------------------------------------------------------------------
-    def down(self, *, grace_s: float = 30.0) -> dict[str, str]:
+    def down(self, *, grace_s: float = 30.0, only: Collection[str] | None = None) -> dict[str, str]:
         """Stop the processes ``up`` started (registry, Redis, then Kafka). Harmless when nothing runs.
 
+        Args:
+            grace_s: SIGTERM → SIGKILL grace per process, seconds.
+            only: stop just these components (``kafka``, ``redis``, ``registry``); None: all.
+
         Returns:
-            ``{"kafka": "stopped" | "killed" | "not running", "redis": ...}`` (+ ``"registry"`` if it was started).
+            ``{"kafka": "stopped" | "killed" | "not running", "redis": ...}`` (+ ``"registry"`` if it was started),
+            for the components stopped.
         """
         state = self.read_state()
         result: dict[str, str] = {}
         for name in ("registry", "redis", "kafka"):
-            if name == "registry" and name not in state:
+            if (name == "registry" and name not in state) or (only is not None and name not in only):
                 continue
             entry = state.get(name, {})
             if name == "kafka":
@@ -184,6 +190,16 @@ class Stack:
         state = self.read_state()
         return {**kafka_cluster.role_env(state.get("kafka", {}), role),
                 **redis_stack.role_env(state.get("redis", {}), role)}
+
+    def running(self) -> set[str]:
+        """The components whose recorded processes are alive (``kafka``, ``redis``, ``registry``): a pid check, no
+        probe — what a Ctrl-C of ``stack up`` must leave alone because it ran before."""
+        state = self.read_state()
+        alive = set()
+        for name in ("kafka", "redis", "registry"):
+            if any(proc.alive() for proc in _procs(state.get(name, {}))):
+                alive.add(name)
+        return alive
 
     # -- status -----------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -225,3 +241,17 @@ def _writable(path: Path) -> bool:
         return True
     except OSError:
         return False
+
+
+
+def _procs(entry: Any) -> list[Proc]:
+    """Every process recorded anywhere in a component's state entry (``{"pid", "start_ticks"}`` objects: one per
+    node of a cluster), as :class:`Proc` (its start time guards against a reused pid)."""
+    if isinstance(entry, dict):
+        if "pid" in entry and "start_ticks" in entry:
+            proc = Proc.from_json(entry)
+            return [proc] if proc is not None else []
+        return [p for value in entry.values() for p in _procs(value)]
+    if isinstance(entry, list):
+        return [p for value in entry for p in _procs(value)]
+    return []

@@ -938,13 +938,16 @@ class RunHandle:
         (``<key>@<attempt>``), whose scope the event records: ``scope_call_id`` = the key, ``scope_attempt`` = the
         attempt a grant authorises (envelope v3; :func:`approval_scope`; docs/design/decisions/0044). ``args``: the
         call's arguments, recorded as canonical JSON (``args_json``, envelope v4) so the approver sees what they
-        decide about (docs/design/decisions/0046-approvals-carry-their-arguments.md); None: not recorded.
+        decide about (docs/design/decisions/0046-approvals-carry-their-arguments.md) when they fit in
+        ``inline_result_bytes`` (bytes), as an intent's do; None: not recorded.
 
         Raises ``InvalidIdError`` for a ``call_id`` that breaks ``runjournal.core.ids.CALL_ID`` (a control character,
         ``|`` or ``/``, over 256 bytes), ``NonCanonicalValueError`` for ``args`` with no canonical JSON (NaN, a set
         …), both before anything is published; otherwise as :meth:`emit`."""
         CALL_ID.check(call_id)
-        args_json = None if args is None else canonical_json(args)
+        args_json = None if args is None else canonical_value(args, "approval args")
+        if args_json is not None and len(args_json.encode("utf-8")) > self.journal.inline_result_bytes:
+            args_json = None  # as TOOL_CALL_INTENDED: larger arguments are not inlined (the console says so)
         scope_call_id, scope_attempt = approval_scope(call_id)
         payload = {"call_id": call_id, "reason": reason, "tool": tool, "scope_call_id": scope_call_id,
                    "scope_attempt": scope_attempt, "args_json": args_json}

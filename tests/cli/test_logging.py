@@ -94,10 +94,16 @@ def test_repeat_filter_counts_what_it_dropped_and_lets_a_kind_through_after_the_
         assert not f.filter(record(f"FAIL b:1 Connect failed (after {n}ms in state CONNECT, {n} identical error(s) "
                                    "suppressed)"))
     assert f.filter(record("FAIL b:2 Connect failed (after 0ms in state CONNECT)"))  # another broker: its own kind
+    assert f.filter(record("FAIL b:1 Connect failed (after 0ms in state APIVERSION_QUERY)"))  # another state too
+    assert f.filter(record("FAIL [rdkafka#producer-1] gone"))
+    assert not f.filter(record("FAIL [rdkafka#producer-2] gone"))  # a per-operation client: the same line
     assert f.filter(record("FAIL b:1 Connect failed (after 0ms in state CONNECT)", logging.WARNING))  # another level
     time.sleep(0.35)
     again = record("FAIL b:1 Connect failed (after 9ms in state CONNECT)")
     assert f.filter(again) and again.repeated == 5 and again.repeated_over_s >= 0.3  # type: ignore[attr-defined]
+    small = RepeatFilter(window_s=60, max_kinds=2)  # the least recently seen kind is forgotten first
+    assert small.filter(record("a")) and small.filter(record("b")) and not small.filter(record("a"))
+    assert small.filter(record("c")) and not small.filter(record("a")) and small.filter(record("b"))  # b forgotten
     try:
         RepeatFilter(window_s=0)
     except ValueError as exc:

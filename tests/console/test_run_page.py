@@ -13,7 +13,7 @@ from starlette.testclient import TestClient
 
 from runjournal.console import ConsoleConfig, build_app
 from runjournal.console.app import path_segment
-from runjournal.console.queries import LARGE_PAYLOAD_CHARS, RunPage, run_page
+from runjournal.console.queries import LARGE_PAYLOAD_CHARS, MAX_PAYLOAD_CHARS, RunPage, run_page
 from runjournal.core.settings import Settings
 from runjournal.model.reducer import fold
 from runjournal.schemas import Event, EventType
@@ -28,7 +28,7 @@ def _events() -> list[Event]:
                      producer_id="agent-a", type=etype, occurred_at=AT + timedelta(seconds=seq), node_id=node,
                      payload=payload)
 
-    big = "x" * (LARGE_PAYLOAD_CHARS + 10)
+    big = "x" * (MAX_PAYLOAD_CHARS + LARGE_PAYLOAD_CHARS)
     return [
         ev(1, EventType.RUN_STARTED, agent="mailer", input_json='{"to":"bob"}', user_id="u1"),
         ev(2, EventType.NODE_STARTED, "plan", node_path="plan", attempt=1),
@@ -89,6 +89,8 @@ def test_the_history_shows_input_output_payloads_nodes_and_one_time_format() -> 
     assert "drafting the confirmation email" in history  # a message's text, not only its type
     assert "&#34;found&#34;: 3" in history  # the result decoded, pretty-printed
     assert re.search(r"summary>c1 lookup .*<span class=\"muted\">\(\d+ characters\)</span>", history)  # collapsed
+    assert "more characters: `runjournal inspect team/history 1 --json` shows the whole event" in history  # capped
+    assert len(history) < MAX_PAYLOAD_CHARS + 20_000
     times = re.findall(r"<td>(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3})</td>", history)
     assert len(times) == 7 and times[0] == "2026-12-02 16:05:02.123" and "T16:" not in html  # one format
     assert "plan" in _section(html, "nodes") and "SUCCEEDED" in _section(html, "nodes")

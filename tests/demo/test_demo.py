@@ -139,8 +139,8 @@ def test_ctrl_c_stops_every_process_the_demo_started_and_removes_its_data(servic
 
     assert isinstance(settings, Settings)
     admin = kafka.admin_client(settings)
-    before = {t for t in admin.list_topics(timeout=10).topics if t.startswith("demo-")}
     demo = subprocess.Popen([sys.executable, "-m", "runjournal", "demo", "--runs", "40", "--agents", "2",
+                             "--faults", "agents,projector,recovery,recovery_pair",
                              "--no-memory", "--json"], env=service_env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)  # its group: the "terminal"
     try:
@@ -153,7 +153,8 @@ def test_ctrl_c_stops_every_process_the_demo_started_and_removes_its_data(servic
             assert demo.poll() is None, demo.stderr.read() if demo.stderr else ""
             time.sleep(0.5)
         assert len(children) >= 4, [c.cmdline() for c in children]
-        time.sleep(3)
+        prefix = children[0].environ()["RUNJOURNAL_TOPIC_PREFIX"]  # the demo's own: every process it starts has it
+        time.sleep(12)  # a few runs in: the campaign's first faults are due (a fault may be running on its worker)
         os.killpg(demo.pid, signal.SIGINT)  # what Ctrl-C does: the whole foreground group
         _out, err = demo.communicate(timeout=120)
     finally:
@@ -162,9 +163,18 @@ def test_ctrl_c_stops_every_process_the_demo_started_and_removes_its_data(servic
             demo.wait()
     assert demo.returncode == 130, err[-3000:]
     assert "Traceback" not in err and "interrupted" in err.strip().splitlines()[-1], err[-3000:]
-    gone, alive = psutil.wait_procs(children, timeout=30)
+    _gone, alive = psutil.wait_procs(children, timeout=30)
     assert not alive, [p.cmdline() for p in alive]
-    assert {t for t in admin.list_topics(timeout=10).topics if t.startswith("demo-")} == before
+    time.sleep(2)  # anything started late (a fault's restart) would be up by now
+
+    def of_the_demo(p: psutil.Process) -> bool:
+        try:
+            return p.environ().get("RUNJOURNAL_TOPIC_PREFIX") == prefix and p.status() != psutil.STATUS_ZOMBIE
+        except (psutil.Error, OSError):
+            return False
+
+    assert [p.cmdline() for p in psutil.process_iter() if of_the_demo(p)] == []  # none left, not even started late
+    assert [t for t in admin.list_topics(timeout=10).topics if t.startswith(f"{prefix}.")] == []
 
 
 def test_a_locked_qdrant_directory_is_named_before_anything_is_created(service_env: dict[str, str],

@@ -189,12 +189,13 @@ def test_ctrl_c_of_stack_up_stops_what_it_started(tmp_path: Path) -> None:
         assert pids, state.read_text()
         os.killpg(up.pid, signal.SIGINT)  # a terminal's Ctrl-C
         _out, err = up.communicate(timeout=120)
+        assert up.returncode == 130, err[-3000:]
+        assert "interrupted: stopped what this `stack up` started" in err and "Traceback" not in err, err[-3000:]
+        left = [pid for pid in pids if Path(f"/proc/{pid}").exists()
+                and "Z" not in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3]]
+        assert left == [], f"stack up's processes outlived its Ctrl-C: {left}"  # checked before any cleanup
     finally:
         if up.poll() is None:
             up.kill()
             up.wait()
         _cli(env, "stack", "down")
-    assert up.returncode == 130, err[-3000:]
-    assert "interrupted: stopped what this `stack up` started" in err and "Traceback" not in err, err[-3000:]
-    for pid in pids:
-        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3]

@@ -202,3 +202,24 @@ def test_deny_and_refusals_write_nothing_unwanted(topics: Settings, service_env:
     assert inbox.decision(run_id, "pay")["decision"] == "DENIED", "the first decision wins"
     with pytest.raises(ApprovalRefusedError, match="pending: pay"):
         submit_decision(topics, run_id, "refund", granted=True, approver="dave")
+
+
+def test_approval_arguments_are_canonical_checked_first_and_inlined_up_to_the_limit(topics: Settings) -> None:
+    """Envelope v4 (decision 0046): ``request_approval(args=)`` records the arguments as canonical JSON — a value with
+    no canonical form is refused before anything is published — and, like an intent's, only up to
+    ``inline_result_bytes``."""
+    from runjournal.producers import Journal, NonCanonicalValueError
+
+    run_id = f"appr-args-{uuid.uuid4().hex[:6]}"
+    with Journal(topics, producer_id=f"asker-{uuid.uuid4().hex[:6]}", inline_result_bytes=64) as journal:
+        run = journal.start_run("t", "agent", {}, run_id=run_id)
+        with pytest.raises(NonCanonicalValueError):
+            run.request_approval("nan", "r", tool="t", args={"x": float("nan")})
+        with pytest.raises(NonCanonicalValueError):
+            run.request_approval("set", "r", tool="t", args={"x": {1, 2}})
+        run.request_approval("small", "r", tool="send_email", args={"to": "bob@example.com"})
+        run.request_approval("large", "r", tool="upload", args={"blob": "x" * 200})
+        journal.flush()
+    asked = {e.payload["call_id"]: e.payload["args_json"] for row in read_run_events(topics, run_id)
+             if (e := row.get("event")) is not None and e.type is EventType.APPROVAL_REQUESTED}
+    assert asked == {"small": '{"to":"bob@example.com"}', "large": None}  # nothing of the refused two
