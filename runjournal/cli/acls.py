@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
+from runjournal.cli._tables import folding_table
 from runjournal.core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ def acls_show(
     if as_json:
         print(json.dumps(out))
         return
-    table = Table("role", "resource", "name", "pattern", "operations", "why")
+    table = folding_table("role", "resource", "name", "pattern", "operations", "why")
     for r, grants in out.items():
         for g in grants:
             ops = ", ".join(g["operations"]) if g["permission"] == "ALLOW" else "DENY " + ", ".join(g["operations"])
@@ -67,7 +67,7 @@ def _show_redis(roles: list[str], prefix: str, agent_name: str | None, as_json: 
     if as_json:
         print(json.dumps(out))
         return
-    table = Table("role", "keys", "access", "patterns", "why")
+    table = folding_table("role", "keys", "access", "patterns", "why")
     for r, info in out.items():
         for g in info["grants"]:
             table.add_row(r, g["family"], g["access"], " ".join(g["patterns"]), g["why"])

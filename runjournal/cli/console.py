@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -50,8 +51,24 @@ def console_command(
     with cli_errors(as_json=False):  # the port taken: one line naming it and the fix, exit 1
         sock = _bind(host, port)
     typer.echo(f"runjournal console on http://{host}:{port}/runs (prefix {settings.topic_prefix}; {mode})", err=True)
-    # uvicorn serves the bound socket and stops on SIGINT and SIGTERM alike
-    uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False)).run(sockets=[sock])
+    # uvicorn serves the bound socket and stops on SIGINT and SIGTERM alike, then raises the signal again once it
+    # has shut down: ours takes it, so a stop asked for is a clean exit 0 (as every service; docs/operations/console.md)
+    previous = {sig: signal.signal(sig, _stopped) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False)).run(sockets=[sock])
+    except _Stopped:
+        pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+class _Stopped(Exception):
+    """SIGINT or SIGTERM after uvicorn's graceful shutdown."""
+
+
+def _stopped(_signum: int, _frame: object) -> None:
+    raise _Stopped
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -8,8 +8,8 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
+from runjournal.cli._tables import folding_table
 from runjournal.cli._values import positive_seconds
 
 __all__ = ["demo_command"]
@@ -116,7 +116,7 @@ def demo_command(
         else:
             Console().print("[bold red]FAILED[/] — " + ("; ".join(f"{c['check']} ({c['observed']})" for c in failed)
                                                         or "see the table"), highlight=False)
-        table = Table("check", "value", title=f"runjournal demo · {summary['topic_prefix']}")
+        table = folding_table("check", "value", title=f"runjournal demo · {summary['topic_prefix']}")
         for key in _SUMMARY_KEYS:
             value = summary.get(key)
             style = "" if key != "ok" else ("[bold green]" if value else "[bold red]")

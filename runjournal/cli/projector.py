@@ -7,10 +7,10 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from runjournal.cli._errors import cli_errors
 from runjournal.cli._signals import stop_on_signals
+from runjournal.cli._tables import folding_table
 from runjournal.cli._values import PORT
 from runjournal.cli.replay import timeline_type
 
@@ -106,13 +106,14 @@ def inspect_command(
                       f"(`runjournal approve {run_id} {approval_id}` / `deny`)", markup=False, highlight=False)
         if pending.get("args_json"):  # what the approver decides about (envelope v4)
             console.print(f"    arguments: {_clip(pending['args_json'])}", markup=False, highlight=False)
-    records = Table("call_id", "tool", "status", "attempts", "epoch", "idempotency key", title="execution records")
+    records = folding_table("call_id", "tool", "status", "attempts", "epoch", "idempotency key",
+                            title="execution records")
     for cid, rec in sorted(st.get("records", {}).items()):
         records.add_row(cid, rec.get("tool"), rec.get("status"), str(rec.get("attempts")), str(rec.get("epoch")),
                         str(rec.get("idempotency_key"))[:16])
     console.print(records)
     if report.get("timeline"):
-        tl = Table("seq", "epoch", "type", "offset", "node", title="timeline")
+        tl = folding_table("seq", "epoch", "type", "offset", "node", title="timeline")
         for row in report["timeline"]:
             tl.add_row(str(row["seq"]), str(row["epoch"]), timeline_type(row), str(row["offset"]),
                     row.get("node_id") or "")

@@ -8,8 +8,8 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
+from runjournal.cli._tables import folding_table
 from runjournal.cli._values import PORT, positive_seconds
 
 __all__ = ["recover_command"]
@@ -144,7 +144,7 @@ def _print(report: dict, as_json: bool) -> None:  # type: ignore[type-arg]
     if as_json:
         print(json.dumps(report, default=str))
         return
-    table = Table("run", "action", "owner", "epoch", "assigned to", "calls", "detail")
+    table = folding_table("run", "action", "owner", "epoch", "assigned to", "calls", "detail")
     for r in report["runs"]:
         epoch = f"{r['previous_epoch']}→{r['epoch']}" if r.get("epoch") else str(r.get("previous_epoch"))
         calls = ", ".join(f"{k}={v}" for k, v in sorted(r["calls"].items()))

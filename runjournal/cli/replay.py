@@ -7,7 +7,8 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
+
+from runjournal.cli._tables import folding_table
 
 __all__ = ["timeline_type", "replay_command"]
 
@@ -54,12 +55,12 @@ def _print(report: dict[str, Any]) -> None:
             console.print(f"  {name}: {st[name]}")
     if st.get("pending_approvals"):
         console.print(f"  pending approvals: {', '.join(sorted(st['pending_approvals']))}")
-    records = Table("call_id", "tool", "status", "attempts", "epoch", "result", title="execution records")
+    records = folding_table("call_id", "tool", "status", "attempts", "epoch", "result", title="execution records")
     for rec in report["execution_records"]:
-        records.add_row(rec["call_id"][:16], rec["tool"], rec["status"], str(rec["attempts"]), str(rec["epoch"]),
+        records.add_row(rec["call_id"], rec["tool"], rec["status"], str(rec["attempts"]), str(rec["epoch"]),
                         str(rec.get("result_json") or rec.get("result_ref") or rec.get("error") or "")[:40])
     console.print(records)
-    timeline = Table("seq", "epoch", "type", "offset", "node", title="timeline")
+    timeline = folding_table("seq", "epoch", "type", "offset", "node", title="timeline")
     for row in report["timeline"]:
         timeline.add_row(str(row["seq"]), str(row["epoch"]), timeline_type(row), str(row["offset"]),
                     row.get("node_id") or "")

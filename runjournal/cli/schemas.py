@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
+
+from runjournal.cli._tables import folding_table
 
 if TYPE_CHECKING:
     from runjournal.schemas.compat import Problem
@@ -166,7 +167,7 @@ def _print_table(problems: list[Problem], versions: list[str]) -> None:
         console.print("[green]ok[/]: every reader resolves every older writer, and every reader from v2 every "
                       "newer one; unions and enums are safe")
         return
-    table = Table(title=f"{len(problems)} problem(s)", show_lines=True)
+    table = folding_table(title=f"{len(problems)} problem(s)", show_lines=True)
     for column in ("writer", "reader", "field", "problem"):
         table.add_column(column, overflow="fold")
     for p in problems:

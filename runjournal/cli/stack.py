@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
+from runjournal.cli._tables import folding_table
 from runjournal.cli._values import PORT, positive_seconds
 from runjournal.deploy.errors import StackError
 
@@ -159,7 +159,7 @@ def stack_status(as_json: JsonOpt = False) -> None:
     if as_json:
         print(json.dumps({**report, "healthy": healthy}))
     else:
-        table = Table("component", "healthy", "endpoint", "detail")
+        table = folding_table("component", "healthy", "endpoint", "detail")
         for name, info in report.items():
             endpoint = info.get("bootstrap") or info.get("url") or info.get("path") or ""
             detail = info.get("detail") or _status_detail(info)
@@ -232,7 +232,7 @@ def _print_topics(reports: list[Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps([asdict(r) for r in reports]))
         return
-    table = Table("topic", "action", "partitions", "topic id", "config")
+    table = folding_table("topic", "action", "partitions", "topic id", "config")
     for r in reports:
         table.add_row(r.name, r.action, str(r.partitions), r.topic_id or "",
                       ", ".join(f"{k}={v}" for k, v in sorted(r.config.items())))

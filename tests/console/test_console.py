@@ -9,6 +9,7 @@ state is compared with the states themselves. The browser-driven acceptance test
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -268,3 +269,14 @@ def test_a_console_without_a_stack_or_topic_names_the_fix(settings: Settings, se
                               capture_output=True, text=True, timeout=60, check=False)
     assert no_stack.returncode == 1 and "runjournal stack up" in no_stack.stderr
     assert time.monotonic() - started < 2 * (5 + 6)  # each within its 5 s budget plus interpreter start
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_the_console_stops_cleanly_on_ctrl_c_and_sigterm(projected: Settings, service_env: dict[str, str],
+                                                        sig: signal.Signals) -> None:
+    """Issue 35 case 8: the console exited 130 on Ctrl-C where the docs say a stop asked for is exit 0 (uvicorn
+    raises the signal again after its graceful shutdown)."""
+    proc, _url = _console(service_env, token=None)
+    proc.send_signal(sig)
+    assert proc.wait(30) == 0, proc.stderr.read()[-2000:] if proc.stderr else ""
+    assert "Traceback" not in (proc.stderr.read() if proc.stderr else "")
