@@ -320,7 +320,7 @@ def test_a_runs_page_is_its_event_history_with_payloads_and_search_finds_an_id_w
     assert '"subject": "booking 0"' in shown and '"idempotency_key"' in shown
     committed = history.locator("tr.t-TOOL_CALL_COMMITTED details")
     committed.locator("summary").click()
-    assert '"sent": true' in committed.locator("pre").inner_text()
+    assert '"result": "{\\"sent\\": true}"' in committed.locator("pre").inner_text()  # the tool's text result
     assert "The email has been sent." in history.inner_text()  # messages' text, not only their type
     times = [t.strip() for t in page.locator("#timeline tbody tr td:last-child").all_inner_texts()]
     assert times and all(len(t) == 23 and t[10] == " " for t in times), times  # one format: 2026-12-02 16:05:01.123

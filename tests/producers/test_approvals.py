@@ -129,7 +129,7 @@ def test_a_pending_approval_survives_a_crash_and_recovery(topics: Settings, serv
         granted = cli({**service_env, "COLUMNS": "200"}, "approve", run_id, "send", "--approver", "alice",
                       "--comment", "ok")
         assert granted.returncode == 0, granted.stderr
-        assert 'with arguments {"subject": "booking 0", "to": "bob@example.com"}' in granted.stdout, granted.stdout
+        assert 'with arguments {"subject": "booking 0", "to": "bob@example.com"}' in granted.stderr, granted.stderr
     assert taker.wait(60) == 0, taker.stderr.read()[-3000:]
 
     assert provider.executions() == 1
