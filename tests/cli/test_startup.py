@@ -40,6 +40,17 @@ def test_importing_the_app_loads_no_client_settings_or_consumer() -> None:
     assert heavy == [], "import these inside the command that uses them (runjournal/cli/*.py)"
 
 
+@pytest.mark.parametrize("module", ["runjournal.consumers.ops.inspect", "runjournal.consumers.ops.approvals",
+                                    "runjournal.console.queries"])
+def test_a_reader_of_projected_state_loads_no_projector_service(module: str) -> None:
+    """``inspect``, ``approve`` and the console read the projection through ``projector.store``; the projector
+    package's exports load on first use, so they do not import the service's consumer machinery."""
+    code = f"import {module}, sys; print('runjournal.consumers.projector.service' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=60,
+                         check=True)
+    assert out.stdout.strip() == "False", module
+
+
 @pytest.mark.parametrize(("args", "words"), [
     ([], ["Usage:", "runjournal [OPTIONS] COMMAND", "inspect", "recover", "--log-level"]),
     (["inspect"], ["Usage:", "runjournal inspect [OPTIONS]", "--timeline", "--json"]),
