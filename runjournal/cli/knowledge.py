@@ -55,6 +55,7 @@ def search_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Search the corpus: sections ranked by their best passage, each with path, section and sha256."""
+    from runjournal.cli._errors import fail
     from runjournal.consumers.cognition import open_retriever
     from runjournal.core.settings import Settings
     from runjournal.stores import KnowledgeScope
@@ -64,8 +65,12 @@ def search_command(
     reader = open_retriever(Settings.load())
     try:
         found = guarded(lambda: reader.retrieve(query, scope, limit=limit), as_json=as_json)
+        corpora = guarded(reader.stats, as_json=as_json).get("corpora") if not found and corpus else None
     finally:
         reader.close()
+    if corpora is not None and corpus not in corpora:  # nothing found because the corpus does not exist: say so
+        raise fail(f"no corpus {corpus!r} (corpora: {', '.join(corpora) or 'none yet'}; ingest into one with "
+                   "`runjournal knowledge ingest PATH --corpus NAME`)", as_json=as_json, kind="UnknownCorpus")
     if as_json:
         print(json.dumps({"query": query, "evidence": [e.as_dict() for e in found]}))
         return

@@ -288,18 +288,23 @@ class QdrantKnowledgeBase:
         return [_evidence(score, payload) for score, payload in sorted(hits, key=lambda h: -h[0])]
 
     def stats(self) -> dict[str, Any]:
-        """Collection, embedder, point counts by status, and the documents (path → active sections)."""
+        """Collection, embedder, point counts by status, the documents (path → active sections) and the corpora
+        (name → active passages)."""
         self.ensure_collection()
         out: dict[str, Any] = {"collection": self.collection, "mode": self.mode,
                                "embedder_id": self.embedder.embedder_id, "dimension": self.embedder.dimension}
         docs: dict[str, set[str]] = {}
+        corpora: dict[str, int] = {}
         with mapped("count"):
             for status in ("active", "superseded"):
                 flt = models.Filter(must=[_eq("status", status)])
                 out[status] = self.client.count(self.collection, count_filter=flt, exact=True).count
         for _pid, payload in self._scroll(models.Filter(must=[_eq("status", "active")])):
             docs.setdefault(payload["path"], set()).add(payload["section_key"])
+            name = payload.get("corpus", DEFAULT_CORPUS)
+            corpora[name] = corpora.get(name, 0) + 1
         out["documents"] = {path: len(keys) for path, keys in sorted(docs.items())}
+        out["corpora"] = dict(sorted(corpora.items()))
         return out
 
     def _scroll(self, flt: models.Filter) -> list[tuple[str, dict[str, Any]]]:

@@ -165,6 +165,11 @@ def test_cli_ingest_then_search_puts_book_flight_first(tmp_path: Path) -> None:
     again = subprocess.run([str(BIN), "knowledge", "ingest", str(POLICY), "--json"], env=env, capture_output=True,
                            text=True, timeout=120, check=True)
     assert json.loads(again.stdout)["documents"][0]["unchanged"] == 6
+    unknown = subprocess.run([str(BIN), "knowledge", "search", "insurance", "--corpus", "nope", "--json"], env=env,
+                             capture_output=True, text=True, timeout=120)  # issue 35: not "no knowledge found"
+    error = json.loads(unknown.stderr.strip().splitlines()[-1])
+    assert unknown.returncode == 1 and unknown.stdout == "" and error["error"] == "UnknownCorpus", unknown.stderr
+    assert "no corpus 'nope' (corpora: default;" in error["message"]
     missing = subprocess.run([str(BIN), "knowledge", "ingest", str(tmp_path / "nope.md"), "--json"], env=env,
                              capture_output=True, text=True, timeout=120)
     assert missing.returncode != 0 and json.loads(missing.stderr)["error"] == "DocumentError"
