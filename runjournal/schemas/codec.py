@@ -185,7 +185,8 @@ class EventCodec:
             data = self._encode_checked(event, topic)
         if len(data) > self._max_event_bytes:
             raise EventTooLargeError(
-                size_bytes=len(data), limit_bytes=self._max_event_bytes, event_id=event.event_id
+                size_bytes=len(data), limit_bytes=self._max_event_bytes, event_id=event.event_id,
+                event_type=str(event.type)
             )
         return data
 

@@ -89,20 +89,36 @@ class TombstoneError(DecodeError, TypeError):
 class EventTooLargeError(SchemaError):
     """The encoded event is larger than the codec's cap; nothing was sent.
 
+    The message says what the caller can do about it: a tool's result over ``inline_result_bytes`` already goes by
+    reference on its own, so what is too large is something the caller wrote — a run's input or output, a message,
+    an error text — and the fix is to keep the large value in their own storage and journal its key.
+
     Attributes:
         size_bytes: encoded size in bytes (framing included).
         limit_bytes: the codec's ``max_event_bytes``.
         event_id: the offending event's id.
+        event_type: its type's symbol (``RUN_SUCCEEDED`` …), when known.
     """
 
-    def __init__(self, *, size_bytes: int, limit_bytes: int, event_id: str) -> None:
+    def __init__(self, *, size_bytes: int, limit_bytes: int, event_id: str, event_type: str | None = None) -> None:
         self.size_bytes = size_bytes
         self.limit_bytes = limit_bytes
         self.event_id = event_id
+        self.event_type = event_type
+        what = _TOO_LARGE.get(event_type or "", "a value of this event")
         super().__init__(
-            f"event {event_id} encodes to {size_bytes} bytes, over the cap of {limit_bytes} bytes; "
-            "store large results elsewhere and put a reference (result_ref) in the event"
+            f"{event_type or 'event'} {event_id} encodes to {size_bytes} bytes, over the cap of {limit_bytes} bytes "
+            f"(the broker's message limit, less framing): {what} is too large — keep it in your own storage (an object "
+            "store, a database) and journal its key or URL instead"
         )
+
+
+#: What the caller wrote that made an event too large, by type (tool results go by reference on their own).
+_TOO_LARGE = {
+    "RUN_STARTED": "the run's input", "RUN_SUCCEEDED": "the run's output (succeed())", "MESSAGE": "the message",
+    "RUN_FAILED": "the error text", "USER_CORRECTION": "the correction", "NODE_FAILED": "the error text",
+    "APPROVAL_REQUESTED": "the reason", "TOOL_CALL_FAILED": "the error text",
+}
 
 
 class InvalidEventError(SchemaError, ValueError):

@@ -309,6 +309,8 @@ def test_over_cap_in_bytes_though_under_in_characters() -> None:
     assert info.value.limit_bytes == DEFAULT_MAX_EVENT_BYTES
     assert info.value.size_bytes > len(text.encode())
     assert info.value.event_id == event.event_id
+    # issue 35 case 7: the advice is one the caller can follow (they cannot set result_ref on an output)
+    assert "result_ref" not in str(info.value) and "the run's output (succeed()) is too large" in str(info.value)
 
 
 def test_just_under_the_cap_is_accepted() -> None:
