@@ -470,11 +470,15 @@ class Campaign:
                 self._requeue_untaken(wait_s=30)
         elif victim := self._busy_agent_within(AGENT_KILL_WAIT_S):
             self.fleet.kill_agent(victim, "fault recovery: killed to give the armed pass a run")
-        deadline = time.monotonic() + 90
-        again = time.monotonic() + 20
+        deadline = time.monotonic() + 150
+        again, baited = time.monotonic() + 20, time.monotonic() + 45
         while self.fleet.recoverer_failpoint_deaths == deaths and time.monotonic() < deadline \
                 and not self._aborted.is_set():
             self.fleet.reap_services()
+            if time.monotonic() > baited:  # still nothing: one more agent, from the queue, dying at its first intent
+                baited = deadline
+                self.fleet.spawn_agent(arm_failpoint=False, failpoint=f"{BAIT_FAILPOINT}=1",
+                                       why="fault recovery: another agent to die at its first intent")
             if time.monotonic() > again:  # the pass found nothing yet: give it another run
                 again = time.monotonic() + 10
                 if (busy := self._busy_agent(fallback=False)) is not None:
@@ -482,7 +486,7 @@ class Campaign:
             self._pause(0.2)
         if self.fleet.recoverer_failpoint_deaths == deaths:  # not counted: faults_ok says so
             self.fleet.kill_recoverer(None)  # disarm, so a later pass does not die unplanned
-            self.fleet.note("fault_end", "recovery", f"the armed failpoint {point} was not reached in 90 s")
+            self.fleet.note("fault_end", "recovery", f"the armed failpoint {point} was not reached in 150 s")
         else:
             self.fleet.note("fault_end", "recovery", f"the armed recovery service died at {point}; restarted")
 

@@ -142,7 +142,9 @@ def test_ctrl_c_stops_every_process_the_demo_started_and_removes_its_data(servic
     demo = subprocess.Popen([sys.executable, "-m", "runjournal", "demo", "--runs", "40", "--agents", "2",
                              "--faults", "agents,projector,recovery,recovery_pair",
                              "--no-memory", "--json"], env=service_env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # its group: the "terminal"
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,  # its group: the "terminal"
+                            # as a terminal starts it: a suite run from a background job inherits SIGINT ignored
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         children: list[psutil.Process] = []

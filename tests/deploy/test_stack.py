@@ -176,7 +176,9 @@ def test_ctrl_c_of_stack_up_stops_what_it_started(tmp_path: Path) -> None:
     env["RUNJOURNAL_STACK_DIR"] = str(tmp_path / "stack")
     up = subprocess.Popen([sys.executable, "-m", "runjournal", "stack", "up", "--kafka-port", str(free_port()),
                            "--controller-port", str(free_port()), "--redis-port", str(free_port())], env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                          # as a terminal starts it: a suite run from a background job inherits SIGINT ignored
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     state = tmp_path / "stack" / "stack.json"
     try:
         deadline = time.monotonic() + 120
