@@ -26,6 +26,7 @@ from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.model.reducer import CallStatus, RunState
 from runjournal.producers.approvals import ApprovalInbox
+from runjournal.producers.handle import approval_scope
 from runjournal.schemas.keys import partition_for
 
 __all__ = ["ConsoleData", "RunPage", "RunsPage", "record_class", "run_page"]
@@ -388,9 +389,9 @@ def _approval_scope(call_id: str, attempt: int | None = None) -> str:
 
 def _approval_call(call_id: str, scope_call_id: str | None) -> str:
     """The call an approval is about: its recorded scope (envelope v3), else the key of a ``<key>@<n>`` id, else
-    the approval's own id (an approval asked before the call, under the call's id)."""
-    head, _, attempt = call_id.rpartition("@")
-    return scope_call_id or (head if head and attempt.isdigit() else call_id)
+    the approval's own id (an approval asked before the call, under the call's id). The id's form is the producer's
+    (``runjournal.producers.handle.approval_scope``), not parsed again here."""
+    return scope_call_id or approval_scope(call_id)[0] or call_id
 
 
 def _settleable(state: RunState, call_id: str, scope_call_id: str | None) -> bool:
