@@ -383,8 +383,8 @@ def _approval_scope(call_id: str, attempt: int | None = None) -> str:
     (docs/design/decisions/0044-approvals-bind-to-one-attempt.md)."""
     if attempt is not None:
         return f"one re-run of attempt {attempt}"
-    head, _, suffix = call_id.rpartition("@")
-    return f"one re-run of attempt {suffix}" if head and suffix.isdigit() else "this call id"
+    attempt = approval_scope(call_id)[1]
+    return f"one re-run of attempt {attempt}" if attempt is not None else "this call id"
 
 
 def _approval_call(call_id: str, scope_call_id: str | None) -> str:
@@ -397,7 +397,6 @@ def _approval_call(call_id: str, scope_call_id: str | None) -> str:
 def _settleable(state: RunState, call_id: str, scope_call_id: str | None) -> bool:
     """Whether an operator may settle approval ``call_id`` by hand ("it happened"): it is bound to one call whose
     outcome is unknown (``runjournal.consumers.ops.approvals.submit_settlement`` checks the same)."""
-    head, _, attempt = call_id.rpartition("@")
-    key = scope_call_id or (head if head and attempt.isdigit() else None)
+    key = scope_call_id or approval_scope(call_id)[0]
     record = state.records.get(key) if key else None
     return record is not None and record.status in (CallStatus.INTENDED, CallStatus.OUTCOME_UNKNOWN)
