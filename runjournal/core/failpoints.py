@@ -16,6 +16,8 @@ __all__ = ["REGISTRY", "hit"]
 REGISTRY: dict[str, str] = {
     "producers.call.before_intent_commit": "a side effect's TOOL_CALL_INTENDED produced, its commit not acknowledged",
     "producers.call.after_intent": "the intent acknowledged, the tool not yet invoked",
+    "producers.call.before_send": "a side effect's intent acknowledged and its owner's lease checked, the request "
+                                  "not yet sent (read-only calls never pass here)",
     "producers.call.after_tool": "the tool returned, its outcome not yet published",
     "producers.call.after_outcome": "the outcome published (acknowledged, or riding the next commit in group mode)",
     "producers.txn.after_outcome_commit": "a commit that acknowledged a deferred (group-mode) outcome returned",

@@ -56,7 +56,8 @@ class DemoKeys:
         self.done = self._keys.demo("done")
         self.bait = self._keys.demo("bait")
         """Runs held out of the queue for the ``recovery`` fault's bait agent (``runjournal.demo.faults``): an agent
-        armed to die at its first intent takes one, so the armed recovery pass always has a run to recover."""
+        armed to die before its first side effect is sent takes one, so the armed recovery pass always has a run
+        to recover."""
         self.contexts = self._keys.demo("contexts")
         """Hash of counters: built, with_memory, with_knowledge, advice_unavailable, facts_pending (the run not yet
         projected: the context holds no facts and, without a tenant, no memory)."""
@@ -245,7 +246,7 @@ def main(argv: list[str] | None = None) -> None:
             from runjournal.demo.graph import execute_graph
 
             runs = JournalRuns(journal)
-        # a bait agent takes its held run first, before any assignment (it dies at that run's first intent)
+        # a bait agent takes its held run first, before any assignment (it dies before the run's first side effect)
         held = _redis_waits(r.lmove)(keys.bait, claimed, "LEFT", "RIGHT") if args.bait else None
         while not stop["now"]:
             run_id = None if held else _redis_waits(journal.claim_assignment)(timeout_s=0)

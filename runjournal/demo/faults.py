@@ -56,9 +56,11 @@ __all__ = ["KINDS", "Campaign", "FaultSpecError", "Scheduled", "parse_faults", "
 
 log = logging.getLogger("runjournal.demo.faults")
 
-#: Where the recovery fault's bait agent dies: its first intent committed, the call not run (recovery has a call to
-#: decide, and the armed pass a run to fence, read, resume and hand over).
-BAIT_FAILPOINT = "producers.call.after_intent"
+#: Where the recovery fault's bait agent dies: its first side effect's intent committed, the request not sent
+#: (recovery has a call to decide, and the armed pass a run to fence, read, resume and hand over). Not
+#: ``after_intent``: a read-only call's intent rides the next commit, so an agent dying at its first (read-only)
+#: intent leaves no fact, and the pass only requeues the run (the CI failure of 2026-12-02).
+BAIT_FAILPOINT = "producers.call.before_send"
 
 KINDS: dict[str, str] = {
     "agents": "SIGKILL agent instances (some die at a failpoint inside a tool call)",
@@ -138,6 +140,16 @@ def schedule(kinds: list[str], *, times: int, kills: int, rng: random.Random) ->
     for i, kind in enumerate(others):
         plan.append(Scheduled(round(0.05 + 0.7 * (i + rng.uniform(0.1, 0.9)) / len(others), 3), kind))
     return sorted(plan, key=lambda s: (s.at, s.kind))
+
+
+def _effect_before_approval(script: RunScript) -> bool:
+    """True when the script's first side-effecting tool call comes before any call that needs an approval."""
+    for step in script.steps:
+        if step.kind == "tool" and step.needs_approval:
+            return False
+        if step.kind == "tool" and step.side_effect:
+            return True
+    return False
 
 
 class Campaign:
@@ -460,12 +472,13 @@ class Campaign:
         self.fleet.kill_recoverer(point)
         self.fleet.note("fault", "recovery", f"fault recovery: armed {point}")
         deaths = self.fleet.recoverer_failpoint_deaths
-        if self.held:  # the pass's run: a held run taken by an agent that dies at its first intent, whatever the
-            with self._lock:  # fleet is doing (the runs may be nearly all done when the worker gets here)
+        if self.held:  # the pass's run: a held run taken by an agent that dies before its first side effect,
+            with self._lock:  # whatever the fleet is doing (the runs may be nearly all done when the worker gets here)
                 self.held -= 1
             try:
                 self.fleet.spawn_agent(arm_failpoint=False, bait=True, failpoint=f"{BAIT_FAILPOINT}=1",
-                                       why="fault recovery: an agent taking a held run, to die at its first intent")
+                                       why="fault recovery: an agent taking a held run, to die before its first "
+                                           "side effect is sent")
             finally:
                 self._requeue_untaken(wait_s=30)
         elif victim := self._busy_agent_within(AGENT_KILL_WAIT_S):
@@ -475,10 +488,10 @@ class Campaign:
         while self.fleet.recoverer_failpoint_deaths == deaths and time.monotonic() < deadline \
                 and not self._aborted.is_set():
             self.fleet.reap_services()
-            if time.monotonic() > baited:  # still nothing: one more agent, from the queue, dying at its first intent
+            if time.monotonic() > baited:  # still nothing: one more agent, from the queue, dying before a side effect
                 baited = deadline
                 self.fleet.spawn_agent(arm_failpoint=False, failpoint=f"{BAIT_FAILPOINT}=1",
-                                       why="fault recovery: another agent to die at its first intent")
+                                       why="fault recovery: another agent to die before its first side effect is sent")
             if time.monotonic() > again:  # the pass found nothing yet: give it another run
                 again = time.monotonic() + 10
                 if (busy := self._busy_agent(fallback=False)) is not None:
@@ -492,11 +505,11 @@ class Campaign:
 
     def hold_bait(self, scripts: Sequence[RunScript], queue_key: str, bait_key: str) -> list[str]:
         """Hold one run out of the queue per planned ``recovery`` fault (never the last run): the run ids, pushed to
-        ``bait_key`` (the others are the caller's to queue). Runs whose first tool call needs no approval, from the
-        end of the workload, so the bait agent reaches an intent at once."""
+        ``bait_key`` (the others are the caller's to queue). Runs with a side effect that no approval precedes,
+        from the end of the workload, so the bait agent reaches :data:`BAIT_FAILPOINT` without waiting for a
+        decision."""
         wanted = min(sum(1 for s in self.pending if s.kind == "recovery"), len(scripts) - 1)
-        fit = [s.run_id for s in scripts if (tools := [t for t in s.steps if t.kind == "tool"])
-               and not tools[0].needs_approval]
+        fit = [s.run_id for s in scripts if _effect_before_approval(s)]
         held = fit[len(fit) - wanted:] if wanted > 0 else []
         if held:
             redis_client.client(self.settings, socket_timeout=10).rpush(bait_key, *held)

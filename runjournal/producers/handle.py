@@ -611,6 +611,7 @@ class RunHandle:
         failpoints.hit("producers.call.after_intent")
         if effect:
             self.journal.check_still_owner(probe, window_ms)  # a paused zombie whose lease expired must not send
+            failpoints.hit("producers.call.before_send")
             self._begin_send()  # a surrendering handle waits for this request before the run is handed over
         try:
             result = yield Invoke(tool, args, key)

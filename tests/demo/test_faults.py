@@ -59,3 +59,28 @@ def test_every_fault_kind_is_named_in_the_cli_help_and_the_operations_guide() ->
     for kind in KINDS:
         assert f" {kind}," in source.replace('"\n', " ").replace('"', " ") or f" {kind}." in source, kind
         assert f"| `{kind}` |" in guide, kind
+
+
+def test_the_recovery_faults_bait_runs_reach_a_side_effect_before_any_approval() -> None:
+    """The bait agent dies at ``producers.call.before_send``, a point only a side effect's call passes, after its
+    intent is committed: a held run must reach one without waiting for a decision, or the armed pass gets a run
+    with no fact (requeued, nothing to resume) — the demo's 'recovery 0' failure."""
+    import dataclasses
+
+    from runjournal.core.failpoints import REGISTRY
+    from runjournal.demo.faults import BAIT_FAILPOINT, _effect_before_approval
+    from runjournal.demo.workload import Step, generated_workload
+
+    assert BAIT_FAILPOINT in REGISTRY and "read-only calls never pass here" in REGISTRY[BAIT_FAILPOINT]
+    scripts = generated_workload(64, seed=3)
+    fit = [s for s in scripts if _effect_before_approval(s)]
+    assert fit, "the generated workload has runs the recovery fault can hold"
+    for s in fit:
+        tools = [t for t in s.steps if t.kind == "tool"]
+        first_effect = next(i for i, t in enumerate(tools) if t.side_effect)
+        assert not any(t.needs_approval for t in tools[:first_effect + 1])
+    read_only = dataclasses.replace(scripts[0], steps=(Step(kind="tool", tool="get_user_details"),))
+    approval_first = dataclasses.replace(scripts[0], steps=(
+        Step(kind="tool", tool="cancel_reservation", side_effect=True, needs_approval=True),
+        Step(kind="tool", tool="book_reservation", side_effect=True)))
+    assert not _effect_before_approval(read_only) and not _effect_before_approval(approval_first)

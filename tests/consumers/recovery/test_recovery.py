@@ -70,6 +70,7 @@ MATRIX = {
     # in strict mode; in group mode the outcome is not yet acknowledged at after_outcome (GROUP_MATRIX)
     "producers.call.before_intent_commit": None,
     "producers.call.after_intent": PlanClass.OUTCOME_UNKNOWN,
+    "producers.call.before_send": PlanClass.OUTCOME_UNKNOWN,
     "producers.call.after_tool": PlanClass.OUTCOME_UNKNOWN,
     "producers.call.after_outcome": PlanClass.COMMITTED,
 }
