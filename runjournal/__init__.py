@@ -37,9 +37,10 @@ _EXPORTS: dict[str, str] = {
             "NonCanonicalValueError", "Outcome",
             "OutcomeNotDurableError", "OutcomeUnknownError", "PartitionCountChangedError", "PlanMismatchError",
             "ProducerFencedError", "QueueFullError", "RecordedFailureError", "Reconcilable", "RecoveryPlan",
-            "ResultUnavailableError", "RunClosedError", "RunExistsError", "RunHandle", "Tool",
+            "ResultUnavailableError", "RunCancelledError", "RunClosedError", "RunExistsError", "RunHandle",
+            "RunPausedError", "RunStoppedError", "Tool",
             "ToolOutcomeUnknownError", "TopicNotFoundError", "TransactionAbortedError", "UnrecordableResultError",
-            "idempotency_key", "partition_for",
+            "idempotency_key", "partition_for", "stop_requested",
         ],
         "runjournal.producers",
     ),
@@ -86,12 +87,15 @@ __all__ = [
     "RecordedFailureError",
     "RecoveryPlan",
     "ResultUnavailableError",
+    "RunCancelledError",
     "RunClosedError",
     "RunExistsError",
     "RunHandle",
     "RunNotContinuableError",
+    "RunPausedError",
     "RunState",
     "RunStatus",
+    "RunStoppedError",
     "RunjournalError",
     "SchemaError",
     "Settings",
@@ -108,6 +112,7 @@ __all__ = [
     "idempotency_key",
     "journaled",
     "partition_for",
+    "stop_requested",
 ]
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
@@ -141,9 +146,12 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         RecordedFailureError,
         RecoveryPlan,
         ResultUnavailableError,
+        RunCancelledError,
         RunClosedError,
         RunExistsError,
         RunHandle,
+        RunPausedError,
+        RunStoppedError,
         Tool,
         ToolOutcomeUnknownError,
         TopicNotFoundError,
@@ -151,6 +159,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
         UnrecordableResultError,
         idempotency_key,
         partition_for,
+        stop_requested,
     )
     from runjournal.producers.aio import AsyncJournal, AsyncRunHandle
     from runjournal.producers.approvals import ApprovalInbox

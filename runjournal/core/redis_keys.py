@@ -14,7 +14,9 @@ unit of atomicity; a key used alone needs no tag and is spread over the cluster 
 * run ``{P:r:<run_id>}``: ``rj:{P:r:<run_id>}:plan``, ``:approvals``, ``:claim`` — one node holds a run's keys;
 * no tag: single keys of the whole prefix — ``rj:P:topic``, ``rj:P:parked``, ``rj:P:approvals:pending``,
   ``rj:P:projector:lag_ms``, ``rj:P:metrics:endpoints`` — and ``rj:P:result:<sha256>`` (results spread over the nodes);
-* demo ``{P:demo}``: ``rj:{P:demo}:queue``, ``:claimed:<instance>``, … — LMOVE from the queue to a claimed list.
+* demo ``{P:demo}``: ``rj:{P:demo}:queue``, ``:claimed:<instance>``, … — LMOVE from the queue to a claimed list;
+* control ``{P:ctl}``: ``rj:{P:ctl}:requests``, ``:version`` — an operator's request and the version counter its
+  heartbeat readers watch, changed together (``runjournal.producers.control``).
 
 No operation spans two units: the recovery hand-over writes the plan (run unit), then the assignee's owned
 set and assignment list in one script (the assignee's instance unit), then removes the run from the dead
@@ -121,6 +123,12 @@ class RedisKeys:
         have sent a request under, TTL how much longer such a request may still act (``producers._lease``)."""
         return f"{self._instance(instance)}:window"
 
+    def control_seen(self, instance: str) -> str:
+        """``rj:{P:i:<instance>}:ctlseen`` — the control version the instance last read the requests of its runs at
+        (``producers.control``): an operator's request counts as seen by an instance once this reaches its
+        version."""
+        return f"{self._instance(instance)}:ctlseen"
+
     def assign(self, instance: str) -> str:
         """``rj:{P:i:<instance>}:assign`` — list of recovered runs handed to the instance."""
         return f"{self._instance(instance)}:assign"
@@ -179,6 +187,15 @@ class RedisKeys:
         """``rj:P:projector:lag_ms`` — list of the projector's last lag samples ``"<unix ms>:<lag ms>"``."""
         return f"rj:{self.prefix}:projector:lag_ms"
 
+    # -- control unit: operators' requests on runs (runjournal.producers.control) -------------------------
+    def control_requests(self) -> str:
+        """``rj:{P:ctl}:requests`` — hash run_id → an operator's pending cancel or pause request (JSON)."""
+        return f"rj:{{{self.prefix}:ctl}}:requests"
+
+    def control_version(self) -> str:
+        """``rj:{P:ctl}:version`` — counter raised by every change of the requests (agents' heartbeats watch it)."""
+        return f"rj:{{{self.prefix}:ctl}}:version"
+
     # -- demo unit: the demo's work queue (runjournal.demo) -----------------------------------------------
     def demo(self, name: str) -> str:
         """``rj:{P:demo}:<name>`` — the demo's queue, done flag, context counters and claimed lists."""
@@ -216,4 +233,5 @@ class RedisKeys:
     def patterns(self) -> list[str]:
         """Globs covering every key of this prefix (and none of another): cleanup of a whole prefix."""
         return [*self.partition_globs(), f"rj:{{{self.prefix}:i:*", f"rj:{{{self.prefix}:r:*",
-                f"rj:{{{self.prefix}:t:*", f"rj:{{{self.prefix}:demo}}:*", f"rj:{self.prefix}:*"]
+                f"rj:{{{self.prefix}:t:*", f"rj:{{{self.prefix}:demo}}:*", f"rj:{{{self.prefix}:ctl}}:*",
+                f"rj:{self.prefix}:*"]

@@ -75,6 +75,7 @@ ROLES: dict[str, tuple[RedisGrant, ...]] = {
         RedisGrant("checkpoints", "RW", "framework adapters: the LangGraph checkpoint / Agents SDK session projection"),
         RedisGrant("metrics", "RW", "announce its /metrics endpoint (opt-in journal metrics)"),
         RedisGrant("topic", "R", "refuse to start when the topic's partition count is not the journal's"),
+        RedisGrant("control", "RW", "operators' cancel / pause requests on its runs; removed once carried out"),
     ),
     "projector": (
         RedisGrant("projection", "RW", "fold the journal: states, run sets, applied offsets (one script)"),
@@ -95,6 +96,7 @@ ROLES: dict[str, tuple[RedisGrant, ...]] = {
         RedisGrant("projection", "R", "the snapshot a tail is folded onto"),
         RedisGrant("topic", "RW", "check the topic identity; store it when no projector has yet"),
         RedisGrant("metrics", "RW", "announce its /metrics endpoint for the console (--metrics-port)"),
+        RedisGrant("control", "RW", "carry out a cancel or pause of a run nobody live owns; remove the request"),
     ),
     "memory": (
         RedisGrant("projection", "R", "a run's owner (user, agent) for memory scopes"),
@@ -111,6 +113,7 @@ ROLES: dict[str, tuple[RedisGrant, ...]] = {
         RedisGrant("incoming", "RW", "erase: the run's entry in incoming sets"),
         RedisGrant("surrendered", "RW", "erase: the run's entry in surrendered hashes"),
         RedisGrant("checkpoints", "RW", "erase: the run's framework checkpoint projection and thread-list entry"),
+        RedisGrant("control", "RW", "cancel / pause a run (a request its owner carries out), withdraw a pause"),
     ),
 }
 """Role → the key families it may use (see the module docstring)."""
@@ -143,6 +146,7 @@ def family_globs(family: str, prefix: str, *, agent_name: str | None = None) -> 
         "result": [keys.result("*")],
         "checkpoints": keys.checkpoint_globs(),
         "metrics": [keys.metrics_endpoints()],
+        "control": [keys.control_requests(), keys.control_version()],
         "everything": keys.patterns(),
     }
     if family == "instance":

@@ -38,7 +38,8 @@ of the event's record):
    overwrites a newer attempt); APPROVAL_REQUESTED -> pending,
    WAITING_APPROVAL; APPROVAL_GRANTED / DENIED -> decided, RUNNING when none is pending;
    RUN_RESUMED (epoch must rise) -> epoch, owner (``assigned_to`` or ``producer_id``), RUNNING
-   unless approvals pending, and every INTENDED record of a lower epoch becomes OUTCOME_UNKNOWN;
+   unless approvals pending, and every INTENDED record of a lower epoch becomes OUTCOME_UNKNOWN; one with
+   ``paused`` (an operator's pause, v5) -> PAUSED with no owner, the operator and reason recorded;
    RUN_SUCCEEDED / FAILED / CANCELLED -> terminal, and every INTENDED record becomes
    OUTCOME_UNKNOWN (an ended run reports no more outcomes: the call is to be reconciled, never
    "not done"). MESSAGE / USER_CORRECTION only consume the seq: transcripts never change execution
@@ -149,6 +150,9 @@ class RunStatus(StrEnum):
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
+    PAUSED = "PAUSED"
+    """Held by nobody after an operator's pause (a RUN_RESUMED with ``paused``): no instance writes it until an
+    operator resumes it (docs/design/decisions/0047-operator-controls.md). Not ended, not parked."""
     GAP = "GAP"
     """Parked: a seq gap, reordering, seq conflict or an epoch ahead of any RUN_RESUMED was seen."""
     BLOCKED = "BLOCKED"
@@ -442,6 +446,13 @@ class RunState:
     """RUN_SUCCEEDED ``output_json``."""
     error: str | None = None
     """RUN_FAILED ``error`` or RUN_CANCELLED ``reason``."""
+    requested_by: str | None = None
+    """The operator whose request the last RUN_CANCELLED or RUN_RESUMED carried out (cancel, pause, resume); None
+    when the last of them was nobody's request (a recovery, the agent's own cancel). Envelope v5."""
+    request_reason: str | None = None
+    """Why that operator asked (RUN_RESUMED ``request_reason``; a cancel's reason is :attr:`error`)."""
+    paused_at_ms: int | None = None
+    """PAUSED: ``occurred_at`` of the RUN_RESUMED that paused it, ms since epoch UTC."""
     recent_event_ids: tuple[str, ...] = ()
     """event_ids of the last processed events, oldest first, bounded (duplicate detection window)."""
 
@@ -546,7 +557,8 @@ _TUPLE_FIELDS = ("plan_nodes", "recent_event_ids")
 
 
 #: Fields added to RunState after format 1 with their default: a state JSON written before has none.
-_ADDED_FIELDS: dict[str, Any] = {"unknown_events": dict}
+_ADDED_FIELDS: dict[str, Any] = {"unknown_events": dict, "requested_by": lambda: None,
+                                 "request_reason": lambda: None, "paused_at_ms": lambda: None}
 #: The same for the value types inside a state (by mapping field): name -> default.
 _ADDED_VALUE_FIELDS: dict[str, dict[str, Any]] = {
     "approvals": {"consumed_offset": None, "scope_call_id": None, "scope_attempt": None},
@@ -952,12 +964,18 @@ def _run_resumed(state: RunState, event: Event, offset: int) -> Changes:
         )
     required(event, "previous_epoch")
     required(event, "recovered_by")
+    payload = event.payload
+    paused = bool(payload.get("paused"))
     changes: Changes = {
         "epoch": event.epoch,
-        "owner": event.payload.get("assigned_to") or event.producer_id,
+        "owner": None if paused else payload.get("assigned_to") or event.producer_id,
         "plan_json": required(event, "plan_json"),
-        "status": RunStatus.WAITING_APPROVAL if state.pending_approvals else RunStatus.RUNNING,
+        "status": RunStatus.PAUSED if paused else (
+            RunStatus.WAITING_APPROVAL if state.pending_approvals else RunStatus.RUNNING),
         "records": mark_superseded_intents(state.records, event.epoch),
+        "requested_by": payload.get("requested_by"),
+        "request_reason": payload.get("request_reason"),
+        "paused_at_ms": ms(event.occurred_at) if paused else None,
     }
     if state.status is RunStatus.FAILED:
         changes.update(error=None, finished_at_ms=None)
@@ -986,6 +1004,9 @@ def _run_cancelled(state: RunState, event: Event, offset: int) -> Changes:
     return {
         "status": RunStatus.CANCELLED,
         "error": required(event, "reason"),
+        "requested_by": event.payload.get("requested_by"),
+        "request_reason": None,
+        "paused_at_ms": None,
         "finished_at_ms": ms(event.occurred_at),
         "records": mark_unsettled_at_end(state.records),
     }

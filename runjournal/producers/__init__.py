@@ -11,6 +11,7 @@ from typing import Any
 
 from runjournal.core.ids import InvalidIdError
 from runjournal.producers._digest import canonical_json, canonical_value, digest, enter_node, idempotency_key
+from runjournal.producers.control import ControlRequest, stop_requested
 from runjournal.producers.errors import (
     ApprovalDeniedError,
     DeliveryError,
@@ -27,8 +28,11 @@ from runjournal.producers.errors import (
     QueueFullError,
     RecordedFailureError,
     ResultUnavailableError,
+    RunCancelledError,
     RunClosedError,
     RunExistsError,
+    RunPausedError,
+    RunStoppedError,
     RunSurrenderedError,
     TopicNotFoundError,
     TransactionAbortedError,
@@ -48,6 +52,7 @@ __all__ = [
     "ApprovalStatus",
     "CallStatus",
     "CallVerdict",
+    "ControlRequest",
     "DeliveryError",
     "FatalProducerError",
     "InvalidIdError",
@@ -71,9 +76,12 @@ __all__ = [
     "RecoveryPlan",
     "ResultStore",
     "ResultUnavailableError",
+    "RunCancelledError",
     "RunClosedError",
     "RunExistsError",
     "RunHandle",
+    "RunPausedError",
+    "RunStoppedError",
     "Tool",
     "ToolOutcomeUnknownError",
     "TopicNotFoundError",
@@ -87,6 +95,7 @@ __all__ = [
     "enter_node",
     "idempotency_key",
     "partition_for",
+    "stop_requested",
     "transactional_id",
     "use_traceparent",
     "valid_traceparent",

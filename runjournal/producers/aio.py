@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from runjournal.producers._steps import CallSteps, Effect, Invoke, Reconcile
 from runjournal.producers.approvals import ApprovalInbox, approval_steps
+from runjournal.producers.control import ControlRequest, current_stop, reset_stop
 from runjournal.producers.handle import RunHandle
 from runjournal.producers.journal import Journal
 
@@ -249,7 +250,11 @@ class AsyncRunHandle:
             As :meth:`RunHandle.call`. A cancellation while the tool runs leaves the call intended (its
             outcome unknown), exactly like an interrupted sync call.
         """
-        return await self._drive(self.sync.call_steps(tool, args, side_effect=side_effect, step=step))
+        token = current_stop(self.sync.pending_request)  # what stop_requested() shows the tool (this task only)
+        try:
+            return await self._drive(self.sync.call_steps(tool, args, side_effect=side_effect, step=step))
+        finally:
+            reset_stop(token)
 
     async def await_approval(self, inbox: ApprovalInbox, call_id: str, reason: str, *, tool: str | None = None,
                              args: Any = None, timeout_s: float = 300.0, poll_s: float = 0.1) -> bool:
@@ -291,6 +296,14 @@ class AsyncRunHandle:
         finally:
             if not ended:  # abandoned mid-call (cancelled): an intended call stays open, as in the sync API
                 await self.journal.run_sync(self.sync.close_steps, steps)
+
+    def pending_request(self) -> ControlRequest | None:
+        """As :meth:`RunHandle.pending_request` (no I/O: the instance's last read)."""
+        return self.sync.pending_request()
+
+    async def stop_if_requested(self) -> None:
+        """As :meth:`RunHandle.stop_if_requested` (raises ``RunCancelledError`` / ``RunPausedError``)."""
+        await self._op(self.sync.stop_if_requested)
 
     async def __aenter__(self) -> AsyncRunHandle:
         return self

@@ -180,6 +180,8 @@ def await_approval(
 
     Raises:
         ApprovalTimeoutError: no decision within ``timeout_s`` seconds (the request stays durable).
+        RunCancelledError, RunPausedError: an operator cancelled or paused the run while it waited
+            (``RunHandle.stop_if_requested``, checked on every poll).
         DeliveryError and the other publishing errors of :meth:`RunHandle.emit`.
     """
     granted: bool = drive(approval_steps(handle, inbox, call_id, reason, tool=tool, args=args, timeout_s=timeout_s,
@@ -201,7 +203,10 @@ def approval_steps(handle: RunHandle, inbox: ApprovalInbox, call_id: str, reason
         handle.request_approval(call_id, reason, tool=tool, args=args)
     inbox.requested(handle.run_id, call_id)
     deadline = time.monotonic() + timeout_s
+    stop = getattr(handle, "stop_if_requested", None)  # an operator's cancel / pause ends the wait (decisions/0047)
     while (decided := inbox.decision(handle.run_id, call_id)) is None:
+        if callable(stop):
+            stop()
         if time.monotonic() > deadline:
             raise ApprovalTimeoutError(
                 f"no decision on {call_id} of run {handle.run_id} within {timeout_s} s"

@@ -51,8 +51,11 @@ __all__ = [
     "QueueFullError",
     "RecordedFailureError",
     "ResultUnavailableError",
+    "RunCancelledError",
     "RunClosedError",
     "RunExistsError",
+    "RunPausedError",
+    "RunStoppedError",
     "TopicNotFoundError",
     "TransactionAbortedError",
     "UnrecordableResultError",
@@ -171,6 +174,36 @@ class TopicNotFoundError(JournalError):
 
 class RunClosedError(JournalError):
     """The run already succeeded or failed through this handle; it takes no more events."""
+
+
+class RunStoppedError(JournalError):
+    """An operator asked this run to stop (``runjournal cancel`` / ``pause``, the console, ``runjournal.consumers.ops
+    .control``) and the handle carried the request out at a step boundary: no new intent, node or approval is started
+    through it. Calls already in flight end as usual (their outcomes are recorded). Let it propagate out of the run's
+    code; a ``with run:`` block publishes no RUN_FAILED for it. docs/design/decisions/0047-operator-controls.md.
+
+    Attributes:
+        run_id, action (``cancel`` / ``pause``), requested_by, reason, request_id: the request.
+    """
+
+    retryable = False
+
+    def __init__(self, message: str, *, run_id: str, action: str, requested_by: str, reason: str,
+                 request_id: str) -> None:
+        super().__init__(message)
+        self.run_id, self.action, self.requested_by, self.reason, self.request_id = (
+            run_id, action, requested_by, reason, request_id)
+
+
+class RunCancelledError(RunStoppedError):
+    """The run was cancelled by an operator: RUN_CANCELLED (with who and why) ends it — at once, or once the
+    requests still in flight on other threads have returned. It is never resumed."""
+
+
+class RunPausedError(RunStoppedError):
+    """The run was paused by an operator: this instance gave it up (``Journal.surrender``) and the recovery job
+    holds it for nobody (a RUN_RESUMED with ``paused``) until ``runjournal resume RUN_ID`` hands it to a live
+    instance under a new epoch, which continues it like any resumed run."""
 
 
 class RunExistsError(JournalError):

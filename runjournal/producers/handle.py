@@ -87,6 +87,7 @@ from runjournal.producers._digest import canonical_json, canonical_value, digest
 from runjournal.producers._recorded import RecordedValue, record_value
 from runjournal.producers._steps import CallSteps, Effect, Invoke, Reconcile, Sleep, advance, drive
 from runjournal.producers._unknown import outcome_unknown
+from runjournal.producers.control import ControlRequest, current_stop, reset_stop
 from runjournal.producers.errors import (
     ApprovalDeniedError,
     DeliveryError,
@@ -99,7 +100,10 @@ from runjournal.producers.errors import (
     QueueFullError,
     RecordedFailureError,
     ResultUnavailableError,
+    RunCancelledError,
     RunClosedError,
+    RunPausedError,
+    RunStoppedError,
     UnrecordableResultError,
 )
 from runjournal.producers.plan import ApprovalStatus, CallVerdict, PlannedCall
@@ -248,6 +252,8 @@ class RunHandle:
         """Side-effect requests handed to a tool and not yet returned (:meth:`wait_idle`)."""
         self._idle = threading.Condition()
         self._surrendered = False
+        self._stop_error: RunStoppedError | None = None
+        """Set once an operator's request was carried out here: no new intent, node or approval starts."""
         run_lock = getattr(journal, "run_lock", None)
         self._lock: threading.RLock = run_lock(run_id) if callable(run_lock) else threading.RLock()
         """The run's lock: held by every step that decides or publishes (module docstring)."""
@@ -304,7 +310,10 @@ class RunHandle:
 
     @property
     def writable(self) -> bool:
-        """False once finished, fenced, or broken by a lost event; every write would raise."""
+        """False once finished, fenced, broken by a lost event, or stopped by an operator's request (a stopped
+        handle still records the outcomes of calls in flight, and nothing else)."""
+        if self._stop_error is not None:
+            return False
         try:
             self._check_writable()
         except (RunClosedError, DeliveryError):
@@ -313,6 +322,8 @@ class RunHandle:
 
     def _check_writable(self) -> None:
         if self._finished is not None:
+            if isinstance(self._stop_error, RunCancelledError):
+                raise self._stop_error  # ended by an operator's cancel: say so, not just "closed"
             raise RunClosedError(f"run {self.run_id} already ended ({self._finished})")
         if self.journal.fence_count != self._fence_mark:
             kind = LeaseLapsedError if self.journal.lapsed else ProducerFencedError
@@ -344,7 +355,8 @@ class RunHandle:
 
     def wait_idle(self, timeout_s: float | None = None) -> bool:
         """Wait until no side-effect request of this handle is in flight (every tool it invoked returned or
-        raised); True when idle, False on timeout (s). A broken handle sends no new request."""
+        raised, and its outcome was handed to the journal or found unpublishable); True when idle, False on timeout
+        (s). A broken or stopped handle sends no new request."""
         with self._idle:
             return self._idle.wait_for(lambda: self._sending == 0, timeout_s)
 
@@ -509,7 +521,11 @@ class RunHandle:
             DeliveryError, ProducerFencedError, LeaseLapsedError, RunClosedError, QueueFullError,
             EventTooLargeError: publishing failed; if that was the intent, the tool did not run.
         """
-        return drive(self.call_steps(tool, args, side_effect=side_effect, step=step), self.advance)
+        token = current_stop(self.pending_request)  # what stop_requested() shows the tool
+        try:
+            return drive(self.call_steps(tool, args, side_effect=side_effect, step=step), self.advance)
+        finally:
+            reset_stop(token)
 
     def call_steps(self, tool: Tool, args: dict[str, Any], *, side_effect: bool | None = None,
                     step: str | None = None) -> CallSteps:
@@ -605,6 +621,7 @@ class RunHandle:
         intended = {**common, "side_effect": effect, "attempt": attempt, "timeout_ms": int(tool.timeout_ms),
                     "args_json": args_json if inline else None}
         window_ms = int(tool.timeout_ms)
+        self._stop_if_requested()  # a step boundary: an operator's cancel / pause stops the run before a new intent
         probe = self.journal.probe_lease(window_ms) if effect else None  # its read overlaps the intent's commit
         self._publish(EventType.TOOL_CALL_INTENDED, intended, node_id=node_path or None, durable=effect)
         self._enter(node_path, index, key, tool.name, common["args_digest"])
@@ -612,19 +629,127 @@ class RunHandle:
         if effect:
             self.journal.check_still_owner(probe, window_ms)  # a paused zombie whose lease expired must not send
             failpoints.hit("producers.call.before_send")
-            self._begin_send()  # a surrendering handle waits for this request before the run is handed over
+            self._stop_before_send(tool.name, common, attempt)
+            self._begin_send()  # a surrendering or stopping handle waits for this request and its outcome
         try:
-            result = yield Invoke(tool, args, key)
-        except BaseException as exc:
+            try:
+                result = yield Invoke(tool, args, key)
+            except BaseException as exc:
+                self._after_raise(tool, exc, common, node_path, effect, attempt)
+            failpoints.hit("producers.call.after_tool")
+            value = self._commit_outcome(tool, result, common, node_path, effect, attempt)
+        finally:
             if effect:
                 self._end_send()
-            self._after_raise(tool, exc, common, node_path, effect, attempt)
-        if effect:
-            self._end_send()
-        failpoints.hit("producers.call.after_tool")
-        value = self._commit_outcome(tool, result, common, node_path, effect, attempt)
         failpoints.hit("producers.call.after_outcome")
         return self._deliver(node_path, value)
+
+    # -- operators' requests (docs/design/decisions/0047-operator-controls.md) ------------------------------------
+    def pending_request(self) -> ControlRequest | None:
+        """The operator's cancel or pause request pending on this run as the instance last read it, or None
+        (``runjournal.producers.control.stop_requested`` shows it to a running tool)."""
+        look = getattr(self.journal, "request_for", None)
+        return look(self.run_id) if callable(look) else None
+
+    def stop_if_requested(self) -> None:
+        """A step boundary: when an operator's cancel or pause request is pending on the run (as this instance last
+        read it: ``Journal.request_for``), carry it out and raise — a cancel publishes RUN_CANCELLED with who and why
+        (once the side-effect requests in flight on other threads have returned and their outcomes are recorded),
+        a pause gives the run up to the recovery job (``Journal.surrender``), which holds it for nobody until an
+        operator resumes it. ``call`` checks before every new intent (and again between a side effect's
+        acknowledged intent and its request), ``node`` on entry once no call's outcome is left unknown, approval
+        waits on every poll; a long agent loop without those may call it itself.
+
+        Raises:
+            RunCancelledError, RunPausedError: the request was carried out (or was, earlier, on this handle).
+        """
+        with self._lock:
+            self._stop_if_requested()
+
+    def _stop_if_requested(self) -> None:
+        if self._stop_error is not None:
+            raise self._stop_error
+        look = getattr(self.journal, "request_for", None)
+        request = look(self.run_id) if callable(look) and self._finished is None else None
+        if request is not None:
+            self._carry_out(request)
+
+    def _stop_before_send(self, tool: str, common: dict[str, Any], attempt: int) -> None:
+        """After a side effect's intent was acknowledged, before its request: a request that arrived meanwhile (or a
+        stop on another thread) stops the run here. The intent is answered at once with TOOL_CALL_RECONCILED
+        (NOT_EXECUTED) — this instance is the one that would have sent it and did not — so the run ends or resumes
+        with the call known as not executed (never an unknown outcome to reconcile)."""
+        look = getattr(self.journal, "request_for", None)
+        request = look(self.run_id) if callable(look) else None
+        if request is None and self._stop_error is None:
+            return
+        payload = {**common, "outcome": "NOT_EXECUTED"}
+        self._publish_locked(EventType.TOOL_CALL_RECONCILED, payload, node_id=self.node_path, durable=False)
+        key = common["call_id"]
+        self._calls[key] = PlannedCall(call_id=key, tool=tool, status=CallVerdict.RECONCILED_NOT_EXECUTED,
+                                       attempts=attempt, side_effect=True, args_digest=common["args_digest"],
+                                       retryable=True)
+        if self._stop_error is not None:
+            raise self._stop_error
+        assert request is not None
+        self._carry_out(request)
+
+    def _carry_out(self, request: ControlRequest) -> NoReturn:
+        """Carry ``request`` out under the run's lock (:meth:`stop_if_requested`); always raises its stop error."""
+        cls = RunCancelledError if request.action == "cancel" else RunPausedError
+        verb = "cancelled" if request.action == "cancel" else "paused"
+        err = cls(f"run {self.run_id} was {verb} by {request.requested_by or 'an operator'}"
+                  f"{': ' + request.reason if request.reason else ''} (request {request.request_id})",
+                  run_id=self.run_id, action=request.action, requested_by=request.requested_by,
+                  reason=request.reason, request_id=request.request_id)
+        err.retryable = False
+        self._stop_error = err
+        if request.action != "cancel":
+            self._give_up(f"paused by {request.requested_by or 'an operator'}")
+            raise err
+        with self._idle:
+            busy = self._sending > 0
+        if busy:  # requests in flight on other threads: cancel once they returned and their outcomes are recorded
+            threading.Thread(target=self._cancel_when_idle, args=(request,), daemon=True,
+                             name=f"runjournal-cancel-{self.run_id}"[:60]).start()
+            raise err
+        try:
+            self._publish_cancelled(request)
+        except JournalError as exc:
+            err.add_note(f"RUN_CANCELLED was not published ({error_text(exc)}); the run was handed to the recovery "
+                         "job, which carries the cancel out")
+            self._give_up("its cancel could not be published")
+        raise err
+
+    def _publish_cancelled(self, request: ControlRequest) -> None:
+        payload = {"reason": request.reason or "cancelled by an operator", "requested_by": request.requested_by,
+                   "request_id": request.request_id}
+        self._publish_locked(EventType.RUN_CANCELLED, payload, node_id=None, durable=True)
+        done = getattr(self.journal, "request_done", None)
+        if callable(done):
+            done(request)
+
+    def _cancel_when_idle(self, request: ControlRequest) -> None:
+        """The cancel of a run with requests in flight (its own thread): wait for them and their outcomes, then
+        RUN_CANCELLED; if it cannot be published, the run is handed to the recovery job, which carries it out."""
+        self.wait_idle()
+        try:
+            with self._lock:
+                if self._finished is None:
+                    self._publish_cancelled(request)
+        except Exception as exc:  # noqa: BLE001 - the recovery job carries the cancel out instead
+            log.error("run %s: RUN_CANCELLED was not published (%s); handing the run to the recovery job",
+                      self.run_id, exc)
+            self._give_up("its cancel could not be published")
+
+    def _give_up(self, why: str) -> None:
+        """Hand the run to the recovery job (``Journal.surrender``), which carries out the request still pending."""
+        if self._surrendered:
+            return
+        self._surrendered = True
+        surrender = getattr(self.journal, "surrender", None)
+        if callable(surrender):
+            surrender(self, why)
 
     def _after_raise(self, tool: Tool, exc: BaseException, common: dict[str, Any], node_path: str, effect: bool,
                      attempt: int) -> NoReturn:
@@ -886,6 +1011,8 @@ class RunHandle:
             The block's own exception is re-raised.
         """
         with self._lock:
+            if not self._unknown_left():
+                self._stop_if_requested()  # a step boundary (never before an unknown outcome is reconciled)
             path = enter_node(self._entries, self.node_path or "", name)
             attempt = (self.plan.node_attempts.get(path, 0) if self.plan else 0) + 1
             self._publish(
@@ -909,6 +1036,11 @@ class RunHandle:
             raise
         self._leave(path)
         self._publish(EventType.NODE_SUCCEEDED, {"node_path": path}, node_id=path, durable=False)
+
+    def _unknown_left(self) -> bool:
+        """True while a call of the run's plan or of this handle has an unknown outcome not yet reconciled (a node
+        boundary does not stop the run then: the resumed code must reach the call and settle it first)."""
+        return any(c.status is CallVerdict.OUTCOME_UNKNOWN for c in self._calls.values())
 
     def _leave(self, path: str) -> None:
         """Close the node ``path``: its innermost entry leaves the stack (under the run's lock)."""

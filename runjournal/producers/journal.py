@@ -72,6 +72,7 @@ from runjournal.producers._digest import canonical_value
 from runjournal.producers._lease import InstanceLease
 from runjournal.producers._port import OutcomeCommit
 from runjournal.producers._txn import Item, TxnPublisher
+from runjournal.producers.control import ControlRequest, ControlStore
 from runjournal.producers.errors import (
     DeliveryError,
     JournalError,
@@ -266,6 +267,12 @@ class Journal:
             self._surrendered: dict[str, int] = {}
             """run_id -> the epoch this instance gave up (:meth:`surrender`): nothing of it at or below is published."""
             self._surrenders = 0
+            self.controls = ControlStore(redis_client, prefix)
+            """Operators' cancel / pause requests (``runjournal.producers.control``)."""
+            self._requests: dict[str, ControlRequest] = {}
+            """run_id -> the operator request pending on it, as last read (replaced whole: read without a lock)."""
+            self._controls_seen = -1
+            self._seen_key = RedisKeys(prefix).control_seen(self.producer_id)
             self._stop = threading.Event()
             self._threads = [
                 threading.Thread(target=self._heartbeat, name=f"journal-lease-{self.producer_id}", daemon=True),
@@ -403,6 +410,7 @@ class Journal:
                 "a later recovery took the run; this instance must not write it", plan_epoch=plan.epoch,
                 newest_epoch=newest)
         self._lease.own(run_id)
+        self._note_request(run_id)
         return RunHandle(
             self,
             run_id=run_id,
@@ -480,7 +488,7 @@ class Journal:
                 lock = self._run_locks[run_id] = threading.RLock()
             return lock
 
-    def surrender(self, handle: RunHandle) -> None:
+    def surrender(self, handle: RunHandle, why: str | None = None) -> None:
         """Give ``handle``'s run up to the recovery job, visibly, without stopping this instance: the handle broke
         (an event's fate is unknown, so its seq cannot be reused) and nothing of the run at its epoch may be
         written here again (docs/design/protocol.md § Surrender). Returns at once; a daemon thread then, in order:
@@ -496,15 +504,19 @@ class Journal:
         If a step fails for good (this instance was fenced, its lease lapsed, commits keep failing, Redis stays
         away) the run stays owned here and is recovered as any dead instance's when this instance stops — logged
         as an error. Publishing an event of the run at an epoch given up raises ``RunSurrenderedError``.
+
+        ``why``: what the log says (default: the handle lost an event). An operator's pause gives a run up the same
+        way (``RunHandle``, docs/design/decisions/0047-operator-controls.md): the recovery job then holds it for
+        nobody instead of resuming it.
         """
         with self._run_locks_guard:
             if self._surrendered.get(handle.run_id, 0) >= handle.epoch:
                 return
             self._surrendered[handle.run_id] = handle.epoch
-        threading.Thread(target=self._hand_back, args=(handle,), name=f"journal-surrender-{self.producer_id}",
-                         daemon=True).start()
+        threading.Thread(target=self._hand_back, args=(handle, why or "it lost an event"),
+                         name=f"journal-surrender-{self.producer_id}", daemon=True).start()
 
-    def _hand_back(self, handle: RunHandle) -> None:
+    def _hand_back(self, handle: RunHandle, why_given: str) -> None:
         """:meth:`surrender`'s steps 1-3 (its own thread)."""
         run_id, epoch = handle.run_id, handle.epoch
         handle.wait_idle()
@@ -519,9 +531,8 @@ class Journal:
                 if self._lease.surrender(run_id, epoch):
                     with self._run_locks_guard:
                         self._surrenders += 1
-                    log.warning("run %s (epoch %d) lost an event; handed to the recovery job (%s), which resumes it "
-                                "under a new epoch", run_id, epoch, RedisKeys(self._prefix).surrendered(
-                                    self.producer_id))
+                    log.warning("run %s (epoch %d): %s; handed to the recovery job (%s)", run_id, epoch, why_given,
+                                RedisKeys(self._prefix).surrendered(self.producer_id))
                     return
                 why = "the lease is no longer ours"
                 break
@@ -530,6 +541,52 @@ class Journal:
                 time.sleep(0.2 * 2 ** attempt)
         log.error("run %s could not be handed to the recovery job (%s); it stays owned by %s and is recovered when "
                   "this instance stops", run_id, why, self.producer_id)
+
+    # -- operators' requests (runjournal.producers.control) ---------------------------------------------------
+    def request_for(self, run_id: str) -> ControlRequest | None:
+        """The operator's cancel or pause request pending on ``run_id`` as this instance last read it (its heartbeat
+        reads them every ``lease_ttl_ms / 3`` when the control version changed; :meth:`resume` reads the run's at
+        once), or None. ``RunHandle`` checks it at every step boundary (docs/design/decisions/0047)."""
+        return self._requests.get(run_id)
+
+    def _refresh_requests(self) -> None:
+        """Heartbeat: when the control version moved, read the requests of the runs this instance holds, then record
+        the version as seen (``rj:{P:i:<instance>}:ctlseen``: an operator waits for it). Errors are logged: the next
+        beat reads again."""
+        try:
+            version = self.controls.version()
+            if version != self._controls_seen:
+                with self._run_locks_guard:
+                    runs = list(self._run_locks)
+                self._requests = self.controls.get_many(runs)
+                self._redis.set(self._seen_key, version, px=max(60_000, 6 * self._lease.ttl_ms))
+                self._controls_seen = version
+        except Exception as exc:  # noqa: BLE001 - Redis away: requests are read again on the next beat
+            log.warning("could not read operators' requests: %s", exc)
+
+    def _note_request(self, run_id: str) -> None:
+        """Read ``run_id``'s pending request now (a run taken by :meth:`resume`: a request stored while nobody owned
+        it must stop it before its first step)."""
+        request = self.controls.get(run_id)
+        requests = dict(self._requests)
+        if request is None:
+            requests.pop(run_id, None)
+        else:
+            requests[run_id] = request
+        self._requests = requests
+
+    def request_done(self, request: ControlRequest) -> None:
+        """Remove a request this instance carried out (its event is durable); errors are logged (whoever finds it
+        next — this instance, the recovery job — finds the run ended and removes it)."""
+        try:
+            self.controls.done(request)
+        except Exception as exc:  # noqa: BLE001 - left for the next reader: harmless
+            log.warning("could not remove the carried-out %s request of run %s: %s", request.action,
+                        request.run_id, exc)
+        requests = dict(self._requests)
+        if requests.get(request.run_id) == request:
+            del requests[request.run_id]
+            self._requests = requests
 
     def claim_assignment(self, timeout_s: float) -> str | None:
         """The next run id assigned to this instance, waiting up to ``timeout_s`` seconds; None if none."""
@@ -743,6 +800,8 @@ class Journal:
                     self._lease.mark_lapsed(f"Redis unreachable past the lease's validity ({exc})")
                     break
                 log.warning("lease renewal failed: %s", exc)
+                continue
+            self._refresh_requests()
         if self._lease.lapsed:
             self._lapse("the heartbeat found the lease lapsed")
 

@@ -149,10 +149,14 @@ PAYLOAD_FIELDS: dict[EventType, dict[str, tuple[type, bool]]] = {
         "recovered_by": (_S, True),
         "plan_json": (_S, True),
         "assigned_to": (_S, False),
+        "requested_by": (_S, False),  # v5: an operator's resume or pause (docs/design/decisions/0047)
+        "request_reason": (_S, False),
+        "request_id": (_S, False),
+        "paused": (_B, False),  # v5: held by nobody until resumed (None: not paused)
     },
     EventType.RUN_SUCCEEDED: {"output_json": (_S, False)},
     EventType.RUN_FAILED: {"error": (_S, True)},
-    EventType.RUN_CANCELLED: {"reason": (_S, True)},
+    EventType.RUN_CANCELLED: {"reason": (_S, True), "requested_by": (_S, False), "request_id": (_S, False)},  # v5
     EventType.USER_CORRECTION: {"subject": (_S, True), "text": (_S, True), "user_id": (_S, False)},
     EventType.MESSAGE: {"role": (_S, True), "content": (_S, True), "user_id": (_S, False)},
 }

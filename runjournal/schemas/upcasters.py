@@ -64,6 +64,8 @@ UPCASTERS: dict[int, Upcaster] = {
     1: upcast_v1_to_v2,
     2: no_semantic_change,  # v3 adds APPROVAL_REQUESTED scope_call_id / scope_attempt (null for older writers)
     3: no_semantic_change,  # v4 adds APPROVAL_REQUESTED args_json (null for older writers)
+    4: no_semantic_change,  # v5 adds RUN_RESUMED requested_by / request_reason / request_id / paused, RUN_CANCELLED
+    #                         requested_by / request_id (null / false for older writers: no operator asked)
 }
 
 

@@ -48,6 +48,7 @@ def test_a_partitions_and_a_runs_keys_share_one_slot(prefix: str, run_id: str, p
     assert len({_slot(keys.offset(partition)), _slot(keys.runs(partition)), _slot(keys.run(partition, run_id))}) == 1
     assert len({_slot(keys.plan(run_id)), _slot(keys.approvals(run_id)), _slot(keys.claim(run_id))}) == 1
     assert _slot(keys.demo("queue")) == _slot(keys.demo(f"claimed:{run_id}"))  # the demo's LMOVE
+    assert _slot(keys.control_requests()) == _slot(keys.control_version())  # a request and its version: one script
 
 
 def test_the_old_layout_was_cross_slot() -> None:
@@ -82,7 +83,8 @@ def test_globs_match_one_prefix_and_no_neighbour(settings: Settings) -> None:
         keys = RedisKeys(prefix)
         made[prefix] = {keys.offset(1), keys.run(12, "r"), keys.runs(345), keys.topic_identity(), keys.parked(),
                         keys.lease("a*1"), keys.owned("a#2"), keys.incarnation("a"), keys.plan("r"), keys.claim("r"),
-                        keys.approvals_pending(), keys.result("ab" * 32), keys.projector_lag(), keys.demo("queue")}
+                        keys.approvals_pending(), keys.result("ab" * 32), keys.projector_lag(), keys.demo("queue"),
+                        keys.control_requests(), keys.control_version()}
         for key in made[prefix]:
             r.set(key, "1")
     try:

@@ -787,3 +787,37 @@ def test_digest_changes_with_any_field() -> None:
     state = run_through(Run().start())
     assert state_digest(state) != state_digest(replace(state, duplicates_ignored=1))
     assert len(state_digest(state)) == 64
+
+
+# --------------------------------------------------------------------------- operator controls (issue 31, v5)
+
+
+def test_a_paused_resume_holds_the_run_for_nobody_and_a_later_resume_gives_it_an_owner_again() -> None:
+    """docs/design/decisions/0047-operator-controls.md: a pause is a RUN_RESUMED with ``paused`` — no owner, status
+    PAUSED, the operator and why recorded; not live (never an orphan), not ended; a later RUN_RESUMED resumes it."""
+    from runjournal.consumers.projector.store import live_entry
+
+    r = Run()
+    state = run_through(r.start(), r.ev(T.TOOL_CALL_INTENDED, **intent("c1")))
+    r.epoch += 1
+    paused = step(state, r.ev(T.RUN_RESUMED, producer="recovery", previous_epoch=1, recovered_by="rec",
+                              plan_json="{}", assigned_to=None, requested_by="ops@h", request_reason="budget",
+                              request_id="p-1", paused=True))
+    assert (paused.status, paused.owner, paused.epoch) == (RunStatus.PAUSED, None, 2)
+    assert (paused.requested_by, paused.request_reason, paused.paused_at_ms) == ("ops@h", "budget",
+                                                                                paused.updated_at_ms)
+    assert not paused.terminal and not paused.parked and live_entry(paused) == ""
+    assert paused.records["c1"].status is CallStatus.OUTCOME_UNKNOWN  # reconciled by whoever resumes it
+    resumed = step(paused, r.resume(assigned_to="inst-3"))
+    assert (resumed.status, resumed.owner, resumed.epoch, resumed.paused_at_ms) == (RunStatus.RUNNING, "inst-3", 3,
+                                                                                   None)
+    assert live_entry(resumed) == "3:inst-3"
+
+
+def test_an_operators_cancel_records_who_and_why_and_a_resume_after_it_is_ignored() -> None:
+    r = Run()
+    state = run_through(r.start(), r.ev(T.RUN_CANCELLED, reason="runaway loop", requested_by="ops@h",
+                                        request_id="c-1"))
+    assert (state.status, state.error, state.requested_by) == (RunStatus.CANCELLED, "runaway loop", "ops@h")
+    again = step(state, r.resume())
+    assert again.status is RunStatus.CANCELLED and again.rejected_after_terminal == 1

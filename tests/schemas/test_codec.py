@@ -29,13 +29,14 @@ from runjournal.schemas import (
 from runjournal.schemas.versions import fingerprint_of, payload_record_name
 
 CODEC = EventCodec()
-V1, V2, V3, V4 = load_versions()
+V1, V2, V3, V4, V5 = load_versions()
 
 # -- exact bytes -------------------------------------------------------------------------------
 
 HEADER_V2 = "c301" + "40c6d1760c4792be"  # C3 01 + CRC-64-AVRO(v2) little-endian
 HEADER_V3 = "c301" + "7a38d4edef2a57d5"  # v3: the same bodies for these types
-HEADER_V4 = "c301" + "83e4c07b218afc51"  # v4 (the current writer): the same bodies for these types
+HEADER_V4 = "c301" + "83e4c07b218afc51"  # v4: the same bodies for these types
+HEADER_V5 = "c301" + "9219df0205c656e2"  # v5 (the current writer): the same bodies for these types
 
 EXACT = [
     pytest.param(
@@ -103,11 +104,11 @@ EXACT = [
 @pytest.mark.parametrize(("event", "wire_hex"), EXACT)
 def test_encode_gives_exact_bytes(event: Event, wire_hex: str) -> None:
     """v3 and v4 changed APPROVAL_REQUESTED only: these types keep v2's bodies under v4's header."""
-    assert CODEC.encode(event).hex() == HEADER_V4 + wire_hex[len(HEADER_V2):]
+    assert CODEC.encode(event).hex() == HEADER_V5 + wire_hex[len(HEADER_V2):]
 
 
 @pytest.mark.parametrize(("event", "wire_hex"), EXACT)
-@pytest.mark.parametrize("header", [HEADER_V2, HEADER_V3, HEADER_V4])
+@pytest.mark.parametrize("header", [HEADER_V2, HEADER_V3, HEADER_V4, HEADER_V5])
 def test_decode_exact_bytes(event: Event, wire_hex: str, header: str) -> None:
     decoded = CODEC.decode(bytes.fromhex(header + wire_hex[len(HEADER_V2):]))
     assert decoded == event
@@ -131,10 +132,11 @@ def _crc64_avro(data: bytes) -> int:
 
 def test_fingerprints_follow_the_avro_spec() -> None:
     assert _crc64_avro(b'"null"') == 0x63DD24E7CC258F8A  # the spec's test vector
-    for version in (V1, V2, V3, V4):
+    for version in (V1, V2, V3, V4, V5):
         assert version.fingerprint == _crc64_avro(version.canonical_form.encode())
         assert version.header == b"\xc3\x01" + version.fingerprint.to_bytes(8, "little")
-    assert CODEC.fingerprint == V4.fingerprint == 0x51FC8A217BC0E483
+    assert CODEC.fingerprint == V5.fingerprint == 0xE256C60502DF1992
+    assert V4.fingerprint == 0x51FC8A217BC0E483
     assert V3.fingerprint == 0xD5572AEFEDD4387A
     assert V2.fingerprint == 0xBE92470C76D1C640
     assert V1.fingerprint == 0xE4C401603E59C6ED
@@ -229,7 +231,7 @@ def test_truncated_body_chains_the_fastavro_error() -> None:
     with pytest.raises(CorruptEventError) as info:
         CODEC.decode(GOOD[:-1])
     assert isinstance(info.value.__cause__, EOFError)
-    assert info.value.fingerprint == V4.fingerprint
+    assert info.value.fingerprint == V5.fingerprint
 
 
 def test_tombstone_is_rejected_by_name() -> None:
@@ -334,8 +336,8 @@ def test_absent_optional_fields_decode_as_none() -> None:
 
 
 def test_codec_exposes_the_current_writer_version() -> None:
-    assert fingerprint_of(V4.parsed) == V4.fingerprint
-    assert CODEC.schema_version is V4 and CODEC.wire_format == "single-object"
+    assert fingerprint_of(V5.parsed) == V5.fingerprint
+    assert CODEC.schema_version is V5 and CODEC.wire_format == "single-object"
 
 
 def test_v3_records_an_approvals_scope_and_v2_writers_read_as_unscoped() -> None:
@@ -357,4 +359,19 @@ def test_v4_records_the_arguments_an_approver_decides_about() -> None:
     asked = _event(EventType.APPROVAL_REQUESTED, call_id="send", reason="needs a human", tool="send_email",
                    args_json='{"subject":"booking","to":"bob@example.com"}')
     assert CODEC.decode(CODEC.encode(asked)).payload["args_json"] == '{"subject":"booking","to":"bob@example.com"}'
-    assert CODEC.encode(asked)[:10] == V4.header
+    assert CODEC.encode(asked)[:10] == V5.header
+
+
+def test_v5_records_who_asked_for_a_cancel_pause_or_resume_and_older_writers_read_as_nobody() -> None:
+    """Envelope v5 (issue 31): RUN_CANCELLED and RUN_RESUMED say which operator asked, why, and under which request;
+    a RUN_RESUMED with ``paused`` holds the run for nobody. Older writers' events decode with None (no operator)."""
+    cancelled = _event(EventType.RUN_CANCELLED, reason="runaway loop", requested_by="ops@host", request_id="c-1")
+    assert CODEC.decode(CODEC.encode(cancelled)).payload == {"reason": "runaway loop", "requested_by": "ops@host",
+                                                             "request_id": "c-1"}
+    paused = _event(EventType.RUN_RESUMED, previous_epoch=2, recovered_by="recovery@1", plan_json="{}",
+                    assigned_to=None, requested_by="ops@host", request_reason="budget review", request_id="p-1",
+                    paused=True)
+    assert CODEC.decode(CODEC.encode(paused)).payload["paused"] is True
+    assert CODEC.encode(paused)[:10] == V5.header
+    old = _raw_v2({"type": "RUN_CANCELLED"}, ("runjournal.RunCancelledPayload", {"reason": "r"}))
+    assert CODEC.decode(old).payload == {"reason": "r", "requested_by": None, "request_id": None}

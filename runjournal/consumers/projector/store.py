@@ -63,7 +63,8 @@ return {1, ARGV[2]}
 """
 
 
-_NOT_LIVE = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.GAP, RunStatus.BLOCKED})
+_NOT_LIVE = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.GAP, RunStatus.BLOCKED,
+                       RunStatus.PAUSED})  # paused: held by nobody, never an orphan (decisions/0047)
 
 
 def live_entry(state: RunState | None) -> str:

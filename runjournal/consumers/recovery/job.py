@@ -68,7 +68,13 @@ from runjournal.consumers.recovery.handover import HandOver, HandOvers
 from runjournal.consumers.recovery.instances import Instances
 from runjournal.consumers.recovery.plan import Classified, build_plan, classify
 from runjournal.consumers.recovery.report import RecoveryReport, RunOutcome, with_changes
-from runjournal.consumers.recovery.resumed import RECOVERY_PRODUCER_ID, SUPERSEDED, ResumedPublisher, resumed_event
+from runjournal.consumers.recovery.resumed import (
+    RECOVERY_PRODUCER_ID,
+    SUPERSEDED,
+    ResumedPublisher,
+    control_event,
+    resumed_event,
+)
 from runjournal.consumers.recovery.tail import Snapshot, end_offsets, fold_tails, read_snapshots
 from runjournal.consumers.runtime.failures import FailurePolicy
 from runjournal.consumers.runtime.topic_identity import check_projection, describe_events_topic
@@ -78,6 +84,7 @@ from runjournal.core.ids import PRODUCER_ID, RUN_ID
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.model.reducer import RunState, RunStatus
+from runjournal.producers.control import ControlRequest, ControlStore
 from runjournal.producers.fencing import fence_producer
 from runjournal.producers.plan import PlanStore, RecoveryPlan
 from runjournal.schemas import Event, codec_from_settings
@@ -123,8 +130,13 @@ class RecoveryJob:
         self.codec = codec_from_settings(settings)
         self.publisher = ResumedPublisher(settings, self.codec, self._partition)
         self._partitions: int | None = None
+        self.controls = ControlStore(self.redis, settings.topic_prefix)
         self._force = False
         self._reopen_failed = False
+        self._resume_paused = False
+        self._asked: tuple[str | None, str | None] = (None, None)
+        self._requests: dict[str, ControlRequest] = {}
+        """run_id -> an operator's pending request, for the runs of this pass (one read per pass)."""
         self._alive: dict[str, bool] = {}
         self._incoming: dict[str, str] = {}
         """run_id -> the live instance whose incoming set named it, this pass (:meth:`_clear_incoming`)."""
@@ -164,12 +176,21 @@ class RecoveryJob:
         claims = self.policy.call("read claims", lambda: self.instances.runs_started_by(unseen))
         owners = {r: st.owner if st else claims.get(r) for r, st in states.items()}
         leases = {o for o in owners.values() if o}
+        gave_up = {r: v for r, v in self.policy.call("read surrendered", self.instances.surrendered).items()
+                   if r in states}
         for run_id in runs:
             state = states[run_id]
-            if reopen or (state is not None and state.terminal):
-                chosen[run_id] = None  # ended: nobody writes it, nobody to fence (its last owner may be alive)
+            if reopen or self._resume_paused or (
+                    state is not None and (state.terminal or state.status is RunStatus.PAUSED)):
+                # ended or paused (or to be resumed only if the fold finds it paused: _triage): nobody writes it,
+                # nobody to fence — its last owner may be alive
+                chosen[run_id] = None
                 continue
             owner = owners[run_id]
+            if run_id in gave_up and gave_up[run_id][0] == owner:
+                self._surrendered[run_id] = gave_up[run_id]  # a live instance gave it up (a pause): taken unfenced
+                chosen[run_id] = owner
+                continue
             if owner and not force and self._is_alive(owner, prefetch=leases):
                 raise RecoveryError(f"run {run_id} is owned by live instance {owner}; refusing (use --force)")
             chosen[run_id] = owner
@@ -237,7 +258,9 @@ class RecoveryJob:
 
     # -- the pass ----------------------------------------------------------------------------------
     def recover(self, *, stale: bool = False, instance: str | None = None, runs: list[str] | None = None,
-                force: bool = False, assign_to: str | None = None, reopen_failed: bool = False) -> RecoveryReport:
+                force: bool = False, assign_to: str | None = None, reopen_failed: bool = False,
+                resume_paused: bool = False, requested_by: str | None = None,
+                reason: str | None = None) -> RecoveryReport:
         """One recovery pass (see the module docstring for steps 0-7).
 
         Args:
@@ -245,6 +268,10 @@ class RecoveryJob:
             assign_to: the live instance to hand resumed runs to (default: the least loaded).
             reopen_failed: also resume runs that ended FAILED (a new epoch; recorded results, failures and
                 approvals are kept) — how a failed run is continued (``continue_run``).
+            resume_paused: resume the named runs an operator paused (``runjournal resume``); without it a paused
+                run is reported ``paused`` and left held. Operators' pending cancel / pause requests on the runs of
+                the pass are carried out whatever the mode (docs/design/decisions/0047-operator-controls.md).
+            requested_by, reason: the operator who asked for this pass and why (recorded in its RUN_RESUMED events).
 
         Raises:
             InvalidIdError: a named run or instance is not text (``runjournal.core.ids`` ``check_lookup``); a run
@@ -257,6 +284,8 @@ class RecoveryJob:
             DependencyUnavailableError: Redis or the broker stayed away longer than ``outage_wait_s`` (in the
                 hand-over: after the other runs were handed over).
         """
+        if resume_paused and (stale or instance or not runs):
+            raise ValueError("resume_paused applies to named runs only (runs=[...])")
         for run_id in runs or ():
             RUN_ID.check_lookup(run_id)
         if instance is not None:
@@ -270,6 +299,8 @@ class RecoveryJob:
                                 f"(live: {sorted(self.instances.live()) or 'none'})")
         self._force = force
         self._reopen_failed = reopen_failed
+        self._resume_paused = resume_paused
+        self._asked = (requested_by, reason)
         with collector_paused() as self._gc:  # the pass's objects hold no cycles; freed before it resumes (_gc)
             self._pass(report, stale=stale, instance=instance, runs=runs, assign_to=assign_to)
             self._clear_incoming(report)
@@ -364,6 +395,7 @@ class RecoveryJob:
         resumable: dict[str, Classified] = {}
         live_owned: list[tuple[RunOutcome, RunState, str | None]] = []
         incomplete = {p.partition: p.reason for p in report.partitions if not p.complete}
+        self._requests = self.policy.call("read requests", lambda: self.controls.get_many(chosen)) if chosen else {}
         for run_id, owner in sorted(chosen.items()):
             state = states.get(run_id)
             partition = self._partition(run_id)
@@ -387,7 +419,22 @@ class RecoveryJob:
                                                 detail=FREED if freed else "the run id was not claimed by it"))
             elif state.terminal and not (self._reopen_failed and state.status is RunStatus.FAILED):
                 self._disown(owner, run_id)
+                if (moot := self._requests.pop(run_id, None)) is not None:  # it ended first: nothing to carry out
+                    self._request_done(moot)
                 report.runs.append(with_changes(base, action="finished", detail=state.status.value))
+            elif self._resume_paused and owner is None and state.status is not RunStatus.PAUSED:
+                # asked to resume a paused run (nobody fenced): the journal says it is not paused — left alone
+                report.runs.append(with_changes(base, action="not_paused", detail=(
+                    f"{state.status.value}, owned by {state.owner}: only a paused run is resumed")))
+            elif state.status is RunStatus.PAUSED and not self._resume_paused and (
+                    (req := self._requests.get(run_id)) is None or req.action != "cancel"):
+                self._disown(owner, run_id)
+                if req is not None:  # paused already (a pass that died after its commit): the request is done
+                    self._requests.pop(run_id, None)
+                    self._request_done(req)
+                report.runs.append(with_changes(base, action="paused", detail=(
+                    f"held for nobody since a pause by {state.requested_by or 'an operator'}: `runjournal resume "
+                    f"{run_id}` hands it to a live instance")))
             elif self._reopen_failed and owner is None and not state.terminal:
                 # Asked to continue a failed run that has not ended: nobody was fenced, so it is not taken.
                 report.runs.append(with_changes(base, action="not_ended",
@@ -448,42 +495,88 @@ class RecoveryJob:
         if not resumable:
             return
         dead = {o for r, o in chosen.items() if o and not self._spares(r, o)} | set(report.fenced)
-        target = assign_to or self.instances.least_loaded(exclude=dead)  # once: nothing is handed over before 7
+        held = self._held(resumable, chosen, states, offsets)
+        pending = {r: c for r, c in resumable.items() if r not in {o.run_id for _e, o, _d, _q in held}}
+        target = (assign_to or self.instances.least_loaded(exclude=dead)) if pending else None  # once, before 7
         batch: list[tuple[Event, RecoveryPlan, RunOutcome, str | None]] = []
         now_ms = int(time.time() * 1000)
-        for run_id, classified in resumable.items():
+        for run_id, classified in pending.items():
             state = states[run_id]
             assert state is not None
             outcome = RunOutcome(run_id=run_id, owner=chosen[run_id] or state.owner,
                                  partition=self._partition(run_id), previous_epoch=state.epoch,
                                  calls=classified.counts)
             if target is None:
-                report.runs.append(with_changes(outcome, action="no_live_instance"))
+                report.runs.append(with_changes(outcome, action="no_live_instance", detail=(
+                    "no instance holds a live lease to take it: start an agent (a Journal) and the next pass hands "
+                    "it over")))
                 continue
-            event = resumed_event(state, classified, target, offsets)
+            event = resumed_event(state, classified, target, offsets, requested_by=self._asked[0],
+                                  reason=self._asked[1])
             plan = build_plan(state, classified, new_epoch=event.epoch, resumed_seq=event.seq, assigned_to=target,
                               now_ms=now_ms)
-            if self._spares(run_id, chosen[run_id]):
+            if (request := self._requests.get(run_id)) is not None:
+                outcome = with_changes(outcome, detail=f"{request.action} requested by {request.requested_by}: the "
+                                       f"new owner reconciles the unknown call(s) first, then carries it out")
+            elif self._spares(run_id, chosen[run_id]):
                 outcome = with_changes(outcome, detail=f"surrendered by {chosen[run_id]}")
             batch.append((event, plan, with_changes(outcome, epoch=event.epoch, assigned_to=target), chosen[run_id]))
-        if not batch:
+        if not batch and not held:
             return
         # Before the commit, the assignee's incoming set names every run of the batch: a pass killed between the
         # commit and the hand-over leaves the run findable (the next pass completes it), whatever else is lost.
-        incoming = {target: [p.run_id for _e, p, _o, _d in batch]}
-        self.policy.call("mark incoming", lambda: self.plans.mark_incoming(incoming))
-        error = self.publisher.publish([e for e, _p, _o, _d in batch])  # 6
+        if batch:
+            assert target is not None
+            incoming = {target: [p.run_id for _e, p, _o, _d in batch]}
+            self.policy.call("mark incoming", lambda: self.plans.mark_incoming(incoming))
+        error = self.publisher.publish([e for e, _o, _d, _q in held] + [e for e, _p, _o, _d in batch])  # 6
         refused = "retry_later" if not error or not error.startswith(SUPERSEDED) else SUPERSEDED
+        for _e, outcome, _d, _q in held:
+            report.runs.append(with_changes(outcome, action=refused, detail=error) if error else outcome)
         for _e, _p, outcome, _d in batch:
             report.runs.append(with_changes(outcome, action=refused, detail=error) if error
                                else with_changes(outcome, action="resumed"))
         if error:
-            if refused == SUPERSEDED:  # fenced before its commit: nothing of it landed, its incoming marks are not true
+            if refused == SUPERSEDED and batch:  # fenced before its commit: nothing landed, its incoming marks lie
                 self.policy.call("clear incoming", lambda: self.plans.clear_incoming(
                     [(target, p.run_id) for _e, p, _o, _d in batch]))
             return  # an ambiguous failure keeps them: the next pass completes a commit that happened
         failpoints.hit("recovery.after_commit")
-        self._hand_over([HandOver(plan, dead_owner) for _e, plan, _o, dead_owner in batch])  # 7
+        for _e, outcome, dead_owner, request in held:  # nobody takes them: the dead owner lets go, the request is done
+            self._disown(dead_owner, outcome.run_id)
+            self._request_done(request)
+        if batch:
+            self._hand_over([HandOver(plan, dead_owner) for _e, plan, _o, dead_owner in batch])  # 7
+
+    def _held(self, resumable: dict[str, Classified], chosen: dict[str, str | None],
+              states: dict[str, RunState | None],
+              offsets: dict[str, int]) -> list[tuple[Event, RunOutcome, str | None, ControlRequest]]:
+        """The runs of ``resumable`` an operator's request ends or holds here instead of a hand-over
+        (docs/design/decisions/0047-operator-controls.md): a pause → RUN_RESUMED with ``paused`` (epoch + 1, no
+        owner); a cancel → RUN_CANCELLED — unless a call's outcome is unknown: that run is resumed as usual, and its
+        new owner reconciles the call before it carries the cancel out (an effect in flight is never abandoned)."""
+        out: list[tuple[Event, RunOutcome, str | None, ControlRequest]] = []
+        for run_id, classified in resumable.items():
+            request = self._requests.get(run_id)
+            state = states[run_id]
+            if request is None or state is None or (request.action == "cancel" and classified.has_unknown):
+                continue
+            event = control_event(state, classified, request, offsets)
+            outcome = RunOutcome(run_id=run_id, owner=chosen[run_id] or state.owner, partition=self._partition(run_id),
+                                 previous_epoch=state.epoch, epoch=event.epoch, calls=classified.counts,
+                                 action="paused" if request.action == "pause" else "cancelled",
+                                 detail=f"{request.action} requested by {request.requested_by or 'an operator'}"
+                                        f"{': ' + request.reason if request.reason else ''}")
+            out.append((event, outcome, chosen[run_id], request))
+        return out
+
+    def _request_done(self, request: ControlRequest) -> None:
+        """Remove an operator's request that this pass carried out (or found moot); errors are logged — the next
+        pass, or the owner, finds the run paused or ended and removes it."""
+        try:
+            self.policy.call("remove request", lambda: self.controls.done(request))
+        except Exception as exc:  # noqa: BLE001 - harmless leftover, removed by whoever meets it next
+            log.warning("could not remove the %s request of run %s: %s", request.action, request.run_id, exc)
 
     def _hand_over(self, items: list[HandOver]) -> None:
         """Step 7 for ``items`` (``runjournal.consumers.recovery.handover``): batches of single-slot writes, a crash

@@ -26,10 +26,11 @@ from runjournal.consumers.runtime.failures import TRANSIENT, FatalDependencyErro
 from runjournal.core import kafka
 from runjournal.core.settings import Settings
 from runjournal.model.reducer import RunState
+from runjournal.producers.control import ControlRequest
 from runjournal.producers.fencing import init_transactions
 from runjournal.schemas import Event, EventCodec, EventType, new_event_id, utcnow
 
-__all__ = ["RECOVERY_PRODUCER_ID", "SUPERSEDED", "ResumedPublisher", "resumed_event"]
+__all__ = ["RECOVERY_PRODUCER_ID", "SUPERSEDED", "ResumedPublisher", "control_event", "resumed_event"]
 
 log = logging.getLogger("runjournal.consumers.recovery")
 
@@ -47,11 +48,13 @@ def _recovered_by() -> str:
     return f"recovery@{uuid.getnode():x}"
 
 
-def resumed_event(state: RunState, classified: Classified, target: str, offsets: dict[str, int]) -> Event:
+def resumed_event(state: RunState, classified: Classified, target: str, offsets: dict[str, int], *,
+                  requested_by: str | None = None, reason: str | None = None) -> Event:
     """The RUN_RESUMED of ``state``: seq = last + 1, epoch + 1, the plan summary, ``assigned_to`` = ``target``.
 
     Args:
         offsets: partition (as text) -> end offset the decision was made from (in the summary).
+        requested_by, reason: the operator who resumed a paused run, and why (envelope v5; None: a recovery).
     """
     return Event(event_id=new_event_id(), run_id=state.run_id, tenant_id=state.tenant_id or "",
                  seq=state.last_seq + 1, epoch=state.epoch + 1, producer_id=RECOVERY_PRODUCER_ID,
@@ -59,7 +62,30 @@ def resumed_event(state: RunState, classified: Classified, target: str, offsets:
                  payload={"previous_epoch": state.epoch, "recovered_by": _recovered_by(),
                           "plan_json": plan_summary(classified, previous_epoch=state.epoch,
                                                     new_epoch=state.epoch + 1, offsets=offsets),
-                          "assigned_to": target})
+                          "assigned_to": target, "requested_by": requested_by, "request_reason": reason,
+                          "request_id": None, "paused": None})
+
+
+def control_event(state: RunState, classified: Classified, request: ControlRequest, offsets: dict[str, int]) -> Event:
+    """The event that carries an operator's ``request`` out on a run nobody live owns (the recovery job writes it,
+    in the pass's transaction: two actors fence each other as for RUN_RESUMED; docs/design/decisions/0047):
+
+    * pause → RUN_RESUMED (seq = last + 1, epoch + 1) with ``paused``, no ``assigned_to``: held by nobody;
+    * cancel → RUN_CANCELLED (seq = last + 1, the run's epoch: the dead owner is fenced, a surrendering one gave the
+      epoch up, a paused run has no owner) with the reason, who asked and the request id.
+    """
+    common = {"event_id": new_event_id(), "run_id": state.run_id, "tenant_id": state.tenant_id or "",
+              "seq": state.last_seq + 1, "producer_id": RECOVERY_PRODUCER_ID, "occurred_at": utcnow()}
+    if request.action == "pause":
+        return Event(**common, epoch=state.epoch + 1, type=EventType.RUN_RESUMED, payload={
+            "previous_epoch": state.epoch, "recovered_by": _recovered_by(),
+            "plan_json": plan_summary(classified, previous_epoch=state.epoch, new_epoch=state.epoch + 1,
+                                      offsets=offsets),
+            "assigned_to": None, "requested_by": request.requested_by, "request_reason": request.reason,
+            "request_id": request.request_id, "paused": True})
+    return Event(**common, epoch=state.epoch, type=EventType.RUN_CANCELLED, payload={
+        "reason": request.reason or "cancelled by an operator", "requested_by": request.requested_by,
+        "request_id": request.request_id})
 
 
 class ResumedPublisher:
