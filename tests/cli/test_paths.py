@@ -159,6 +159,9 @@ ELSEWHERE: dict[tuple[str, str | None], str] = {
                                                        "--outcome-commit", "--partitions", "--provider-idempotency",
                                                        "--report", "--runs", "--seed")},
     ("demo", "--fault-times"): "tests/demo/test_faults.py",
+    **{(c, o): "tests/cli/test_control.py" for c in ("cancel", "pause", "resume")
+       for o in (None, "--reason", "--by", "--wait", "--dry-run", "--tenant", "--agent", "--status", "--older-than",
+                 "--limit", "--json")},
     ("demo", "--input"): "tests/campaign/test_campaign.py",
     ("memory serve", None): "tests/consumers/cognition/test_readers.py",
     ("schemas check", "--candidate"): "tests/schemas/test_evolution.py",

@@ -49,6 +49,13 @@ _RECOVERY_KILL = ("before RUN_RESUMED commits: nothing durable happened, the nex
                   "the run is in its assignee's incoming set and the journal names the assignee, so the next pass "
                   "completes the hand-over, or resumes the run again if the assignee died")
 
+_CONTROL_RACE = ("one request per run (a pending cancel stands, a cancel replaces a pending pause, the same action is "
+                 "the same request); the live owner carries it out under the run's lock, or a recovery pass does when "
+                 "nobody live owns the run — two passes fence each other (one commits, the other is `superseded`)")
+_CONTROL_KILL = ("the request stays in Redis until its event is durable: the owner's next step, the next owner after "
+                 "a resume, or the next recovery pass carries it out; a pass killed after its commit finds the run "
+                 "paused or ended and only removes the request")
+
 WRITERS: dict[str, Writer] = {
     # -- the agent's API (sync and async) ------------------------------------------------------------------
     "Journal.start_run": Writer((), "the run id is claimed with SET NX: a second start of one id is RunExistsError",
@@ -165,6 +172,15 @@ WRITERS: dict[str, Writer] = {
     "RunHandle.settle_by_hand": Writer((), _HANDLE_RACE, _HANDLE_KILL,
                                        covered_by="tests/faults/test_settle_by_hand.py"),
     "ApprovalInbox.forget": Writer((), "idempotent", "idempotent", covered_by="tests/consumers/ops/test_erase.py"),
+    # -- operator controls (docs/design/decisions/0047-operator-controls.md) --------------------------------------
+    **{name: Writer(RECOVERY_POINTS, _CONTROL_RACE, _CONTROL_KILL,
+                    covered_by="tests/consumers/ops/test_control.py, tests/cli/test_control.py")
+       for name in ("cli cancel", "cli pause", "cli resume", "Operator.cancel", "Operator.pause", "Operator.resume")},
+    "RunHandle.stop_if_requested": Writer((), _HANDLE_RACE + "; an operator's request is carried out once (the "
+                                          "handle remembers its stop)", _CONTROL_KILL,
+                                          covered_by="tests/consumers/ops/test_control.py"),
+    "AsyncRunHandle.stop_if_requested": Writer((), "as RunHandle.stop_if_requested", _CONTROL_KILL,
+                                               covered_by="tests/consumers/ops/test_control.py"),
 }
 
 READERS: frozenset[str] = frozenset({
@@ -177,6 +193,8 @@ READERS: frozenset[str] = frozenset({
     "FrameworkRecordStore.threads", "JournalCheckpointSaver.get_tuple", "JournalCheckpointSaver.list",
     "JournalCheckpointSaver.get_next_version", "JournalCheckpointSaver.aget_tuple", "JournalCheckpointSaver.alist",
     "JournalSession.get_items", "RecoveryJob.close", "RecoveryJob.unknown_runs",
+    "Journal.request_for", "Journal.request_done", "RunHandle.pending_request", "AsyncRunHandle.pending_request",
+    "Operator.select", "Operator.state", "Operator.close",
     # read-only commands
     "cli inspect", "cli replay", "cli settings", "cli stack up", "cli stack env", "cli stack down", "cli stack status",
     "cli topics create", "cli topics describe", "cli schemas check", "cli schemas publish", "cli memory serve",
@@ -190,5 +208,6 @@ CLASSES = ("runjournal.producers:Journal", "runjournal.producers:RunHandle", "ru
            "runjournal.producers.aio:AsyncRunHandle", "runjournal.producers.approvals:ApprovalInbox",
            "runjournal.adapters:FrameworkRecordStore", "runjournal.adapters:JournalCheckpointSaver",
            "runjournal.adapters:JournalSession", "runjournal.adapters:JournalRuns",
-           "runjournal.adapters:JournalRunHooks", "runjournal.consumers.recovery.job:RecoveryJob")
+           "runjournal.adapters:JournalRunHooks", "runjournal.consumers.recovery.job:RecoveryJob",
+           "runjournal.consumers.ops.control:Operator")
 """Classes whose every public method must be classified (a new method is a new entry point)."""

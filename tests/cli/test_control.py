@@ -1,0 +1,152 @@
+"""``runjournal cancel`` / ``pause`` / ``resume`` as a user runs them (subprocesses, real stack; issue 31).
+
+The run is owned by a live agent process (tests/support/control_child.py) charging in a loop; its ledger (one file
+per idempotency key, one line per execution) is the witness that nothing ran twice and nothing was dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from runjournal.core.settings import Settings
+from runjournal.schemas import EventType
+from tests.cli.test_paths import json_error, rj
+from tests.support.readback import events_of, read_committed
+
+pytestmark = pytest.mark.integration
+
+
+def _agent(env: dict[str, str], run_id: str, ledger: Path, steps: int) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "tests.support.control_child", run_id, f"ag-{uuid.uuid4().hex[:6]}",
+                             str(ledger), str(steps)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def _started(settings: Settings, run_id: str, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any(e.type is EventType.TOOL_CALL_COMMITTED for e in events_of(read_committed(settings), run_id)):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"run {run_id} made no call within {timeout_s} s")
+
+
+def _executions(ledger: Path) -> dict[str, int]:
+    return {p.name: len(p.read_text().splitlines()) for p in ledger.iterdir()}
+
+
+def test_cancel_a_live_agents_run_from_the_command_line(topics: Settings, service_env: dict[str, str],
+                                                        tmp_path: Path) -> None:
+    run_id = f"cli-cancel-{uuid.uuid4().hex[:6]}"
+    agent = _agent(service_env, run_id, tmp_path, steps=10_000)
+    try:
+        _started(topics, run_id)
+        proc, _ = rj(service_env, "cancel", run_id, "--reason", "runaway loop", "--by", "ops@test", "--json",
+                     timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        (result,) = json.loads(proc.stdout)["results"]
+        assert result["outcome"] == "cancelled" and result["seen"] is True, result
+        out, err = agent.communicate(timeout=60)
+        assert agent.returncode == 0, err[-3000:]
+        assert json.loads(out.splitlines()[-1]) == {"stopped": "cancel", "by": "ops@test"}
+    finally:
+        agent.kill()
+    events = events_of(read_committed(topics), run_id)
+    assert events[-1].type is EventType.RUN_CANCELLED and events[-1].payload["requested_by"] == "ops@test"
+    assert all(n == 1 for n in _executions(tmp_path).values())
+    committed = {e.payload["call_id"] for e in events if e.type is EventType.TOOL_CALL_COMMITTED}
+    assert committed == set(_executions(tmp_path)), "every charge that ran is recorded, none recorded that did not run"
+    again, _ = rj(service_env, "cancel", run_id, "--json", timeout=60)
+    assert again.returncode == 1 and "already ended" in json_error(again)["message"]
+
+
+def test_pause_then_resume_from_the_command_line_runs_every_step_once(topics: Settings, service_env: dict[str, str],
+                                                                      tmp_path: Path) -> None:
+    run_id = f"cli-pause-{uuid.uuid4().hex[:6]}"
+    agent = _agent(service_env, run_id, tmp_path, steps=40)
+    try:
+        _started(topics, run_id)
+        proc, _ = rj(service_env, "pause", run_id, "--reason", "budget review", "--json", timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        (paused,) = json.loads(proc.stdout)["results"]
+        assert paused["outcome"] == "paused" and paused["status"] == "PAUSED", paused
+        first = agent.stdout.readline()
+        assert json.loads(first)["stopped"] == "pause"
+        done_before = len(_executions(tmp_path))
+        time.sleep(1.0)
+        assert len(_executions(tmp_path)) == done_before, "nothing runs while the run is paused"
+        twice, _ = rj(service_env, "pause", run_id, "--json", timeout=60)
+        assert twice.returncode == 1 and "paused already" in json_error(twice)["message"]
+        resumed, _ = rj(service_env, "resume", run_id, "--reason", "approved", "--json", timeout=120)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        (result,) = json.loads(resumed.stdout)["results"]
+        assert result["outcome"] == "resumed", result
+        out, err = agent.communicate(timeout=120)
+        assert agent.returncode == 0, err[-3000:]
+        assert json.loads(out.splitlines()[-1]) == {"done": True}
+    finally:
+        agent.kill()
+    runs = _executions(tmp_path)
+    assert len(runs) == 40 and all(n == 1 for n in runs.values()), runs
+    events = events_of(read_committed(topics), run_id)
+    assert events[-1].type is EventType.RUN_SUCCEEDED
+    held = [e for e in events if e.type is EventType.RUN_RESUMED and e.payload.get("paused")]
+    assert len(held) == 1 and held[0].payload["request_reason"] == "budget review"
+
+
+def test_bulk_dry_run_lists_and_changes_nothing_and_usage_errors_are_named(topics: Settings,
+                                                                           service_env: dict[str, str],
+                                                                           tmp_path: Path) -> None:
+    proc, _ = rj(service_env, "cancel", "--json", timeout=60)
+    assert proc.returncode == 2 and json_error(proc)["error"] == "UsageError"
+    proc, _ = rj(service_env, "cancel", "r1", "--tenant", "t", "--json", timeout=60)
+    assert proc.returncode == 2
+    proc, _ = rj(service_env, "pause", "--older-than", "soon", "--json", timeout=60)
+    assert proc.returncode == 2 and "duration" in proc.stderr
+    proc, _ = rj(service_env, "resume", "r1", "--wait", "-1", timeout=60)
+    assert proc.returncode == 2
+    proc, _ = rj(service_env, "cancel", f"nobody-{uuid.uuid4().hex[:6]}", "--json", timeout=60)
+    assert proc.returncode == 1 and "never started" in json_error(proc)["message"]
+    run_id = f"cli-bulk-{uuid.uuid4().hex[:6]}"
+    agent = _agent(service_env, run_id, tmp_path, steps=10_000)
+    try:
+        _started(topics, run_id)
+        # the filters read the runs index: a projector keeps it (the agent writes all the time: run it beside)
+        projector = subprocess.Popen([sys.executable, "-m", "runjournal", "projector"], env=service_env,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline, doc = time.monotonic() + 60, {"results": []}
+        while not doc["results"] and time.monotonic() < deadline:
+            proc, _ = rj(service_env, "cancel", "--agent", "charger", "--status", "running", "--dry-run", "--json",
+                         timeout=60)
+            assert proc.returncode == 0, proc.stderr[-2000:]
+            doc = json.loads(proc.stdout)
+        assert doc["dry_run"] is True and [r["run_id"] for r in doc["results"]] == [run_id]
+        assert doc["results"][0]["outcome"] == "would_cancel"
+        # every filter and option of the three commands, as dry runs (the runs index decides; nothing changes)
+        proc, _ = rj(service_env, "pause", "--tenant", "t", "--older-than", "1s", "--limit", "5", "--by", "ops@test",
+                     "--reason", "r", "--wait", "1", "--dry-run", "--json", timeout=60)
+        assert [r["outcome"] for r in json.loads(proc.stdout)["results"]] == ["would_pause"], proc.stderr[-2000:]
+        proc, _ = rj(service_env, "resume", "--agent", "charger", "--status", "PAUSED", "--tenant", "t",
+                     "--older-than", "1s", "--limit", "5", "--by", "ops@test", "--reason", "r", "--wait", "1",
+                     "--dry-run", "--json", timeout=60)
+        assert json.loads(proc.stdout)["results"] == [], "nothing is paused"
+        proc, _ = rj(service_env, "cancel", "--tenant", "t", "--older-than", "1s", "--limit", "1", "--dry-run",
+                     timeout=60)
+        assert proc.returncode == 0 and "1 run(s) match" in proc.stderr and "would_cancel" in proc.stderr
+        assert agent.poll() is None, "a dry run changes nothing: the agent goes on"
+        proc, _ = rj(service_env, "cancel", "--agent", "charger", "--wait", "30", timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert f"{run_id}: cancelled" in proc.stderr
+        agent.communicate(timeout=60)
+    finally:
+        agent.kill()
+        if "projector" in locals():
+            projector.terminate()
+            projector.wait(30)
