@@ -211,8 +211,11 @@ class TxnPublisher:
                 self._closed = True
                 producer, self._producer = self._producer, None
                 if producer is not None:
-                    producer.flush(timeout_s)
-                    producer.close()
+                    try:
+                        producer.flush(timeout_s)
+                        producer.close()
+                    except (KafkaException, RuntimeError) as exc:  # a fatal producer's flush raises its error:
+                        log.warning("closing the producer: %s", exc)  # the commit's outcome was reported above
 
     def fence_locally(self, reason: str) -> None:
         """The instance's lease lapsed: stop for good, as if fenced at the broker (every later publish raises

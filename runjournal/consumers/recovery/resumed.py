@@ -213,16 +213,25 @@ class ResumedPublisher:
                                        f"{RECOVERY_PRODUCER_ID}: {cause}") from exc
 
     def drop(self) -> None:
-        """Forget the producer; the next pass builds one (``init_transactions`` aborts leftovers)."""
+        """Forget the producer; the next pass builds one (``init_transactions`` aborts leftovers). Never raises: a
+        fenced or failed producer's ``flush`` raises its fatal error (``KafkaException``), which would escape the very
+        handler that reports the fence (two recovery actors at once: the CI failure of 2026-12-03)."""
         producer, self._producer = self._producer, None
         if producer is not None:
-            producer.flush(0)
+            try:
+                producer.purge()  # its records are the aborted transaction's: nothing of them may be sent
+                producer.flush(0)
+            except (KafkaException, RuntimeError) as exc:
+                log.debug("dropping the recovery producer: %s", exc)
 
     def close(self) -> None:
         """Wait for a background initialisation, flush and drop the producer."""
         if self._init is not None:
             self._init.join()
             self._init = None
-        if self._producer is not None:
-            self._producer.flush(10)
-            self._producer = None
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            try:
+                producer.flush(10)
+            except KafkaException as exc:  # fenced or failed after its last transaction: nothing left to send
+                log.warning("closing the recovery producer: %s", exc)
