@@ -250,6 +250,18 @@ def test_decisions_only_with_the_operator_token(consoles: dict[str, str], projec
     assert 'runjournal_console_decisions_total{decision="grant",result="written"} 1.0' in metrics
 
 
+def test_a_denial_from_the_console_is_recorded_with_its_reason(consoles: dict[str, str], projected: Settings) -> None:
+    """The deny form's text is the denial's ``reason`` (issue 35: it was stored as ``comment``), as
+    ``deny --reason``."""
+    inbox = ApprovalInbox(redis.Redis.from_url(projected.redis_url), projected.topic_prefix)
+    done = httpx.post(consoles["token"] + "/runs/r-approval/approvals/send",
+                      data={"decision": "deny", "comment": "not to that address"},
+                      headers={"authorization": f"Bearer {TOKEN}"}, timeout=30)
+    assert done.status_code == 200 and done.json()["written"] is True, done.text
+    decided = inbox.decision("r-approval", "send")
+    assert decided["decision"] == "DENIED" and decided["reason"] == "not to that address" and "comment" not in decided
+
+
 def test_the_operator_token_is_a_masked_setting(service_env: dict[str, str]) -> None:
     shown = subprocess.run([sys.executable, "-m", "runjournal", "settings"], capture_output=True, text=True,
                            env={**service_env, "RUNJOURNAL_CONSOLE_OPERATOR_TOKEN": TOKEN}, timeout=60, check=True)
