@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from runjournal.cli._advisory import console, fail, guarded
+from runjournal.cli._advisory import console, fail, guarded, human_lines
 from runjournal.cli._signals import stop_on_signals
 from runjournal.cli._values import PORT
 
@@ -155,7 +155,7 @@ def stats_command(
         out = guarded(lambda: reader.stats(scope), as_json=as_json)
     finally:
         reader.close()
-    print(json.dumps(out) if as_json else "\n".join(f"{k}: {v}" for k, v in out.items()))
+    print(json.dumps(out) if as_json else human_lines(out))
 
 
 def _scope(tenant: str, user: str | None, agent: str | None, as_json: bool) -> Scope:
