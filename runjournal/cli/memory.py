@@ -65,15 +65,19 @@ def memory_extractor_command(
         extractor = guarded(lambda: MemoryExtractor(settings, store=owner.memory, batch_size=batch_size,
                                                     headroom=headroom), as_json=as_json)
         stop = stop_on_signals()  # before /metrics is announced: a SIGTERM from then on withdraws it (finally)
+        failed: BaseException | None = None
         try:
             if metrics_port is not None:
                 with cli_errors(as_json):  # the port taken: one line naming it (JSON under --json), exit 1
                     _serve_metrics(extractor.metrics, metrics_port, metrics_addr, settings)
             with cli_errors(as_json):  # an outage past the budget, fenced, unauthorised: exit 1 naming it
                 stats = extractor.run(until_caught_up=until_caught_up, stop=stop).as_dict()
+        except BaseException as exc:
+            failed = exc
+            raise
         finally:
-            if extractor.metrics.server is not None:
-                extractor.metrics.server.close()  # withdraws its announcement for the console
+            if extractor.metrics.server is not None:  # the console: withdrawn, or "stopped since …, why"
+                extractor.metrics.server.close(failed)
     finally:
         owner.close()
     if as_json:
