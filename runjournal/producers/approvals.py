@@ -61,11 +61,22 @@ class ApprovalInbox:
         self._keys = RedisKeys(prefix)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> ApprovalInbox:
+    def from_settings(cls, settings: Settings, *, connect_timeout_s: float = 5.0) -> ApprovalInbox:
         """The inbox of ``settings``' prefix on the Redis its URL names (one server or a cluster, ACL user, TLS:
-        ``runjournal.core.redis_client``)."""
+        ``runjournal.core.redis_client``), once that Redis answered a PING.
+
+        Args:
+            settings: the Redis URL, user and TLS files, and the prefix.
+            connect_timeout_s: how long the PING may take, seconds (default 5).
+
+        Raises:
+            StackUnavailableError: no Redis answers at ``settings.redis_url`` within ``connect_timeout_s`` (the message
+                names ``RUNJOURNAL_REDIS_URL`` and ``runjournal stack up``).
+            ConfigError: Redis refused the login, the ACL user or the TLS handshake (the settings named).
+        """
         from runjournal.core import redis_client
 
+        redis_client.probe(settings, timeout_s=connect_timeout_s)
         return cls(redis_client.client(settings), settings.topic_prefix)
 
     def key(self, run_id: str) -> str:
