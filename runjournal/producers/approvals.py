@@ -73,9 +73,12 @@ class ApprovalInbox:
             StackUnavailableError: no Redis answers at ``settings.redis_url`` within ``connect_timeout_s`` (the message
                 names ``RUNJOURNAL_REDIS_URL`` and ``runjournal stack up``).
             ConfigError: Redis refused the login, the ACL user or the TLS handshake (the settings named).
+            ValueError: ``connect_timeout_s`` is not positive.
         """
         from runjournal.core import redis_client
 
+        if connect_timeout_s <= 0:
+            raise ValueError(f"connect_timeout_s must be > 0, got {connect_timeout_s}")
         redis_client.probe(settings, timeout_s=connect_timeout_s)
         return cls(redis_client.client(settings), settings.topic_prefix)
 

@@ -165,7 +165,7 @@ class Journal:
         JournalError: no free incarnation of ``producer_id`` (16 live leases hold the next ids).
         InvalidIdError: ``producer_id`` breaks its rules (``#``, braces, a control character …), before the lease.
         ValueError: ``outcome_commit`` is neither ``group`` nor ``strict``;
-            ``outcome_linger_ms`` is not positive.
+            ``outcome_linger_ms`` or ``connect_timeout_s`` is not positive.
         redis.RedisError: a given ``redis_client`` is unreachable.
     """
 
@@ -213,6 +213,8 @@ class Journal:
             raise ValueError(f"outcome_commit must be 'group' or 'strict', got {mode!r}")
         if outcome_linger_ms <= 0:
             raise ValueError(f"outcome_linger_ms must be > 0, got {outcome_linger_ms}")
+        if connect_timeout_s <= 0:
+            raise ValueError(f"connect_timeout_s must be > 0, got {connect_timeout_s}")
         if probe_redis:  # a Redis that does not answer: named within connect_timeout_s, not a redis-py traceback
             from runjournal.core import redis_client as redis_clients
 

@@ -54,3 +54,12 @@ def test_broker_down_is_named_within_seconds_and_leaves_no_live_instance(setting
     assert elapsed < 15, f"{elapsed:.1f} s to say the broker is missing (it was ~30 s)"
     lease = RedisKeys(settings.topic_prefix).lease("lonely")
     assert not redis_client.client(settings).exists(lease), "a Journal that failed to start left its lease behind"
+
+
+def test_a_connect_timeout_must_be_positive(settings: Settings) -> None:
+    from runjournal import ApprovalInbox, Journal
+
+    with pytest.raises(ValueError, match="connect_timeout_s"):
+        Journal(settings, producer_id="never", connect_timeout_s=0)
+    with pytest.raises(ValueError, match="connect_timeout_s"):
+        ApprovalInbox.from_settings(settings, connect_timeout_s=-1)
