@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 __version__: str  # the installed version, read on first use: importing importlib.metadata takes tens of ms
 
 _EXPORTS: dict[str, str] = {
-    **dict.fromkeys(["ConfigError", "RunjournalError"], "runjournal.core.errors"),
+    **dict.fromkeys(["ConfigError", "RunjournalError", "StackUnavailableError"], "runjournal.core.errors"),
     "Settings": "runjournal.core.settings",
     **dict.fromkeys(
         [
@@ -99,6 +99,7 @@ __all__ = [
     "RunjournalError",
     "SchemaError",
     "Settings",
+    "StackUnavailableError",
     "Tool",
     "ToolOutcomeUnknownError",
     "TopicNotFoundError",

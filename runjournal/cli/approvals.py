@@ -43,8 +43,9 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _decide(run_id: str, call_id: str, *, granted: bool, approver: str | None, comment: str | None,
+def _decide(run_id: str, call_id: str, *, granted: bool, approver: str | None, note: str | None,
             as_json: bool) -> None:
+    """Submit the decision (``note``: a grant's comment, a denial's reason) and print it."""
     from runjournal.cli._errors import cli_errors
     from runjournal.consumers.ops.approvals import submit_decision
     from runjournal.consumers.runtime.topic_identity import preflight
@@ -54,14 +55,15 @@ def _decide(run_id: str, call_id: str, *, granted: bool, approver: str | None, c
     with cli_errors(as_json):  # ApprovalRefusedError included: exit 1, nothing written
         preflight(settings)
         out = submit_decision(settings, run_id, call_id, granted=granted, approver=approver or _os_user(),
-                              comment=comment)
+                              **({"comment": note} if granted else {"reason": note}))
     if as_json:
         print(json.dumps(out))
     else:
         args = "" if out.get("args") is None else f" with arguments {json.dumps(out['args'], ensure_ascii=False)}"
-        console.print(f"{out['decision']} {call_id} of run {run_id} ({out['tool'] or 'no tool'}{args}: "
-                      f"{out['reason']}) by {out['approver']}: {_WHAT[out['decision']]}; the run's owner journals it",
-                      markup=False, highlight=False)
+        said = out["comment"] if granted else out["reason"]
+        console.print(f"{out['decision']} {call_id} of run {run_id} ({out['tool'] or 'no tool'}{args}, asked because: "
+                      f"{out['request_reason']}) by {out['approver']}{f' ({said})' if said else ''}: "
+                      f"{_WHAT[out['decision']]}; the run's owner journals it", markup=False, highlight=False)
 
 
 def _os_user() -> str:
@@ -80,18 +82,19 @@ def approve_command(
 ) -> None:
     """Grant a pending approval: the run's owner runs the call again (same idempotency key). Exits 1 (nothing
     written) when the run has no such pending approval. If the effect already happened, use settle instead."""
-    _decide(run_id, call_id, granted=True, approver=approver, comment=comment, as_json=as_json)
+    _decide(run_id, call_id, granted=True, approver=approver, note=comment, as_json=as_json)
 
 
 def deny_command(
     run_id: Annotated[str, typer.Argument(help="The run.")],
     call_id: Annotated[str, typer.Argument(help="The call_id of its pending APPROVAL_REQUESTED.")],
-    reason: Annotated[str | None, typer.Option("--reason", help="Recorded with APPROVAL_DENIED.")] = None,
+    reason: Annotated[str | None, typer.Option("--reason",
+                                               help="Why: recorded as the reason of APPROVAL_DENIED.")] = None,
     approver: Annotated[str | None, typer.Option("--approver", help="Who denies (default: the OS user).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the decision as JSON.")] = False,
 ) -> None:
     """Deny a pending approval; exits 1 (nothing written) when the run has no such pending approval."""
-    _decide(run_id, call_id, granted=False, approver=approver, comment=reason, as_json=as_json)
+    _decide(run_id, call_id, granted=False, approver=approver, note=reason, as_json=as_json)
 
 
 def _json_result(text: str) -> object:

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from runjournal.cli._advisory import console, guarded
+from runjournal.cli._advisory import console, guarded, human_lines
 
 __all__ = ["knowledge_app"]
 
@@ -92,4 +92,5 @@ def stats_command(as_json: Annotated[bool, typer.Option("--json", help="Print JS
         out = guarded(reader.stats, as_json=as_json)
     finally:
         reader.close()
-    print(json.dumps(out) if as_json else "\n".join(f"{k}: {v}" for k, v in out.items()))
+    print(json.dumps(out) if as_json else human_lines(out, units={"documents": "active sections",
+                                                                  "corpora": "active passages"}))

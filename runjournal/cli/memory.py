@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from runjournal.cli._advisory import console, fail, guarded
+from runjournal.cli._advisory import console, fail, guarded, human_lines
 from runjournal.cli._signals import stop_on_signals
 from runjournal.cli._values import PORT
 
@@ -65,15 +65,19 @@ def memory_extractor_command(
         extractor = guarded(lambda: MemoryExtractor(settings, store=owner.memory, batch_size=batch_size,
                                                     headroom=headroom), as_json=as_json)
         stop = stop_on_signals()  # before /metrics is announced: a SIGTERM from then on withdraws it (finally)
+        failed: BaseException | None = None
         try:
             if metrics_port is not None:
                 with cli_errors(as_json):  # the port taken: one line naming it (JSON under --json), exit 1
                     _serve_metrics(extractor.metrics, metrics_port, metrics_addr, settings)
             with cli_errors(as_json):  # an outage past the budget, fenced, unauthorised: exit 1 naming it
                 stats = extractor.run(until_caught_up=until_caught_up, stop=stop).as_dict()
+        except BaseException as exc:
+            failed = exc
+            raise
         finally:
-            if extractor.metrics.server is not None:
-                extractor.metrics.server.close()  # withdraws its announcement for the console
+            if extractor.metrics.server is not None:  # the console: withdrawn, or "stopped since …, why"
+                extractor.metrics.server.close(failed)
     finally:
         owner.close()
     if as_json:
@@ -155,7 +159,7 @@ def stats_command(
         out = guarded(lambda: reader.stats(scope), as_json=as_json)
     finally:
         reader.close()
-    print(json.dumps(out) if as_json else "\n".join(f"{k}: {v}" for k, v in out.items()))
+    print(json.dumps(out) if as_json else human_lines(out))
 
 
 def _scope(tenant: str, user: str | None, agent: str | None, as_json: bool) -> Scope:

@@ -55,14 +55,18 @@ def projector_command(
             err_console.print(f"rebuild: wiped {deleted} Redis keys of prefix {settings.topic_prefix}; "
                               "replaying from the earliest offset")
         stop = stop_on_signals()  # before /metrics is announced: a SIGTERM from then on withdraws it (finally)
+        failed: BaseException | None = None
         try:
             if metrics_port is not None:
                 projector.metrics.serve(metrics_port, addr=metrics_addr, redis_client=projector.redis,
                                         prefix=settings.topic_prefix)
             stats = projector.run(until_caught_up=until_caught_up, stop=stop)
+        except BaseException as exc:
+            failed = exc
+            raise
         finally:
-            if projector.metrics.server is not None:
-                projector.metrics.server.close()  # withdraws its announcement for the console
+            if projector.metrics.server is not None:  # the console: withdrawn, or "stopped since …, why" (fenced …)
+                projector.metrics.server.close(failed)
     out = stats.as_dict()
     if as_json:
         print(json.dumps(out))

@@ -60,6 +60,7 @@ def recover_command(
         job.close()
         raise
     idle = False
+    failed: BaseException | None = None
     try:
         _refuse_unknown(job, instance=instance, runs=run or [], as_json=as_json)  # before any pass
         while not stop.is_set():
@@ -82,8 +83,11 @@ def recover_command(
             if watch is None:
                 break
             stop.wait(watch)
+    except BaseException as exc:
+        failed = exc
+        raise
     finally:
-        observed.close()
+        observed.close(failed)
         job.close()
 
 
@@ -116,9 +120,10 @@ class _Observed:
         self.metrics.observe_backlog(recovery_backlog(self.job.redis, self.job.settings.topic_prefix,
                                                       self._partitions))
 
-    def close(self) -> None:
+    def close(self, failed: BaseException | None) -> None:
+        """Stop /metrics: withdrawn after a clean stop, a "stopped since …, why" marker after ``failed``."""
         if self.metrics is not None and self.metrics.server is not None:
-            self.metrics.server.close()
+            self.metrics.server.close(failed)
 
 
 def _refuse_unknown(job: Any, *, instance: str | None, runs: list[str], as_json: bool) -> None:

@@ -6,7 +6,8 @@ Routes:
   holds no lease), most urgent first; ``GET /api/runs`` as JSON.
 * ``GET /runs/{run_id}`` — timeline (seq, epoch, offset), epochs, execution records by class, approvals, memory;
   ``GET /api/runs/{run_id}`` as JSON.
-* ``POST /runs/{run_id}/approvals/{call_id}`` — ``decision=grant|deny`` (+ ``comment``, ``csrf``): operators only
+* ``POST /runs/{run_id}/approvals/{call_id}`` — ``decision=grant|deny|executed`` (+ ``comment``: a grant's comment,
+  a denial's reason — or ``reason`` —, ``result`` for ``executed``, ``csrf``): operators only
   (``runjournal.console.auth``); 403 on a console started without a token, 401 without valid credentials.
 * ``GET /lag`` — projector, memory and recovery lag from the services' ``/metrics`` and the recovery backlog.
 * ``GET|POST /login``, ``POST /logout`` — operator sign-in (only with a token).
@@ -224,6 +225,7 @@ class _Console:
         if decision not in ("grant", "deny", "executed"):
             return PlainTextResponse("decision must be grant (run the call again), deny (never) or executed (it "
                                      "happened: record the result)", status_code=400)
+        note = _text(form.get("reason")) or _text(form.get("comment")) or None
         try:
             if decision == "executed":  # settled by hand: the result is JSON the operator typed
                 try:
@@ -231,12 +233,13 @@ class _Console:
                 except ValueError as exc:  # NonCanonicalValueError included (a number past 64 bits)
                     return PlainTextResponse(f"refused: the result is not JSON ({exc})", status_code=400)
                 await run_in_threadpool(submit_settlement, self.config.settings, run_id, call_id, result=result,
-                                        approver=self.auth.approver(request),
-                                        comment=_text(form.get("comment")) or None, redis_client=self.data.redis)
-            else:
+                                        approver=self.auth.approver(request), comment=note,
+                                        redis_client=self.data.redis)
+            else:  # the one text field is a grant's comment, a denial's reason (as approve --comment, deny --reason)
                 await run_in_threadpool(submit_decision, self.config.settings, run_id, call_id,
                                         granted=decision == "grant", approver=self.auth.approver(request),
-                                        comment=_text(form.get("comment")) or None, redis_client=self.data.redis)
+                                        **({"comment": note} if decision == "grant" else {"reason": note}),
+                                        redis_client=self.data.redis)
         except ApprovalRefusedError as exc:
             self.metrics.decisions.labels(decision, "refused").inc()
             return PlainTextResponse(f"refused: {exc}", status_code=409)

@@ -1,7 +1,8 @@
 """Projector, memory and recovery lag as the services export it: their ``/metrics``, scraped by the console.
 
 A service that stopped announcing without withdrawing (killed) stays on the page as missing, with since when, for
-:data:`MISSING_SHOWN_S`; one that stopped cleanly withdrew its entry.
+:data:`MISSING_SHOWN_S`; so does one that stopped on an error (fenced, a dependency away past its budget), as
+stopped, with since when and why; one that stopped cleanly (SIGTERM, Ctrl-C) withdrew its entry.
 
 Where the endpoints come from: the services started with ``--metrics-port`` announce themselves in Redis
 (``runjournal.core.metrics.announced_endpoints``), plus any ``--scrape URL`` given to ``runjournal console``.
@@ -16,6 +17,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -27,7 +29,8 @@ from runjournal.core.metrics import announced_endpoints
 __all__ = ["MISSING_SHOWN_S", "Endpoint", "LagBoard", "LagView"]
 
 MISSING_SHOWN_S = 3600.0
-"""How long a service that stopped announcing without withdrawing is shown as missing (s); older entries are not."""
+"""How long a service that stopped announcing without withdrawing is shown as missing, or one that stopped on an error
+as stopped (s); older entries are not."""
 
 #: The figures shown per service: (metric, how to fold its samples, label on the page, unit).
 FIGURES: dict[str, list[tuple[str, str, str, str]]] = {
@@ -62,6 +65,11 @@ class Endpoint:
     missing_s: float | None = None
     """Seconds since a service that stopped announcing without withdrawing last did (killed, or cut off from
     Redis): shown as missing, not scraped; None for a service that announces."""
+    stopped: str | None = None
+    """Why a service that stopped on an error stopped (the error, one line): shown as stopped, not scraped; None
+    otherwise."""
+    stopped_s: float | None = None
+    """Seconds since it stopped on that error."""
 
 
 @dataclass
@@ -93,6 +101,15 @@ def _fold(samples: list[Any], how: str, now: float) -> float | None:
     if how == "age":
         return max(0.0, now - max(values))
     return sum(values)
+
+
+def _stopped(entry: dict[str, Any]) -> Endpoint:
+    """The row of a service that stopped on an error: since when (UTC, and how long ago) and why."""
+    since = datetime.fromtimestamp(float(entry["stopped_at_ms"]) / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return Endpoint(service=str(entry["service"]), url=str(entry["url"]), stopped=str(entry["stopped"]),
+                    stopped_s=float(entry["stopped_s"]),
+                    error=f"stopped since {since} UTC ({entry['stopped_s']:.0f} s ago), pid {entry.get('pid')} on "
+                          f"{entry.get('host')}: {entry['stopped']}")
 
 
 def _service_of(families: dict[str, list[Any]], given: str) -> str:
@@ -133,13 +150,14 @@ class LagBoard:
             if self._cached is not None and time.time() - self._cached.at < self.ttl_s:
                 return self._cached
             announced = announced_endpoints(self.redis, self.prefix, missing_for_s=MISSING_SHOWN_S)
-            targets = [(str(e["service"]), str(e["url"])) for e in announced if not e["missing"]]
+            targets = [(str(e["service"]), str(e["url"])) for e in announced if not e["missing"] and not e["stopped"]]
             targets += [("scraped", url) for url in self.extra_urls if url not in {u for _s, u in targets}]
             endpoints = list(self._pool.map(lambda t: self._scrape(*t), targets))
             endpoints += [Endpoint(service=str(e["service"]), url=str(e["url"]), missing_s=float(e["age_s"]),
                                    error=f"missing: last announced {e['age_s']:.0f} s ago by pid {e.get('pid')} on "
                                          f"{e.get('host')} — it stopped without withdrawing (killed, or cut off from "
                                          "Redis)") for e in announced if e["missing"]]
+            endpoints += [_stopped(e) for e in announced if e["stopped"]]
             try:
                 backlog, error = recovery_backlog(self.redis, self.prefix, self.partitions()), None
             except Exception as exc:  # noqa: BLE001 - shown on the page instead

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "PortInUseError", "RunjournalError", "bind_error"]
+__all__ = ["ConfigError", "PortInUseError", "RunjournalError", "StackUnavailableError", "bind_error"]
 
 
 class RunjournalError(Exception):
@@ -11,6 +11,23 @@ class RunjournalError(Exception):
 
 class ConfigError(RunjournalError):
     """A setting is missing or invalid; the message names the ``RUNJOURNAL_*`` variable."""
+
+
+class StackUnavailableError(RunjournalError):
+    """Kafka or Redis does not answer where the settings say (``RUNJOURNAL_BOOTSTRAP``, ``RUNJOURNAL_REDIS_URL``);
+    the one-line message names the setting and ``runjournal stack up``, the command that starts a local stack.
+
+    Raised within seconds by the commands' preflight and by the library's entry points (``Journal``,
+    ``ApprovalInbox.from_settings``) instead of a client's own error after its long timeout.
+
+    Attributes:
+        cause: the client's error (its text is in the message). Kept here, not chained as ``__cause__``: a traceback
+            shows the fix, not the client's internals.
+    """
+
+    def __init__(self, message: str, cause: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.cause = cause
 
 
 class PortInUseError(RunjournalError):

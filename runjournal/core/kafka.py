@@ -28,7 +28,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Literal
 
-from runjournal.core.errors import ConfigError
+from runjournal.core.errors import ConfigError, StackUnavailableError
 from runjournal.core.logs import RepeatFilter
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -38,7 +38,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from runjournal.core.settings import Settings
 
 __all__ = ["ACCESS_HINTS", "KAFKA_LOGGER", "Role", "admin_client", "check_access", "client_config", "consumer",
-           "producer"]
+           "no_broker", "producer", "refused"]
 
 #: The Python logger librdkafka's log lines are forwarded to; a repeated line passes once a minute, with its count
 #: (``runjournal.core.logs.RepeatFilter``): a broker that stays away is one line, not one per reconnect.
@@ -148,3 +148,19 @@ def check_access(settings: Settings, *, timeout_s: float = 30.0) -> int:
                 code = refused or "_TRANSPORT"
                 detail = next((e.str() for e in seen if e.name() == code), str(exc.args[0]))
                 raise ConfigError(f"Kafka at {settings.bootstrap}: {detail} — {ACCESS_HINTS[code]}") from exc
+
+
+def no_broker(bootstrap: str, timeout_s: float, cause: BaseException | None = None) -> StackUnavailableError:
+    """The error of a metadata request no broker at ``bootstrap`` answered within ``timeout_s`` seconds (the commands'
+    preflight and a starting ``Journal``): it names ``runjournal stack up`` and ``RUNJOURNAL_BOOTSTRAP``."""
+    return StackUnavailableError(f"no Kafka broker answers at {bootstrap} within {timeout_s:.0f} s: start the local "
+                                 "stack with `runjournal stack up` (or set RUNJOURNAL_BOOTSTRAP)", cause)
+
+
+def refused(bootstrap: str, codes: list[str]) -> ConfigError | None:
+    """A :class:`ConfigError` naming the settings to check when ``codes`` (librdkafka errors a client reported
+    through its ``error_cb`` while it failed to connect) hold a refused login or TLS handshake; None otherwise (the
+    broker is away: :func:`no_broker`)."""
+    code = next((c for c in ("_AUTHENTICATION", "_SSL") if c in codes), None)
+    return None if code is None else ConfigError(f"Kafka at {bootstrap} refused the connection ({code}): "
+                                                 f"{ACCESS_HINTS[code]}")

@@ -100,16 +100,26 @@ def set_level_override(level: str | None) -> None:
     _override = level.upper() if level else None
 
 
-def setup_logging(default: str = "WARNING") -> str:
+def setup_logging(default: str = "WARNING", *, level: str | None = None) -> str:
     """Send every ``runjournal.*`` logger (librdkafka's included) to stderr as JSON lines.
+
+    A program that embeds the journal and configures logging itself does not call this: librdkafka's lines reach
+    its handlers through the ``runjournal.kafka`` logger (``runjournal.core.kafka``) like any other record.
 
     Args:
         default: the level when neither ``--log-level`` nor ``RUNJOURNAL_LOG_LEVEL`` set one.
+        level: ``RUNJOURNAL_LOG_LEVEL`` as a process started without the command line reads it
+            (``Settings.log_level``: the demo's agents and recovery service); ``--log-level`` wins over it.
 
     Returns:
         The level applied.
+
+    Raises:
+        ValueError: ``level`` is not one of :data:`LEVELS`.
     """
-    level = _override or default.upper()
+    if level is not None and level.upper() not in LEVELS:
+        raise ValueError(f"log level {level!r} is not one of {', '.join(LEVELS)}")
+    level = _override or (level.upper() if level else None) or default.upper()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
     log = logging.getLogger("runjournal")

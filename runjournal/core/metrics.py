@@ -16,8 +16,9 @@ collector are the same everywhere:
   journals in one host application's registry), and a second declaration with another type or other labels
   raises ``ValueError`` instead of exporting two meanings under one name.
 * **Endpoints**: :func:`serve` exposes a registry on ``/metrics`` in a daemon thread; with a Redis client it
-  also announces itself under ``rj:{prefix}:metrics:endpoints`` (refreshed every few seconds, removed on close)
-  so ``runjournal console`` can find and scrape the services of a prefix (:func:`announced_endpoints`).
+  also announces itself under ``rj:{prefix}:metrics:endpoints`` (refreshed every few seconds; removed when the
+  service stops cleanly, turned into a "stopped since …, why" marker when it stops on an error) so
+  ``runjournal console`` can find and scrape the services of a prefix (:func:`announced_endpoints`).
 
 prometheus-client is imported lazily, inside these functions: the core install (an agent embedding the
 journal) does not need it until metrics are enabled.
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 __all__ = ["LATENCY_BUCKETS_S", "LAG_BUCKETS_S", "MetricsServer", "announced_endpoints", "check_name", "counter",
-           "endpoints_key", "gauge", "histogram", "new_registry", "serve"]
+           "endpoints_key", "gauge", "histogram", "new_registry", "serve", "stop_reason"]
 
 #: Buckets of latency histograms (batch apply, commit, publish), seconds: 0.5 ms … 10 s.
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -181,6 +182,7 @@ class MetricsServer:
         self.service = service
         self._server = server
         self._stop = threading.Event()
+        self._lock = threading.Lock()  # an announcement never lands after the stop's withdrawal or marker
         self._redis: Any = redis_client if prefix is not None else None
         self._prefix = prefix or ""
         self._field = f"{service}@{socket.gethostname()}:{os.getpid()}:{self.port}"
@@ -194,26 +196,71 @@ class MetricsServer:
         host = "127.0.0.1" if self.addr in ("0.0.0.0", "", "::") else self.addr
         return f"http://{host}:{self.port}/metrics"
 
+    def _entry(self, **extra: Any) -> str:
+        return json.dumps({"service": self.service, "url": self.url, "host": socket.gethostname(),
+                           "pid": os.getpid(), "seen_at_ms": int(time.time() * 1000), **extra})
+
     def _announce(self) -> None:
-        value = json.dumps({"service": self.service, "url": self.url, "host": socket.gethostname(),
-                            "pid": os.getpid(), "seen_at_ms": int(time.time() * 1000)})
-        with contextlib.suppress(Exception):  # a missed refresh only ages the entry; metrics are still served
-            self._redis.hset(endpoints_key(self._prefix), self._field, value)
+        with self._lock:
+            if self._stop.is_set():
+                return
+            with contextlib.suppress(Exception):  # a missed refresh only ages the entry; metrics are still served
+                self._redis.hset(endpoints_key(self._prefix), self._field, self._entry())
 
     def _keep_announcing(self) -> None:
         while not self._stop.wait(_ANNOUNCE_EVERY_S):
             self._announce()
 
-    def close(self) -> None:
-        """Stop serving and remove the announcement (best effort; an unremoved one ages out). Idempotent."""
-        self._stop.set()
-        if self._redis is not None:
-            with contextlib.suppress(Exception):
-                self._redis.hdel(endpoints_key(self._prefix), self._field)
+    def close(self, error: BaseException | None = None) -> None:
+        """Stop serving. A clean stop (``error`` None, Ctrl-C, an exit with status 0) removes the announcement; a
+        stop on an error (fenced, a dependency away past its budget, any exception leaving the service) replaces it
+        with a marker ``stopped_at_ms`` + ``stopped`` (the error, one line), which the console shows as "stopped
+        since …, why" for as long as it shows a missing service (:func:`announced_endpoints`). Best effort (an
+        unremoved entry ages out); idempotent.
+
+        Args:
+            error: the exception the service is leaving with, if any; a ``SystemExit`` or a CLI exit carrying
+                another exception as its cause is read through to that cause.
+        """
+        why = stop_reason(error)
+        with self._lock:
+            already = self._stop.is_set()
+            self._stop.set()
+            if self._redis is not None and not already:
+                with contextlib.suppress(Exception):
+                    if why is None:
+                        self._redis.hdel(endpoints_key(self._prefix), self._field)
+                    else:
+                        self._redis.hset(endpoints_key(self._prefix), self._field,
+                                         self._entry(stopped_at_ms=int(time.time() * 1000), stopped=why))
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+def stop_reason(error: BaseException | None) -> str | None:
+    """Why a service stopped, as the one line :meth:`MetricsServer.close` records; None for a clean stop (no error,
+    ``KeyboardInterrupt``, ``SystemExit`` or a CLI exit with status 0). An exit that carries another exception as its
+    cause (the ``typer.Exit`` a command raises after reporting an error) is read through to the cause."""
+    for _ in range(5):
+        if error is None or isinstance(error, KeyboardInterrupt):
+            return None
+        code = error.code if isinstance(error, SystemExit) else getattr(error, "exit_code", _NOT_AN_EXIT)
+        if code is not _NOT_AN_EXIT:  # SystemExit, click's (typer's) Exit
+            if error.__cause__ is not None:
+                error = error.__cause__
+                continue
+            return None if code in (0, None) else f"exited with status {code}"
+        text = " ".join(str(error).split())
+        line = f"{type(error).__name__}: {text}" if text else type(error).__name__
+        return line if len(line) <= _REASON_CHARS else line[:_REASON_CHARS - 1] + "…"
+    return None
+
+
+_NOT_AN_EXIT = object()
+#: The longest stop reason recorded, characters.
+_REASON_CHARS = 500
 
 
 def serve(registry: CollectorRegistry, port: int, *, service: str, addr: str = "0.0.0.0",
@@ -245,14 +292,17 @@ def serve(registry: CollectorRegistry, port: int, *, service: str, addr: str = "
 def announced_endpoints(redis_client: Any, prefix: str, *, max_age_s: float = 20.0,
                         missing_for_s: float = 0.0) -> list[dict[str, Any]]:
     """The ``/metrics`` endpoints announced for ``prefix`` and refreshed within ``max_age_s`` seconds — and, with
-    ``missing_for_s``, those that stopped refreshing less than that long ago without withdrawing (a service killed,
-    or cut off from Redis), marked ``"missing": True`` with their ``"age_s"``: the console shows them as missing
-    instead of letting them vanish. A service that stops cleanly withdraws its entry.
+    ``missing_for_s``, for that many seconds after they went: those that stopped refreshing without withdrawing (a
+    service killed, or cut off from Redis), marked ``"missing": True`` with their ``"age_s"``, and those that stopped
+    on an error (fenced, a dependency away past its budget: :meth:`MetricsServer.close`), with ``"stopped"`` (why)
+    and ``"stopped_s"``. The console shows both instead of letting them vanish. A service that stops cleanly
+    withdraws its entry.
 
     Returns:
-        ``[{"service", "url", "host", "pid", "seen_at_ms", "missing", "age_s"}]`` sorted by service then url; an
-        endpoint on this host is given with a loopback URL. ``age_s``: seconds since its last refresh by this host's
-        clock against the announcer's (display only: nothing is decided from it).
+        ``[{"service", "url", "host", "pid", "seen_at_ms", "missing", "age_s", "stopped", "stopped_s"}]`` sorted by
+        service then url (``stopped`` and ``stopped_s`` None unless it stopped on an error; ``missing`` False then);
+        an endpoint on this host is given with a loopback URL. ``age_s`` and ``stopped_s``: seconds since its last
+        refresh or its stop by this host's clock against the announcer's (display only: nothing is decided from it).
     """
     now_ms = time.time() * 1000
     here = socket.gethostname()
@@ -263,8 +313,13 @@ def announced_endpoints(redis_client: Any, prefix: str, *, max_age_s: float = 20
         except ValueError:
             continue
         age_s = max(0.0, (now_ms - float(entry.get("seen_at_ms", 0))) / 1000)
-        entry["age_s"], entry["missing"] = age_s, age_s > max_age_s
-        if entry["missing"] and not age_s < missing_for_s:
+        stopped_at = entry.get("stopped_at_ms")
+        stopped_s = None if stopped_at is None else max(0.0, (now_ms - float(stopped_at)) / 1000)
+        entry["age_s"], entry["missing"] = age_s, stopped_s is None and age_s > max_age_s
+        entry["stopped"] = (entry.get("stopped") or "stopped on an error") if stopped_s is not None else None
+        entry["stopped_s"] = stopped_s
+        gone_s = stopped_s if stopped_s is not None else (age_s if entry["missing"] else None)
+        if gone_s is not None and not gone_s < missing_for_s:
             continue
         if entry.get("host") != here and "://127.0.0.1:" in str(entry.get("url")):
             entry["url"] = str(entry["url"]).replace("127.0.0.1", str(entry.get("host")), 1)

@@ -27,13 +27,13 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from runjournal.core._redis_url import RedisTarget, parse_redis_url
-from runjournal.core.errors import ConfigError
+from runjournal.core.errors import ConfigError, StackUnavailableError
 
 if TYPE_CHECKING:  # pragma: no cover
     from runjournal.core.settings import Settings
 
 __all__ = ["ACCESS_HINTS", "access_problem", "check_access", "client", "delete_matching", "is_cluster", "nodes",
-           "scan_keys"]
+           "probe", "scan_keys"]
 
 #: What a refused connection means → the settings that fix it (waiting never heals these).
 ACCESS_HINTS = {
@@ -235,3 +235,22 @@ def check_access(settings: Settings, *, timeout_s: float = 5.0) -> None:
         raise
     finally:
         probe.close()
+
+
+def probe(settings: Settings, *, timeout_s: float = 3.0) -> None:
+    """:func:`check_access`, with an unreachable Redis as :class:`StackUnavailableError` naming ``runjournal stack up``
+    and ``RUNJOURNAL_REDIS_URL``: what the commands' preflight and the library's entry points (``Journal``,
+    ``ApprovalInbox.from_settings``) check before their first Redis call, so the answer comes within ``timeout_s``
+    seconds, named, instead of a redis-py traceback.
+
+    Raises:
+        StackUnavailableError: no Redis answers at ``settings.redis_url`` within ``timeout_s`` seconds.
+        ConfigError: Redis refused the login, the ACL user or the TLS handshake (see :data:`ACCESS_HINTS`).
+    """
+    from redis.exceptions import RedisClusterException, RedisError
+
+    try:
+        check_access(settings, timeout_s=timeout_s)
+    except (RedisError, RedisClusterException) as exc:
+        raise StackUnavailableError(f"no Redis answers at {settings.masked()['redis_url']}: start the local stack "
+                                    f"with `runjournal stack up` (or set RUNJOURNAL_REDIS_URL): {exc}", exc) from None

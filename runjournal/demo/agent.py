@@ -34,6 +34,7 @@ from tenacity import retry, retry_if_exception, stop_after_delay, wait_exponenti
 
 from runjournal.consumers.context import Context, ContextManager
 from runjournal.core import dependency_errors, redis_client
+from runjournal.core.logs import setup_logging
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.demo.tools import ProviderTool, RecordedTool
@@ -225,6 +226,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.clock_skew_s:
         skew_wall_clock(args.clock_skew_s)
     settings = Settings.load()
+    setup_logging("WARNING", level=settings.log_level)  # JSON lines, librdkafka's too (runjournal.kafka)
     scripts = load_scripts(args.workload)
     r = redis_client.client(settings)
     keys = DemoKeys(settings.topic_prefix)

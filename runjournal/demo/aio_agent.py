@@ -76,8 +76,8 @@ async def aexecute(handle: AsyncRunHandle, script: RunScript, *, provider_url: s
         await handle.fail("recorded outcome: reward 0.0")
 
 
-async def run(args: argparse.Namespace) -> None:
-    settings = Settings.load()
+async def run(args: argparse.Namespace, settings: Settings) -> None:
+    """Take runs from the queue (and assignments) until the workload is done; print the cancellation counts."""
     scripts = load_scripts(args.workload)
     r = redis_client.client(settings)
     keys = DemoKeys(settings.topic_prefix)
@@ -123,8 +123,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lease-ttl-ms", type=int, default=3000)
     ap.add_argument("--acks", type=Path, default=None)
     ap.add_argument("--cancel-every", type=int, default=3, help="cancel every N-th tool call's task twice (0: never)")
-    setup_logging("WARNING")
-    asyncio.run(run(ap.parse_args(argv)))
+    args = ap.parse_args(argv)
+    settings = Settings.load()
+    setup_logging("WARNING", level=settings.log_level)  # JSON lines, librdkafka's too (runjournal.kafka)
+    asyncio.run(run(args, settings))
 
 
 if __name__ == "__main__":

@@ -120,10 +120,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--reports", required=True, type=Path)
     ap.add_argument("--interval", type=float, default=0.5)
     args = ap.parse_args(argv)
-    setup_logging("WARNING")
+    settings = Settings.load()
+    setup_logging("WARNING", level=settings.log_level)  # JSON lines, librdkafka's too (runjournal.kafka)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    DemoRecovery(Settings.load(), args.reports).run(args.interval, stop)
+    DemoRecovery(settings, args.reports).run(args.interval, stop)
 
 
 if __name__ == "__main__":

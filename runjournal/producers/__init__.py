@@ -9,6 +9,7 @@ protocol, § Topic layout and § Zombies: fence first, then read are the rules i
 import warnings
 from typing import Any
 
+from runjournal.core.errors import StackUnavailableError
 from runjournal.core.ids import InvalidIdError
 from runjournal.producers._digest import canonical_json, canonical_value, digest, enter_node, idempotency_key
 from runjournal.producers.control import ControlRequest, stop_requested
@@ -82,6 +83,7 @@ __all__ = [
     "RunHandle",
     "RunPausedError",
     "RunStoppedError",
+    "StackUnavailableError",
     "Tool",
     "ToolOutcomeUnknownError",
     "TopicNotFoundError",

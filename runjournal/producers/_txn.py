@@ -37,6 +37,7 @@ decisions for a failed transaction (generation *g*):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -46,7 +47,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from runjournal.core import failpoints
+from runjournal.core import failpoints, kafka
 from runjournal.producers._kafka_errors import Failure, Severity, classify, kafka_error
 from runjournal.producers.errors import (
     DeliveryError,
@@ -156,6 +157,8 @@ class TxnPublisher:
         self._resolved = 0
         self._failed: dict[int, Failure] = {}
         self._delivery_errors: dict[str, KafkaError] = {}
+        self._connect_errors: list[str] = []
+        """Names of the errors ``error_cb`` reported since :meth:`_reach` asked (a refused login, TLS)."""
         self._fatal_cause: KafkaError | None = None
         """The fatal error librdkafka reported through ``error_cb`` (e.g. ``_FENCED``); later calls raise ``_FATAL``."""
         self._offsets: dict[str, int] = {}
@@ -186,14 +189,26 @@ class TxnPublisher:
         """Producers rebuilt after a fatal error."""
 
     # -- lifecycle ----------------------------------------------------------------------------
-    def start(self) -> None:
-        """Create the producer and ``init_transactions()``. Raises FatalProducerError on failure."""
-        with self._lock:
-            self._producer = self._build()
+    def start(self, connect_timeout_s: float | None = None) -> None:
+        """Create the producer and ``init_transactions()``.
 
-    def _build(self) -> Any:
+        Args:
+            connect_timeout_s: first ask for the cluster's metadata with this timeout, seconds: no answer is a
+                missing broker, named at once (None: ``init_transactions`` waits its full ``commit_timeout_s``).
+
+        Raises:
+            StackUnavailableError: no broker answered within ``connect_timeout_s``.
+            ConfigError: the broker refused the credentials or the TLS handshake.
+            FatalProducerError: ``init_transactions`` failed.
+        """
+        with self._lock:
+            self._producer = self._build(connect_timeout_s)
+
+    def _build(self, connect_timeout_s: float | None = None) -> Any:
         self._fatal_cause = None  # a new producer: no fatal state
         producer = Producer(self._config)
+        if connect_timeout_s is not None:
+            self._reach(producer, connect_timeout_s)
         try:
             init_transactions(producer, self._timeout_s)  # one metadata request first: no 500 ms coordinator stall
         except KafkaException as exc:
@@ -201,6 +216,21 @@ class TxnPublisher:
                 f"init_transactions failed for {self._config['transactional.id']}: {exc}"
             ) from exc
         return producer
+
+    def _reach(self, producer: Any, timeout_s: float) -> None:
+        """One metadata request within ``timeout_s`` seconds, or the named error: a refused login or TLS handshake
+        (seen by ``error_cb``) is a :class:`ConfigError`, silence a :class:`StackUnavailableError`."""
+        self._connect_errors.clear()
+        try:
+            producer.list_topics(timeout=timeout_s)
+        except KafkaException as exc:
+            with contextlib.suppress(KafkaException, RuntimeError):
+                producer.poll(0.1)  # serve the error callbacks
+            bootstrap = str(self._config.get("bootstrap.servers"))
+            refusal = kafka.refused(bootstrap, self._connect_errors)
+            if refusal is not None:
+                raise refusal from exc
+            raise kafka.no_broker(bootstrap, timeout_s, exc) from None
 
     def close(self, timeout_s: float) -> None:
         """Commit the open transaction (raises like :meth:`flush`), then stop accepting publishes."""
@@ -533,6 +563,8 @@ class TxnPublisher:
             log.warning("poll: %s (handled on the next transactional call)", exc)
 
     def _on_error(self, err: KafkaError) -> None:
+        if len(self._connect_errors) < 64:
+            self._connect_errors.append(err.name())
         if err.fatal():
             self._fatal_cause = err
             log.error("fatal producer error: %s (handled on the next transactional call)", err)

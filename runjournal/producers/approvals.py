@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from collections.abc import Generator
 from typing import Any
 
@@ -60,11 +61,25 @@ class ApprovalInbox:
         self._keys = RedisKeys(prefix)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> ApprovalInbox:
+    def from_settings(cls, settings: Settings, *, connect_timeout_s: float = 5.0) -> ApprovalInbox:
         """The inbox of ``settings``' prefix on the Redis its URL names (one server or a cluster, ACL user, TLS:
-        ``runjournal.core.redis_client``)."""
+        ``runjournal.core.redis_client``), once that Redis answered a PING.
+
+        Args:
+            settings: the Redis URL, user and TLS files, and the prefix.
+            connect_timeout_s: how long the PING may take, seconds (default 5).
+
+        Raises:
+            StackUnavailableError: no Redis answers at ``settings.redis_url`` within ``connect_timeout_s`` (the message
+                names ``RUNJOURNAL_REDIS_URL`` and ``runjournal stack up``).
+            ConfigError: Redis refused the login, the ACL user or the TLS handshake (the settings named).
+            ValueError: ``connect_timeout_s`` is not positive.
+        """
         from runjournal.core import redis_client
 
+        if connect_timeout_s <= 0:
+            raise ValueError(f"connect_timeout_s must be > 0, got {connect_timeout_s}")
+        redis_client.probe(settings, timeout_s=connect_timeout_s)
         return cls(redis_client.client(settings), settings.topic_prefix)
 
     def key(self, run_id: str) -> str:
@@ -76,7 +91,8 @@ class ApprovalInbox:
         return self._keys.approvals_pending()
 
     def decide(
-        self, run_id: str, call_id: str, *, granted: bool, approver: str, comment: str | None = None
+        self, run_id: str, call_id: str, *, granted: bool, approver: str, comment: str | None = None,
+        reason: str | None = None,
     ) -> bool:
         """Record a human decision; the first decision wins (HSETNX).
 
@@ -85,22 +101,26 @@ class ApprovalInbox:
             call_id: the ``call_id`` of its APPROVAL_REQUESTED.
             granted: True to grant, False to deny.
             approver: who decided.
-            comment: the grant's comment or the denial's reason (journaled by the owner as such).
+            comment: a grant's comment (journaled as APPROVAL_GRANTED ``comment``). On a denial it is read as
+                ``reason``, with a ``DeprecationWarning`` (kept one release: pass ``reason``).
+            reason: a denial's reason (journaled as APPROVAL_DENIED ``reason``).
 
         Returns:
             True when this decision was recorded; False when one was already waiting (it stays).
 
         Raises:
+            ValueError: a ``reason`` given with ``granted=True`` (a grant has a comment, a denial a reason).
             redis.RedisError: Redis unreachable.
         """
-        value = json.dumps(
-            {
-                "decision": "GRANTED" if granted else "DENIED",
-                "approver": approver,
-                "comment": comment,
-                "at_ms": int(time.time() * 1000),
-            }
-        )
+        if granted and reason is not None:
+            raise ValueError("a grant is recorded with a comment, not a reason: pass comment=")
+        if not granted and comment is not None:
+            warnings.warn("ApprovalInbox.decide(granted=False, comment=...) is deprecated: a denial's reason is "
+                          "reason=", DeprecationWarning, stacklevel=2)
+            reason = comment if reason is None else reason
+        note = {"comment": comment} if granted else {"reason": reason}
+        value = json.dumps({"decision": "GRANTED" if granted else "DENIED", "approver": approver, **note,
+                            "at_ms": int(time.time() * 1000)})
         return bool(self._r.hsetnx(self.key(run_id), call_id, value))
 
     def settle(self, run_id: str, call_id: str, *, result_json: str, approver: str,
@@ -119,9 +139,17 @@ class ApprovalInbox:
         return bool(self._r.hsetnx(self.key(run_id), call_id, value))
 
     def decision(self, run_id: str, call_id: str) -> dict[str, Any] | None:
-        """``{"decision", "approver", "comment", "at_ms"}`` or None when undecided."""
+        """The decision waiting for the run's owner, or None when undecided: ``{"decision", "approver", "at_ms"}``
+        and ``"comment"`` (GRANTED; EXECUTED: why the person knows it happened, with ``"result_json"``) or
+        ``"reason"`` (DENIED). A denial stored by the previous release (its reason under ``"comment"``) is read with
+        ``"reason"`` (kept one release)."""
         raw = self._r.hget(self.key(run_id), call_id)
-        return None if raw is None else json.loads(_text(raw))
+        if raw is None:
+            return None
+        decided: dict[str, Any] = json.loads(_text(raw))
+        if decided.get("decision") == "DENIED" and "reason" not in decided:  # stored by the previous release
+            decided["reason"] = decided.pop("comment", None)
+        return decided
 
     def requested(self, run_id: str, call_id: str) -> None:
         """Note that a decision is awaited (so tools such as the demo's approver can find pending requests).
@@ -219,7 +247,7 @@ def approval_steps(handle: RunHandle, inbox: ApprovalInbox, call_id: str, reason
     payload = {
         "call_id": call_id,
         "approver": decided["approver"],
-        ("comment" if granted else "reason"): decided.get("comment"),
+        ("comment" if granted else "reason"): decided.get("comment" if granted else "reason"),
     }
     handle.emit(etype, payload)
     return granted

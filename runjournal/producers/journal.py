@@ -152,15 +152,22 @@ class Journal:
             it held (offsets from the delivery reports, -1 when none was served): what the broker acknowledged
             to this instance, e.g. for an independent witness (``runjournal demo`` writes it to an ack log).
             Runs on the publishing thread under the publisher's lock: it must be quick and must not raise.
+        connect_timeout_s: how long the first answers of Redis (a PING, when the Journal builds its own client)
+            and of a broker (a metadata request) may take at start, seconds (default 5); past it,
+            ``StackUnavailableError`` names the setting and ``runjournal stack up``.
 
     Raises:
+        StackUnavailableError: Redis (``RUNJOURNAL_REDIS_URL``) or every broker (``RUNJOURNAL_BOOTSTRAP``) did not
+            answer within ``connect_timeout_s`` (``runjournal.core.errors``; the message names the setting and
+            ``runjournal stack up``).
+        ConfigError: Redis or the broker refused the credentials or the TLS handshake (the settings named).
         TopicNotFoundError: the events topic does not exist.
         FatalProducerError: ``init_transactions`` failed.
         JournalError: no free incarnation of ``producer_id`` (16 live leases hold the next ids).
         InvalidIdError: ``producer_id`` breaks its rules (``#``, braces, a control character …), before the lease.
         ValueError: ``outcome_commit`` is neither ``group`` nor ``strict``;
-            ``outcome_linger_ms`` is not positive.
-        redis.RedisError: Redis is unreachable.
+            ``outcome_linger_ms`` or ``connect_timeout_s`` is not positive.
+        redis.RedisError: a given ``redis_client`` is unreachable.
     """
 
     def __init__(
@@ -186,11 +193,13 @@ class Journal:
         producer_config: dict[str, Any] | None = None,
         metrics: JournalMetrics | None = None,
         on_acked: Callable[[list[tuple[str, int, int]]], None] | None = None,
+        connect_timeout_s: float = 5.0,
     ) -> None:
         if codec is None:
             from runjournal.schemas import codec_from_settings
 
             codec = codec_from_settings(settings)
+        probe_redis = redis_client is None
         if redis_client is None:
             from runjournal.core import redis_client as redis_clients
 
@@ -205,6 +214,12 @@ class Journal:
             raise ValueError(f"outcome_commit must be 'group' or 'strict', got {mode!r}")
         if outcome_linger_ms <= 0:
             raise ValueError(f"outcome_linger_ms must be > 0, got {outcome_linger_ms}")
+        if connect_timeout_s <= 0:
+            raise ValueError(f"connect_timeout_s must be > 0, got {connect_timeout_s}")
+        if probe_redis:  # a Redis that does not answer: named within connect_timeout_s, not a redis-py traceback
+            from runjournal.core import redis_client as redis_clients
+
+            redis_clients.probe(settings, timeout_s=connect_timeout_s)
         # Lease first: a new incarnation's own instance id (init_transactions() with the transactional id of
         # a live instance would fence it), heartbeating at once (a cold broker's first init can outlast a TTL).
         self._lease = InstanceLease(redis_client, prefix, name, lease_ttl_ms)
@@ -280,7 +295,7 @@ class Journal:
             ]
             self._threads[0].start()
             try:
-                self._txn.start()
+                self._txn.start(connect_timeout_s)  # no broker: StackUnavailableError within connect_timeout_s
                 self.partitions = self._read_partition_count()
             except BaseException:
                 self._stop.set()

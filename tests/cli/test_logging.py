@@ -4,12 +4,16 @@ each run the way a user runs it (a subprocess)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from runjournal.core import logs
 from runjournal.deploy.procs import free_port
 
 RAW_LIBRDKAFKA = re.compile(r"^%\d+\|")
@@ -80,7 +84,6 @@ def test_a_broker_that_stays_away_is_one_line_not_one_per_reconnect() -> None:
 
 
 def test_repeat_filter_counts_what_it_dropped_and_lets_a_kind_through_after_the_window() -> None:
-    import logging
     import time
 
     from runjournal.core.logs import RepeatFilter
@@ -110,3 +113,20 @@ def test_repeat_filter_counts_what_it_dropped_and_lets_a_kind_through_after_the_
         assert "window_s" in str(exc)
     else:
         raise AssertionError("a window of 0 s was accepted")
+
+
+def test_a_process_started_without_the_command_line_takes_its_level_from_settings() -> None:
+    """``setup_logging(level=Settings.log_level)`` (the demo's processes): RUNJOURNAL_LOG_LEVEL over the default,
+    ``--log-level`` over both."""
+    log = logging.getLogger("runjournal")
+    saved = (log.handlers[:], log.level, log.propagate)
+    try:
+        assert logs.setup_logging("WARNING", level="debug") == "DEBUG"
+        assert logs.setup_logging("WARNING") == "WARNING"
+        logs.set_level_override("ERROR")
+        assert logs.setup_logging("WARNING", level="DEBUG") == "ERROR"
+        with pytest.raises(ValueError, match="LOUD"):
+            logs.setup_logging("WARNING", level="LOUD")
+    finally:
+        logs.set_level_override(None)
+        log.handlers[:], log.level, log.propagate = saved

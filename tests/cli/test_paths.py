@@ -73,6 +73,21 @@ def test_case9_no_stack_is_named_within_5s_with_the_fix(service_env: dict[str, s
     assert elapsed < 5 + STARTUP_S, f"{argv[0]} took {elapsed:.1f} s to say the stack is missing"
 
 
+@pytest.mark.parametrize("argv", [["inspect", "r1", "--json"], ["approve", "r1", "c1", "--json"],
+                                  ["recover", "--stale", "--json"], ["projector", "--until-caught-up", "--json"]],
+                         ids=lambda a: a[0])
+def test_case9_redis_alone_down_is_named_within_5s_with_the_fix(settings: Settings, service_env: dict[str, str],
+                                                                argv: list[str]) -> None:
+    """The broker answers, Redis does not (issue 35: the preflight's Redis branch had no test): named, one line."""
+    proc, elapsed = rj({**service_env, "RUNJOURNAL_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}, *argv,
+                       timeout=60)
+    doc = json_error(proc)
+    assert doc["error"] == "StackUnavailableError", doc
+    assert "RUNJOURNAL_REDIS_URL" in doc["message"] and "runjournal stack up" in doc["message"], doc
+    assert proc.stderr.strip().count("\n") == 0, proc.stderr  # one line: no traceback
+    assert elapsed < 5 + STARTUP_S, f"{argv[0]} took {elapsed:.1f} s to say Redis is missing"
+
+
 @pytest.mark.parametrize("argv", [["inspect", "r1", "--json"], ["recover", "--stale", "--json"],
                                   ["recover", "--run", "r1", "--json"], ["replay", "r1", "--json"],
                                   ["projector", "--until-caught-up", "--json"], ["approve", "r1", "c1", "--json"],

@@ -250,6 +250,18 @@ def test_decisions_only_with_the_operator_token(consoles: dict[str, str], projec
     assert 'runjournal_console_decisions_total{decision="grant",result="written"} 1.0' in metrics
 
 
+def test_a_denial_from_the_console_is_recorded_with_its_reason(consoles: dict[str, str], projected: Settings) -> None:
+    """The deny form's text is the denial's ``reason`` (issue 35: it was stored as ``comment``), as
+    ``deny --reason``."""
+    inbox = ApprovalInbox(redis.Redis.from_url(projected.redis_url), projected.topic_prefix)
+    done = httpx.post(consoles["token"] + "/runs/r-approval/approvals/send",
+                      data={"decision": "deny", "comment": "not to that address"},
+                      headers={"authorization": f"Bearer {TOKEN}"}, timeout=30)
+    assert done.status_code == 200 and done.json()["written"] is True, done.text
+    decided = inbox.decision("r-approval", "send")
+    assert decided["decision"] == "DENIED" and decided["reason"] == "not to that address" and "comment" not in decided
+
+
 def test_the_operator_token_is_a_masked_setting(service_env: dict[str, str]) -> None:
     shown = subprocess.run([sys.executable, "-m", "runjournal", "settings"], capture_output=True, text=True,
                            env={**service_env, "RUNJOURNAL_CONSOLE_OPERATOR_TOKEN": TOKEN}, timeout=60, check=True)
@@ -280,3 +292,39 @@ def test_the_console_stops_cleanly_on_ctrl_c_and_sigterm(projected: Settings, se
     proc.send_signal(sig)
     assert proc.wait(30) == 0, proc.stderr.read()[-2000:] if proc.stderr else ""
     assert "Traceback" not in (proc.stderr.read() if proc.stderr else "")
+
+
+def test_a_fenced_service_stays_on_the_lag_view_as_stopped_with_why(topics: Settings,
+                                                                    service_env: dict[str, str]) -> None:
+    """Issue 35: a service that stopped on an error (here a projector fenced by a second one with its
+    ``--instance-id``) deleted its announcement on the way out and vanished from the Lag page; it now leaves a
+    "stopped since …, why" marker, shown for an hour like a killed one's "missing". A clean stop still withdraws."""
+    from runjournal.console.lag import LagBoard
+
+    port = free_port()
+    argv = [sys.executable, "-m", "runjournal", "projector", "--instance-id", f"same-{uuid.uuid4().hex[:6]}"]
+    first = subprocess.Popen([*argv, "--metrics-port", str(port), "--metrics-addr", "127.0.0.1"], env=service_env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    board = LagBoard(redis.Redis.from_url(topics.redis_url), topics.topic_prefix, lambda: topics.partitions, ttl_s=0)
+    try:
+        deadline = time.monotonic() + 120
+        while not any(ep.service == "projector" and ep.up for ep in board.view().endpoints):
+            assert first.poll() is None, first.stderr.read()[-2000:] if first.stderr else ""
+            assert time.monotonic() < deadline, "the projector never announced its /metrics"
+            time.sleep(0.5)
+        time.sleep(5)  # joined the group
+        second = subprocess.Popen(argv, env=service_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            assert first.wait(90) == 1, first.stderr.read()[-2000:] if first.stderr else ""
+        finally:
+            second.terminate()
+            second.wait(30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait(10)
+    (row,) = [ep for ep in board.view().endpoints if ep.service == "projector"]
+    assert not row.up and row.stopped is not None and "--instance-id" in row.stopped, row
+    assert row.error is not None and row.error.startswith("stopped since ") and "--instance-id" in row.error, row
+    assert row.url == f"http://127.0.0.1:{port}/metrics"
+    board.close()

@@ -105,6 +105,40 @@ def test_an_endpoint_is_announced_for_the_console_while_it_serves(settings: Sett
         httpx.get(server.url, timeout=2)
 
 
+def test_a_stop_reason_is_the_error_read_through_a_cli_exit() -> None:
+    import typer
+
+    def reported(exc: BaseException) -> BaseException:
+        try:
+            raise typer.Exit(1) from exc
+        except typer.Exit as exit_:
+            return exit_
+
+    assert m.stop_reason(None) is None and m.stop_reason(KeyboardInterrupt()) is None
+    assert m.stop_reason(SystemExit(0)) is None and m.stop_reason(typer.Exit(0)) is None
+    assert m.stop_reason(reported(RuntimeError("fenced:\n  another member"))) == "RuntimeError: fenced: another member"
+    assert m.stop_reason(SystemExit(3)) == "exited with status 3"
+    assert len(m.stop_reason(ValueError("x" * 2000)) or "") == 500
+
+
+@pytest.mark.integration
+def test_an_endpoint_stopped_on_an_error_leaves_a_marker_and_a_clean_stop_withdraws(settings: Settings) -> None:
+    """Issue 35: every exit deleted the announcement, so a fenced service vanished from the console."""
+    r = redis.Redis.from_url(settings.redis_url)
+    failed = m.serve(m.new_registry("test"), free_port(), service="projector", addr="127.0.0.1", redis_client=r,
+                     prefix=settings.topic_prefix)
+    clean = m.serve(m.new_registry("test"), free_port(), service="memory", addr="127.0.0.1", redis_client=r,
+                    prefix=settings.topic_prefix)
+    failed.close(RuntimeError("fenced by another member"))
+    clean.close()
+    assert m.announced_endpoints(r, settings.topic_prefix) == []  # not served: not a scrape target
+    (stopped,) = m.announced_endpoints(r, settings.topic_prefix, missing_for_s=3600)
+    assert stopped["service"] == "projector" and stopped["stopped"] == "RuntimeError: fenced by another member"
+    assert not stopped["missing"] and 0 <= stopped["stopped_s"] < 60
+    failed.close()  # idempotent: the marker stays
+    assert len(m.announced_endpoints(r, settings.topic_prefix, missing_for_s=3600)) == 1
+
+
 # -- every service, as a user runs it ------------------------------------------------------------------------
 def _scrape(url: str, *, until: Any = None, timeout_s: float = 120) -> str:
     """GET ``url`` until it answers and ``until(text)`` holds."""

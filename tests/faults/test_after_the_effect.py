@@ -279,7 +279,7 @@ def test_asking_again_for_a_decided_approval_is_answered_by_the_journal_not_the_
     by the decision left in the inbox, with no human involved. The handle now knows the journal's decision."""
     inbox = ApprovalInbox(redis.Redis.from_url(topics.redis_url), topics.topic_prefix)
     run = journal.start_run("t", "a", {})
-    inbox.decide(run.run_id, "refund", granted=False, approver="carol", comment="no")
+    inbox.decide(run.run_id, "refund", granted=False, approver="carol", reason="no")
     assert await_approval(run, inbox, "refund", "refund 50 EUR?", timeout_s=10) is False
     assert await_approval(run, inbox, "refund", "refund 50 EUR, please?", timeout_s=10) is False
     run.succeed()

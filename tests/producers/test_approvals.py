@@ -179,7 +179,9 @@ def test_an_approval_granted_before_a_crash_is_not_asked_again(topics: Settings,
 
 
 def test_deny_and_refusals_write_nothing_unwanted(topics: Settings, service_env: dict[str, str]) -> None:
-    """``deny`` records the reason; a second decision, an unknown call or an undecided run are refused."""
+    """``deny`` records the reason as the decision's ``reason`` (issue 35: it was stored and printed as ``comment``,
+    beside the request's reason printed as ``reason``); a second decision, an unknown call or an undecided run are
+    refused."""
     run_id = "deny-1"
     at = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -194,9 +196,12 @@ def test_deny_and_refusals_write_nothing_unwanted(topics: Settings, service_env:
     project(topics)
     denied = cli(service_env, "deny", run_id, "pay", "--reason", "too big", "--approver", "carol", "--json")
     assert denied.returncode == 0, denied.stderr
+    out = json.loads(denied.stdout)
+    assert (out["decision"], out["reason"], out["request_reason"], out["comment"]) == ("DENIED", "too big", "big", None)
     inbox = ApprovalInbox(redis_client.client(topics), topics.topic_prefix)
-    assert inbox.decision(run_id, "pay")["decision"] == "DENIED"
-    assert inbox.decision(run_id, "pay")["comment"] == "too big"
+    stored = json.loads(redis_client.client(topics).hget(inbox.key(run_id), "pay"))
+    assert stored["decision"] == "DENIED" and stored["reason"] == "too big" and "comment" not in stored
+    assert inbox.decision(run_id, "pay")["reason"] == "too big"
     with pytest.raises(ApprovalRefusedError, match="already waiting"):
         submit_decision(topics, run_id, "pay", granted=True, approver="dave")
     assert inbox.decision(run_id, "pay")["decision"] == "DENIED", "the first decision wins"
@@ -223,3 +228,32 @@ def test_approval_arguments_are_canonical_checked_first_and_inlined_up_to_the_li
     asked = {e.payload["call_id"]: e.payload["args_json"] for row in read_run_events(topics, run_id)
              if (e := row.get("event")) is not None and e.type is EventType.APPROVAL_REQUESTED}
     assert asked == {"small": '{"to":"bob@example.com"}', "large": None}  # nothing of the refused two
+
+
+def test_a_denial_is_journaled_with_its_reason_and_one_stored_as_comment_still_reads(topics: Settings) -> None:
+    """The owner journals a denial's ``reason`` as APPROVAL_DENIED ``reason``; a denial stored by the previous release
+    (its reason under ``comment``) is read as its reason (kept one release); a grant keeps its ``comment``."""
+    from runjournal.producers import Journal
+    from runjournal.producers.approvals import await_approval
+
+    r = redis_client.client(topics)
+    inbox = ApprovalInbox(r, topics.topic_prefix)
+    with Journal(topics, producer_id=f"asker-{uuid.uuid4().hex[:6]}") as journal:
+        run = journal.start_run("t", "agent", {})
+        assert inbox.decide(run.run_id, "new", granted=False, approver="carol", reason="too big")
+        r.hset(inbox.key(run.run_id), "old", json.dumps({"decision": "DENIED", "approver": "dave", "comment": "stale",
+                                                         "at_ms": 1}))
+        assert inbox.decision(run.run_id, "old")["reason"] == "stale"
+        assert inbox.decide(run.run_id, "ok", granted=True, approver="erin", comment="fine")
+        with pytest.raises(ValueError, match="comment"):
+            inbox.decide(run.run_id, "bad", granted=True, approver="erin", reason="a grant has no reason")
+        with pytest.warns(DeprecationWarning, match="reason="):
+            assert inbox.decide(run.run_id, "legacy", granted=False, approver="frank", comment="as before")
+        assert inbox.decision(run.run_id, "legacy")["reason"] == "as before"
+        answers = [await_approval(run, inbox, call_id, "why", timeout_s=10) for call_id in ("new", "old", "ok")]
+        run.succeed()
+    assert answers == [False, False, True]
+    said = {e.payload["call_id"]: e.payload for row in read_run_events(topics, run.run_id)
+            if (e := row.get("event")) is not None
+            and e.type in (EventType.APPROVAL_DENIED, EventType.APPROVAL_GRANTED)}
+    assert (said["new"]["reason"], said["old"]["reason"], said["ok"]["comment"]) == ("too big", "stale", "fine")

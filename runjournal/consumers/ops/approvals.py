@@ -11,6 +11,7 @@ a second decision never lands in an inbox.
 from __future__ import annotations
 
 import json
+import warnings
 from typing import Any
 
 import redis
@@ -32,7 +33,8 @@ class ApprovalRefusedError(RunjournalError):
 
 
 def submit_decision(settings: Settings, run_id: str, call_id: str, *, granted: bool, approver: str,
-                    comment: str | None = None, redis_client: redis.Redis | None = None) -> dict[str, Any]:
+                    comment: str | None = None, reason: str | None = None,
+                    redis_client: redis.Redis | None = None) -> dict[str, Any]:
     """Write a decision to the run's inbox if the projection shows ``call_id`` pending.
 
     Args:
@@ -41,22 +43,32 @@ def submit_decision(settings: Settings, run_id: str, call_id: str, *, granted: b
         call_id: the ``call_id`` of its APPROVAL_REQUESTED.
         granted: grant (True) or deny (False).
         approver: who decides.
-        comment: the grant's comment or the denial's reason.
+        comment: the grant's comment (APPROVAL_GRANTED ``comment``); on a denial it is read as ``reason`` with a
+            ``DeprecationWarning`` (kept one release).
+        reason: the denial's reason (APPROVAL_DENIED ``reason``).
         redis_client: default ``runjournal.core.redis_client.client(settings)``.
 
     Returns:
-        ``{"run_id", "call_id", "decision", "approver", "comment", "tool", "reason", "args"}`` (``tool``,
-        ``reason`` and ``args`` — the call's arguments, decoded, or None when the request did not record them
-        (envelope v4) — from the request).
+        ``{"run_id", "call_id", "decision", "approver", "comment", "reason", "tool", "request_reason", "args"}``:
+        ``comment`` (a grant's, else None) and ``reason`` (a denial's, else None) are the decision's; ``tool``,
+        ``request_reason`` (why the run asked) and ``args`` (the call's arguments, decoded, or None when the
+        request did not record them: envelope v4) are the request's.
 
     Raises:
         ApprovalRefusedError: see the class; nothing was written.
+        ValueError: ``reason`` given with ``granted=True``; nothing was written.
         InvalidIdError: ``run_id`` or ``call_id`` is not text (``runjournal.core.ids`` ``check_lookup``).
         TopicNotFoundError: the events topic does not exist.
         redis.RedisError: Redis unreachable.
     """
     RUN_ID.check_lookup(run_id)
     CALL_ID.check_lookup(call_id)
+    if granted and reason is not None:
+        raise ValueError("a grant is recorded with a comment, not a reason: pass comment=")
+    if not granted and comment is not None:
+        warnings.warn("submit_decision(granted=False, comment=...) is deprecated: a denial's reason is reason=",
+                      DeprecationWarning, stacklevel=2)
+        reason, comment = (comment if reason is None else reason), None
     client = redis_client if redis_client is not None else redis_clients.client(settings)
     state = ProjectionStore(client, settings.topic_prefix).get(run_partition(settings, run_id), run_id)
     if state is None:
@@ -72,12 +84,14 @@ def submit_decision(settings: Settings, run_id: str, call_id: str, *, granted: b
         raise ApprovalRefusedError(f"run {run_id} ({state.status}) has no pending approval {call_id!r}; "
                                    f"pending: {listed}")
     inbox = ApprovalInbox(client, settings.topic_prefix)
-    if not inbox.decide(run_id, call_id, granted=granted, approver=approver, comment=comment):
+    note = {"comment": comment} if granted else {"reason": reason}
+    if not inbox.decide(run_id, call_id, granted=granted, approver=approver, **note):
         waiting = inbox.decision(run_id, call_id) or {}
         raise ApprovalRefusedError(f"a decision on {call_id!r} of run {run_id} is already waiting for its owner: "
                                    f"{waiting.get('decision')} by {waiting.get('approver')}")
     return {"run_id": run_id, "call_id": call_id, "decision": "GRANTED" if granted else "DENIED",
-            "approver": approver, "comment": comment, "tool": pending.tool, "reason": pending.reason,
+            "approver": approver, "comment": comment, "reason": reason, "tool": pending.tool,
+            "request_reason": pending.reason,
             "args": None if pending.args_json is None else json.loads(pending.args_json)}
 
 
@@ -92,8 +106,9 @@ def submit_settlement(settings: Settings, run_id: str, call_id: str, *, result: 
         result: the call's result as the person knows it (JSON values; recorded as canonical JSON).
 
     Returns:
-        ``{"run_id", "call_id", "decision": "EXECUTED", "approver", "comment", "tool", "reason", "result_json",
-        "settles"}`` (``settles``: the idempotency key of the call).
+        ``{"run_id", "call_id", "decision": "EXECUTED", "approver", "comment", "tool", "request_reason",
+        "result_json", "settles"}`` (``comment``: why the person knows it happened; ``request_reason``: why the run
+        asked; ``settles``: the idempotency key of the call).
 
     Raises:
         ApprovalRefusedError: no such pending approval, it is not bound to one call, that call's outcome is not
@@ -127,7 +142,7 @@ def submit_settlement(settings: Settings, run_id: str, call_id: str, *, result: 
         raise ApprovalRefusedError(f"a decision on {call_id!r} of run {run_id} is already waiting for its owner: "
                                    f"{waiting.get('decision')} by {waiting.get('approver')}")
     return {"run_id": run_id, "call_id": call_id, "decision": "EXECUTED", "approver": approver, "comment": comment,
-            "tool": pending.tool, "reason": pending.reason, "result_json": result_json, "settles": key}
+            "tool": pending.tool, "request_reason": pending.reason, "result_json": result_json, "settles": key}
 
 
 def _refuse_missing(state: Any, run_id: str, call_id: str) -> dict[str, Any]:

@@ -96,6 +96,14 @@ log = logging.getLogger("runjournal.consumers.recovery")
 
 FREED = "run id freed"
 """The ``no_facts`` detail of the one actor that freed the run id (a caller may start the run again)."""
+NO_LIVE_INSTANCE = ("no instance holds a live lease to take it over: start an agent (a Journal) and the next pass "
+                    "hands it over (`runjournal recover --stale`, or the `--watch` sweep)")
+"""The ``no_live_instance`` detail: nothing was published, the run waits for a live instance."""
+RETRIED = "nothing was decided; the next pass tries again"
+"""Added to a ``retry_later`` detail."""
+PARKED_FIX = ("fix the cause (`runjournal inspect RUN_ID`), then `runjournal projector --rebuild`, or "
+              "`runjournal erase` the run")
+"""What a person does about a ``parked`` run (docs/guide/journal.md, Parked runs)."""
 
 _FENCE_THREADS = 8
 """Dead instances fenced at once (each ``init_transactions`` waits on the broker, not on this process)."""
@@ -409,14 +417,16 @@ class RecoveryJob:
             base = RunOutcome(run_id=run_id, owner=owner or (state.owner if state else None), partition=partition,
                               previous_epoch=state.epoch if state else None)
             if partition in incomplete:  # nothing is decided from a partition not read to its end
-                report.runs.append(with_changes(base, action="retry_later", detail=incomplete[partition]))
+                report.runs.append(with_changes(base, action="retry_later",
+                                                detail=f"{incomplete[partition]} — {RETRIED}"))
             elif state is None:
                 self._disown(owner, run_id)
                 # fenced and read to the end: the run never happened; its id may be used again (compare-and-delete:
                 # of two actors, one frees it — the one that may start it again says so)
                 freed = bool(owner) and self.instances.free_run_id(run_id, owner)
                 report.runs.append(with_changes(base, action="no_facts",
-                                                detail=FREED if freed else "the run id was not claimed by it"))
+                                                detail=FREED if freed else "nothing of it is in the journal, and "
+                                                "its run id was not claimed by this owner: nothing to resume"))
             elif state.terminal and not (self._reopen_failed and state.status is RunStatus.FAILED):
                 self._disown(owner, run_id)
                 if (moot := self._requests.pop(run_id, None)) is not None:  # it ended first: nothing to carry out
@@ -445,13 +455,15 @@ class RecoveryJob:
                 live_owned.append((base, state, owner))
             elif state.status in (RunStatus.GAP, RunStatus.BLOCKED):
                 self._park(owner, run_id)
-                report.runs.append(with_changes(base, action="parked", detail=state.gap_reason or state.blocked_reason))
+                why = state.gap_reason or state.blocked_reason or state.status.value
+                report.runs.append(with_changes(base, action="parked", detail=f"{why} — {PARKED_FIX}"))
             elif (bad := RUN_ID.problem(run_id)) is not None:
                 # Started before the id rules (docs/reference/identifiers.md): its idempotency keys may be another
                 # run's, and Journal.resume refuses it — nobody is handed a run they cannot take. Inspect, erase.
                 self._park(owner, run_id)
                 report.runs.append(with_changes(base, action="parked",
-                                                detail=f"the run id breaks the id rules ({bad[0]}: {bad[1]})"))
+                                                detail=f"the run id breaks the id rules ({bad[0]}: {bad[1]}) — "
+                                                       "`runjournal inspect` it, then `runjournal erase` it"))
             elif (classified := self._classify_or_defer(base, state, report, owner)) is not None:
                 resumable[run_id] = classified
         self._live_owners(live_owned)
@@ -476,7 +488,7 @@ class RecoveryJob:
         if wait_s > self.max_wait_s:
             report.runs.append(with_changes(base, action="deferred", calls=classified.counts,
                                             detail=f"a request of {', '.join(writers)} may act for {wait_s:.1f} s "
-                                                   "more (its effect window)"))
+                                                   "more (its effect window): a pass after that decides it"))
             return None
         if wait_s > 0:
             with self._gc.lifted():  # up to max_wait_s: the process's other threads' garbage is collected meanwhile
@@ -507,9 +519,7 @@ class RecoveryJob:
                                  partition=self._partition(run_id), previous_epoch=state.epoch,
                                  calls=classified.counts)
             if target is None:
-                report.runs.append(with_changes(outcome, action="no_live_instance", detail=(
-                    "no instance holds a live lease to take it: start an agent (a Journal) and the next pass hands "
-                    "it over")))
+                report.runs.append(with_changes(outcome, action="no_live_instance", detail=NO_LIVE_INSTANCE))
                 continue
             event = resumed_event(state, classified, target, offsets, requested_by=self._asked[0],
                                   reason=self._asked[1])
@@ -532,10 +542,12 @@ class RecoveryJob:
         error = self.publisher.publish([e for e, _o, _d, _q in held] + [e for e, _p, _o, _d in batch])  # 6
         refused = "retry_later" if not error or not error.startswith(SUPERSEDED) else SUPERSEDED
         for _e, outcome, _d, _q in held:
-            report.runs.append(with_changes(outcome, action=refused, detail=error) if error else outcome)
+            report.runs.append(with_changes(outcome, action=refused, detail=error if refused == SUPERSEDED
+                                            else f"{error} — {RETRIED}") if error else outcome)
         for _e, _p, outcome, _d in batch:
-            report.runs.append(with_changes(outcome, action=refused, detail=error) if error
-                               else with_changes(outcome, action="resumed"))
+            report.runs.append(with_changes(outcome, action=refused,
+                                            detail=error if refused == SUPERSEDED else f"{error} — {RETRIED}")
+                               if error else with_changes(outcome, action="resumed"))
         if error:
             if refused == SUPERSEDED and batch:  # fenced before its commit: nothing landed, its incoming marks lie
                 self.policy.call("clear incoming", lambda: self.plans.clear_incoming(

@@ -27,7 +27,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicCollection
 
 from runjournal.consumers.runtime.partitions import watermarks
 from runjournal.core import kafka, redis_client
-from runjournal.core.errors import ConfigError, RunjournalError
+from runjournal.core.errors import RunjournalError, StackUnavailableError
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.producers.errors import PARTITIONS_REPAIR, TopicNotFoundError
@@ -162,39 +162,29 @@ def stored_partition_count(client: redis.Redis, prefix: str) -> int | None:
         return None
 
 
-class StackUnavailableError(RunjournalError):
-    """Kafka or Redis does not answer where the settings say; the message names the command that fixes it."""
-
-
 def preflight(settings: Settings, *, need_topic: bool = True, need_redis: bool = True, timeout_s: float = 3.0) -> None:
     """Fail fast (well within 5 s) when the stack or the events topic is missing, naming the fix.
 
     Raises:
         StackUnavailableError: no broker at ``settings.bootstrap`` or no Redis at ``settings.redis_url``
-            within ``timeout_s`` seconds (``runjournal stack up``).
+            within ``timeout_s`` seconds (``runjournal stack up``; ``runjournal.core.kafka.no_broker``,
+            ``runjournal.core.redis_client.probe``).
         ConfigError: the broker or Redis refused the credentials or the TLS handshake (the settings to check named).
         TopicNotFoundError: ``need_topic`` and the events topic does not exist (``runjournal topics create``).
     """
-    refused: list[str] = []
+    seen: list[str] = []
     admin = kafka.admin_client(settings, **{"socket.connection.setup.timeout.ms": int(timeout_s * 1000),
-                                            "error_cb": lambda err: refused.append(err.name())})
+                                            "error_cb": lambda err: seen.append(err.name())})
     try:
         meta = admin.list_topics(timeout=timeout_s)
     except KafkaException as exc:
         admin.poll(0.1)  # serve the error callbacks: a refused login or TLS handshake is not a missing stack
-        if code := next((c for c in ("_AUTHENTICATION", "_SSL") if c in refused), None):
-            raise ConfigError(f"Kafka at {settings.bootstrap} refused the connection ({code}): "
-                              f"{kafka.ACCESS_HINTS[code]}") from exc
-        raise StackUnavailableError(
-            f"no Kafka broker answers at {settings.bootstrap} within {timeout_s:.0f} s: start the local stack with "
-            "`runjournal stack up` (or set RUNJOURNAL_BOOTSTRAP)") from exc
+        refusal = kafka.refused(settings.bootstrap, seen)
+        if refusal is not None:
+            raise refusal from exc
+        raise kafka.no_broker(settings.bootstrap, timeout_s, exc) from None
     if need_redis:
-        try:
-            redis_client.check_access(settings, timeout_s=timeout_s)  # a refused login or TLS: ConfigError
-        except redis.RedisError as exc:
-            raise StackUnavailableError(
-                f"no Redis answers at {settings.masked()['redis_url']}: start the local stack with "
-                f"`runjournal stack up` (or set RUNJOURNAL_REDIS_URL): {exc}") from exc
+        redis_client.probe(settings, timeout_s=timeout_s)  # a refused login or TLS: ConfigError
     if need_topic and settings.events_topic not in meta.topics:
         raise TopicNotFoundError(f"topic {settings.events_topic} does not exist at {settings.bootstrap}: create it "
                                  "with `runjournal topics create` (or check RUNJOURNAL_TOPIC_PREFIX)")
