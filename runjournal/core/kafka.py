@@ -37,8 +37,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from runjournal.core.settings import Settings
 
-__all__ = ["ACCESS_HINTS", "KAFKA_LOGGER", "Role", "admin_client", "check_access", "client_config", "consumer",
-           "no_broker", "producer", "refused"]
+__all__ = ["ACCESS_HINTS", "KAFKA_LOGGER", "Role", "admin_client", "bootstrap_of", "check_access", "client_config",
+           "consumer", "no_broker", "producer", "refused"]
 
 #: The Python logger librdkafka's log lines are forwarded to; a repeated line passes once a minute, with its count
 #: (``runjournal.core.logs.RepeatFilter``): a broker that stays away is one line, not one per reconnect.
@@ -148,6 +148,11 @@ def check_access(settings: Settings, *, timeout_s: float = 30.0) -> int:
                 code = refused or "_TRANSPORT"
                 detail = next((e.str() for e in seen if e.name() == code), str(exc.args[0]))
                 raise ConfigError(f"Kafka at {settings.bootstrap}: {detail} — {ACCESS_HINTS[code]}") from exc
+
+
+def bootstrap_of(config: dict[str, Any]) -> str:
+    """The bootstrap servers a client configuration (from :func:`client_config`) names."""
+    return str(config.get("bootstrap.servers", ""))
 
 
 def no_broker(bootstrap: str, timeout_s: float, cause: BaseException | None = None) -> StackUnavailableError:

@@ -226,7 +226,7 @@ class TxnPublisher:
         except KafkaException as exc:
             with contextlib.suppress(KafkaException, RuntimeError):
                 producer.poll(0.1)  # serve the error callbacks
-            bootstrap = str(self._config.get("bootstrap.servers"))
+            bootstrap = kafka.bootstrap_of(self._config)
             refusal = kafka.refused(bootstrap, self._connect_errors)
             if refusal is not None:
                 raise refusal from exc
