@@ -208,7 +208,7 @@ class ConsoleData:
         state = self.store.get(partition, run_id)
         if state is None:
             return None
-        rows = read_run_events(self.settings, run_id)
+        rows = read_run_events(self.settings, run_id, partition=partition)  # the count read once per console
         page = run_page(run_id, partition, state, rows, inbox_decision=self.inbox.decision)
         if with_memory:
             page.memory, page.memory_note = self._memory_items(state)
