@@ -7,13 +7,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["PAIRS", "STACKLESS", "Row", "Summary", "goal_met", "paired_ratios", "percentile", "summarise"]
+__all__ = ["PAIRS", "Row", "Summary", "goal_met", "paired_ratios", "percentile", "summarise"]
 
-#: The bench's pairs, in the order they run.
+#: The bench's pairs, in the order they run (every one on the stack: pair 9's ``inspect RUN_ID`` reads a real run).
 PAIRS = ("publish", "boundary", "projection", "recovery", "memory", "footprint", "console", "aio", "startup")
-
-#: Pairs that use no broker, Redis or Qdrant: when only these run, the bench opens no stack.
-STACKLESS = frozenset({"startup"})
 
 
 def percentile(values: Sequence[float], q: float) -> float:

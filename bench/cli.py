@@ -25,10 +25,9 @@ def bench_command(
 ) -> None:
     """Benchmarks, each figure next to an anchor measured in the same run (bench/README.md).
 
-    Uses the running local stack (``runjournal stack up``) or starts a private one (neither when only stack-free
-    pairs run: ``--only startup``); every pair gets its own uuid topic prefix, deleted at the end with its Redis
-    keys. Exit code 0 even when a goal
-    is not met (the table says so); non-zero only when the bench itself failed.
+    Uses the running local stack (``runjournal stack up``) or starts a private one; every pair gets its own uuid
+    topic prefix, deleted at the end with its Redis keys. Exit code 0 even when a goal is not met (the table says
+    so); non-zero only when the bench itself failed.
     """
     from bench.report import as_json as to_json
     from bench.report import print_table

@@ -8,7 +8,7 @@ import traceback
 from typing import Any
 
 from bench._env import BenchEnv, open_env
-from bench._model import PAIRS, STACKLESS, Row
+from bench._model import PAIRS, Row
 from bench._rounds import progress
 
 __all__ = ["run_bench"]
@@ -36,16 +36,13 @@ def _sizes(quick: bool, rounds: int | None) -> dict[str, Any]:
     }
 
 
-def _run_pair(name: str, env: BenchEnv | None, shared: dict[str, Any], sizes: dict[str, Any]) -> list[Row]:
-    """Run one pair (imported here: each pair's dependencies load only when it runs); ``env`` is None only
-    when every selected pair is in ``STACKLESS``."""
+def _run_pair(name: str, env: BenchEnv, shared: dict[str, Any], sizes: dict[str, Any]) -> list[Row]:
+    """Run one pair (imported here: each pair's dependencies load only when it runs)."""
     r = sizes["rounds"]
     if name == "startup":
         from bench.startup import run_startup
 
-        return run_startup(sizes["startup_runs"])
-    if env is None:
-        raise RuntimeError(f"pair {name} needs the stack")
+        return run_startup(env, sizes["startup_runs"])
     if name == "publish":
         from bench.publish import PublishConfig, run_publish
 
@@ -82,16 +79,11 @@ def _run_pair(name: str, env: BenchEnv | None, shared: dict[str, Any], sizes: di
 def run_bench(*, quick: bool, only: tuple[str, ...], rounds: int | None = None) -> tuple[list[Row], dict[str, Any]]:
     """Run the pairs named in ``only`` (in the canonical order) and return ``(rows, header)``.
 
-    A pair that fails is reported in ``header["failed"]`` with its error; the others still run. When every pair
-    in ``only`` is in ``STACKLESS``, no stack is opened (nor started).
+    A pair that fails is reported in ``header["failed"]`` with its error; the others still run.
     """
     started = time.monotonic()
     sizes = _sizes(quick, rounds)
-    env: BenchEnv | None = None
-    if set(only) <= STACKLESS:
-        where = "none (stack-free pairs only)"
-    else:
-        env, where = open_env()
+    env, where = open_env()
     progress(f"stack: {where}")
     rows: list[Row] = []
     failed: dict[str, str] = {}
@@ -109,8 +101,7 @@ def run_bench(*, quick: bool, only: tuple[str, ...], rounds: int | None = None) 
                 progress(f"{name} FAILED: {traceback.format_exc()}")
             progress(f"{name} done in {time.monotonic() - t0:.1f} s")
     finally:
-        if env is not None:
-            env.close()
+        env.close()
     header = {"mode": "quick" if quick else "full", "rounds": sizes["rounds"], "stack": where,
               "cpus": os.cpu_count(), "load_1m_start": round(load_start, 2),
               "load_1m_end": round(os.getloadavg()[0], 2), "elapsed_s": round(time.monotonic() - started, 1),

@@ -7,8 +7,10 @@
 
 Offline: the model is LangChain's ``GenericFakeChatModel`` scripted with a tool call and an answer (no
 network, no API key). The graph: agent → tools (``journaled_tool_node``: intent durable before the tool, the
-key handed to it through ``current_idempotency_key()``, the output recorded) → agent → END, checkpointed by
-``JournalCheckpointSaver``. Prints one JSON line; then ``runjournal inspect <run_id>`` shows the run.
+key handed to it through ``current_idempotency_key()``, the output recorded) → agent → END, compiled by
+``runs.compile``: checkpointed by ``JournalCheckpointSaver`` and every node journaled (NODE_STARTED /
+NODE_SUCCEEDED), so the run's state lists ``agent`` and ``tools``. Prints one JSON line; then
+``runjournal projector --until-caught-up && runjournal inspect <run_id>`` (or the console) shows the run.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
 
 from runjournal import AsyncJournal, Journal, Settings, current_idempotency_key
-from runjournal.adapters import JournalCheckpointSaver, JournalRuns, journaled_tool_node
+from runjournal.adapters import JournalRuns, journaled_tool_node
 
 SENT: list[str] = []
 
@@ -55,7 +57,7 @@ def build(runs: JournalRuns) -> Any:
     graph.add_edge(START, "agent")
     graph.add_conditional_edges("agent", tools_condition)
     graph.add_edge("tools", "agent")
-    return graph.compile(checkpointer=JournalCheckpointSaver(runs))
+    return runs.compile(graph)  # the journal's checkpointer, and every node journaled
 
 
 def summary(run_id: str, out: dict[str, Any], saver_history: int) -> dict[str, Any]:

@@ -9,6 +9,10 @@
   the model's ``tool_call_id`` (``call(step=…)``): a graph resumed from its checkpoint re-runs the tool node,
   and the journal — not the graph — decides: a committed call returns its recorded result, an unknown one is
   reconciled by key, a new one runs once. LangGraph nodes are at-least-once; the effects inside them are not.
+* :class:`GraphNodeJournal` — a LangChain callback handler (``runs.graph_nodes``) that journals every node the
+  graph runs: NODE_STARTED / NODE_SUCCEEDED / NODE_FAILED with the node's name as ``node_id`` (``outer/inner``
+  inside a subgraph), so the run's projected state lists the graph's nodes. :meth:`JournalRuns.compile` compiles
+  a graph with the checkpointer and this handler.
 
 Crash resume: ``recover`` hands the run to a live instance, which does ``runs.attach(journal.resume(run_id))``
 and ``graph.invoke(None, {"configurable": {"thread_id": run_id}})``.
@@ -19,11 +23,17 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import threading
+import weakref
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import Any
+from uuid import UUID
 
 try:
+    from langchain_core.callbacks import BaseCallbackHandler
     from langchain_core.messages import ToolMessage
     from langchain_core.runnables import RunnableConfig
     from langgraph.checkpoint.base import (
@@ -37,6 +47,7 @@ try:
         get_checkpoint_metadata,
     )
     from langgraph.checkpoint.base import writes_sort_key as _sort_key
+    from langgraph.errors import GraphBubbleUp, GraphInterrupt
     from langgraph.prebuilt import ToolNode
 except ModuleNotFoundError as exc:  # pragma: no cover - the core install
     raise ModuleNotFoundError(f"runjournal.adapters.langgraph needs {exc.name}: pip install 'runjournal[langgraph]'",
@@ -44,12 +55,16 @@ except ModuleNotFoundError as exc:  # pragma: no cover - the core install
 
 from runjournal.adapters._checkpoints import SEP, FrameworkRecordStore, Record, join_field
 from runjournal.adapters.tools import JournaledTool, Reconciler
-from runjournal.core.ids import THREAD_ID
+from runjournal.core.ids import NODE_NAME, NODE_PATH, THREAD_ID
 from runjournal.producers import Journal, RunHandle
 from runjournal.producers.aio import AsyncJournal, AsyncRunHandle
-from runjournal.producers.errors import RunExistsError
+from runjournal.producers.errors import JournalError, RunExistsError
+from runjournal.producers.handle import error_text
+from runjournal.schemas import EventType
 
-__all__ = ["JournalCheckpointSaver", "JournalRuns", "ThreadNotOwnedError", "journaled_tool_node"]
+__all__ = ["GraphNodeJournal", "JournalCheckpointSaver", "JournalRuns", "ThreadNotOwnedError", "journaled_tool_node"]
+
+log = logging.getLogger("runjournal.adapters.langgraph")
 
 
 class ThreadNotOwnedError(RunExistsError):
@@ -63,6 +78,10 @@ class JournalRuns:
     Args:
         journal: a :class:`Journal`, or an :class:`AsyncJournal` (its producer threads run the async methods).
         tenant_id, agent: of runs started here.
+
+    Attributes:
+        graph_nodes: the :class:`GraphNodeJournal` of these runs — among a graph's callbacks (:meth:`compile` puts
+            it there), every node the graph runs is journaled on its thread's run.
     """
 
     def __init__(self, journal: Journal | AsyncJournal, *, tenant_id: str = "default", agent: str = "langgraph"):
@@ -74,6 +93,26 @@ class JournalRuns:
         self._async: dict[str, AsyncRunHandle] = {}
         self._lock = threading.Lock()
         self.store = FrameworkRecordStore(self.journal)
+        self.graph_nodes = GraphNodeJournal(self)
+
+    def compile(self, graph: Any, *, checkpoint: bool = True, **options: Any) -> Any:
+        """``graph`` (a LangGraph ``StateGraph``) compiled on the journal: checkpointed by a
+        :class:`JournalCheckpointSaver` on these runs, and every node it runs journaled (:attr:`graph_nodes` among
+        the compiled graph's callbacks; invoke-time callbacks are added to it).
+
+        Args:
+            graph: the graph builder (anything with LangGraph's ``compile(checkpointer=…, **options)``).
+            checkpoint: False compiles without the checkpointer (a graph that re-runs from its start on resume,
+                its tool calls answered by the journal); default True.
+            options: passed to ``graph.compile`` (``interrupt_before``, ``store``, ``name`` …; not
+                ``checkpointer``).
+
+        Returns:
+            The compiled graph (LangGraph's ``CompiledStateGraph``).
+        """
+        app = graph.compile(checkpointer=JournalCheckpointSaver(self), **options) if checkpoint \
+            else graph.compile(**options)
+        return app.with_config(callbacks=[self.graph_nodes])
 
     def handle(self, thread_id: str) -> RunHandle:
         """The thread's handle; a thread never seen starts its run (RUN_STARTED, ``run_id = thread_id``).
@@ -117,6 +156,191 @@ class JournalRuns:
                 self._async[sync.run_id] = handle
 
 
+@dataclass
+class _NodeRun:
+    """One node path's open tasks on one run (a node fanned out by ``Send`` runs several at once)."""
+
+    tasks: int = 0
+    """Tasks of the node running now: NODE_STARTED went out with the first, the outcome goes with the last."""
+    error: BaseException | None = None
+    """The first error one of them raised (the node failed)."""
+    paused: bool = False
+    """One of them stopped without an outcome (an ``interrupt()``, a cancellation): the node stays RUNNING."""
+
+
+@dataclass
+class _RunNodes:
+    """What one run's handle has journaled of the graph's nodes."""
+
+    attempts: dict[str, int]
+    """node path -> the attempt of its latest NODE_STARTED (seeded from the recovery plan of a resumed run)."""
+    open: dict[str, _NodeRun] = dataclass_field(default_factory=dict)
+    """node path -> its running tasks."""
+
+
+class GraphNodeJournal(BaseCallbackHandler):
+    """Journals every node a LangGraph graph runs on its thread's run (``thread_id`` = run id): NODE_STARTED before
+    the node's code, NODE_SUCCEEDED after it returned, NODE_FAILED (its error, ``retryable`` from the error's
+    attribute) when it raised — so the run's projected state, the console and ``runjournal inspect`` list the
+    graph's nodes with their status. Get it as ``runs.graph_nodes``; :meth:`JournalRuns.compile` puts it among the
+    compiled graph's callbacks (or pass it yourself: ``graph.with_config(callbacks=[runs.graph_nodes])``).
+
+    * ``node_id`` and ``node_path`` are the node's name; a subgraph's node is ``outer/inner``; the n-th task a
+      step pushed (``Send``, a functional ``@task``) is ``name#n`` (n from LangGraph's own task path, so the same
+      after a resume). Names follow ``runjournal.core.ids.NODE_NAME`` (no ``/`` or ``#``); a node whose name
+      breaks it fails before it runs, with ``InvalidIdError``.
+    * ``attempt`` counts the executions of the path on the run — a loop's visits, LangGraph's retries and a re-run
+      after a crash alike: it continues from the recovery plan on a resumed run (so a resumed graph's re-run of
+      the node it crashed in is its next attempt, never a second node).
+    * Parallel branches are separate nodes. Tasks of one path running at once (a subgraph's node inside two
+      pushed tasks) are one execution: started with the first, ended with the last (failed if any failed).
+    * A node stopped by ``interrupt()`` (or cancelled) publishes no outcome: it stays RUNNING until the graph
+      resumes it. ``Command(graph=PARENT)`` is a normal end.
+    * The events ride beside the handle's node stack (``RunHandle.node``), not on it: the node path that derives
+      a call's idempotency key is unchanged, so every call keeps the key it had without this journal
+      (docs/design/decisions/0048-graph-nodes-beside-the-key-path.md).
+
+    The events are non-durable, like ``RunHandle.node``'s; one that cannot be published stops the node with the
+    journal's error (a failed NODE_FAILED is added to the node's own error as a note instead).
+    """
+
+    raise_error = True
+    """A node whose event cannot be journaled fails (a fenced instance stops at its next node)."""
+
+    def __init__(self, runs: JournalRuns) -> None:
+        self.runs = runs
+        self.seen = False
+        """True once a graph ran a node with this handler (the checkpointer warns when it is never attached)."""
+        self.warned = False
+        self._lock = threading.Lock()
+        self._tasks: dict[UUID, tuple[RunHandle, str]] = {}
+        self._runs: weakref.WeakKeyDictionary[RunHandle, _RunNodes] = weakref.WeakKeyDictionary()
+
+    def on_chain_start(self, serialized: dict[str, Any] | None, inputs: Any, *, run_id: UUID,
+                       parent_run_id: UUID | None = None, tags: list[str] | None = None,
+                       metadata: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        """A graph task started: the first task of its node publishes NODE_STARTED (other chains: nothing).
+
+        Raises:
+            InvalidIdError: the node's name (or the thread id) breaks its rule; the node does not run.
+            ThreadNotOwnedError: the thread's run is not attached to this instance.
+            Publishing errors as ``RunHandle.emit``.
+        """
+        path = _task_path(kwargs.get("name"), tags, metadata)
+        if path is None:
+            return
+        self.seen = True
+        handle = self.runs.handle(_thread({"configurable": metadata}))
+        with self.runs.journal.run_lock(handle.run_id):
+            nodes = self._nodes(handle)
+            node = nodes.open.get(path)
+            if node is None:
+                attempt = nodes.attempts.get(path, 0) + 1
+                handle.emit(EventType.NODE_STARTED, {"node_path": path, "attempt": attempt}, node_id=path)
+                nodes.attempts[path] = attempt
+                node = nodes.open[path] = _NodeRun()
+            node.tasks += 1
+        with self._lock:
+            self._tasks[run_id] = (handle, path)
+
+    def on_chain_end(self, outputs: Any, *, run_id: UUID, parent_run_id: UUID | None = None,
+                     **kwargs: Any) -> None:
+        """A graph task returned: the node's last task publishes NODE_SUCCEEDED (or NODE_FAILED when another of
+        its tasks failed). Raises publishing errors as ``RunHandle.emit``."""
+        self._end(run_id, None)
+
+    def on_chain_error(self, error: BaseException, *, run_id: UUID, parent_run_id: UUID | None = None,
+                       **kwargs: Any) -> None:
+        """A graph task raised: the node's last task publishes NODE_FAILED (an interrupt or a cancellation: no
+        outcome). A NODE_FAILED that cannot be published is noted on ``error``, which propagates as it is."""
+        self._end(run_id, error)
+
+    def _nodes(self, handle: RunHandle) -> _RunNodes:
+        """The run's node record for ``handle`` (a resumed run's new handle starts from its plan's attempts)."""
+        with self._lock:
+            nodes = self._runs.get(handle)
+            if nodes is None:
+                plan = handle.plan
+                nodes = self._runs[handle] = _RunNodes(dict(plan.node_attempts) if plan is not None else {})
+            return nodes
+
+    def _end(self, task: UUID, error: BaseException | None) -> None:
+        with self._lock:
+            entry = self._tasks.pop(task, None)
+        if entry is None:
+            return  # not a graph task (or its start was not journaled)
+        handle, path = entry
+        with self.runs.journal.run_lock(handle.run_id):
+            nodes = self._nodes(handle)
+            node = nodes.open[path]
+            node.tasks -= 1
+            if isinstance(error, GraphInterrupt) or (error is not None and not isinstance(error, Exception)):
+                node.paused = True
+            elif error is not None and not isinstance(error, GraphBubbleUp) and node.error is None:
+                node.error = error
+            if node.tasks:
+                return
+            del nodes.open[path]
+            if node.error is not None:
+                _node_failed(handle, path, node.error)
+            elif not node.paused:
+                handle.emit(EventType.NODE_SUCCEEDED, {"node_path": path}, node_id=path)
+
+
+def _node_failed(handle: RunHandle, path: str, error: BaseException) -> None:
+    """NODE_FAILED of ``path`` (unless the handle can no longer write); a publish that fails is noted on ``error``."""
+    if not handle.writable:
+        return
+    payload = {"node_path": path, "error": error_text(error), "retryable": bool(getattr(error, "retryable", False))}
+    try:
+        handle.emit(EventType.NODE_FAILED, payload, node_id=path)
+    except JournalError as exc:
+        error.add_note(f"NODE_FAILED of {path} was not published: {error_text(exc)}")
+
+
+def _task_path(name: Any, tags: list[str] | None, metadata: dict[str, Any] | None) -> str | None:
+    """The node path of a graph task's run, or None for any other chain. A task is the run LangGraph starts for a
+    node: named as the node, tagged ``graph:step:<step>`` (not inherited by what runs inside it). Its checkpoint
+    namespace (``outer:<task id>|inner:<task id>``) gives the names of the subgraphs it runs in.
+
+    Raises:
+        InvalidIdError: a name breaks ``runjournal.core.ids.NODE_NAME``.
+    """
+    meta = metadata or {}
+    node = meta.get("langgraph_node")
+    if node is None or name != node or f"graph:step:{meta.get('langgraph_step')}" not in (tags or ()):
+        return None
+    namespace = str(meta.get("langgraph_checkpoint_ns") or node)
+    names = [NODE_NAME.check(part.split(":", 1)[0]) for part in namespace.split("|")]  # LangGraph's NS_SEP, NS_END
+    index = _push_index(meta.get("langgraph_path"))
+    if index is not None:
+        names[-1] = f"{names[-1]}#{index + 1}"
+    return NODE_PATH.check("/".join(names))
+
+
+def _push_index(task_path: Any) -> int | None:
+    """The index of a pushed task (a ``Send``: ``("__pregel_push", idx, False)``; a functional ``@task`` call:
+    ``("__pregel_push", parent path, idx, …)``) — deterministic from the checkpoint — or None for a node's own
+    task (``("__pregel_pull", name)``)."""
+    if not isinstance(task_path, tuple) or not task_path or task_path[0] != "__pregel_push":
+        return None
+    for part in task_path[1:3]:
+        if isinstance(part, int) and not isinstance(part, bool):
+            return part
+    return None
+
+
+def _unjournaled_nodes(nodes: GraphNodeJournal, thread_id: str) -> None:
+    """Warn, once per registry, that a graph checkpointed here has run a step without ``nodes`` among its callbacks:
+    its nodes are missing from the run's state (the console and ``inspect`` show none)."""
+    if nodes.seen or nodes.warned:
+        return
+    nodes.warned = True
+    log.warning("LangGraph thread %s runs without runjournal's node journal: its graph nodes will not show in the "
+                "run's state, the console or `runjournal inspect`; compile the graph with `runs.compile(graph)` "
+                "(or add `runs.graph_nodes` to its callbacks)", thread_id)
+
+
 def _typed(pair: tuple[str, bytes]) -> list[str]:
     return [pair[0], base64.b64encode(pair[1]).decode("ascii")]
 
@@ -148,6 +372,8 @@ class JournalCheckpointSaver(BaseCheckpointSaver[str]):
         control character (U+001F joins the record's field), before anything is written."""
         thread_id, ns = _thread(config), config["configurable"].get("checkpoint_ns", "")
         self.runs.handle(thread_id)  # the thread's run is ours (or starts now)
+        if (metadata or {}).get("source") == "loop" and int((metadata or {}).get("step") or 0) >= 1:
+            _unjournaled_nodes(self.runs.graph_nodes, thread_id)  # step >= 1: written after that step's nodes ran
         stripped = dict(checkpoint)
         values: dict[str, Any] = stripped.pop("channel_values", {})  # type: ignore[assignment]
         records = [Record("blob", join_field(ns, k, str(v)), json.dumps(

@@ -81,7 +81,8 @@ def inspect_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     timeline: Annotated[bool, typer.Option(help="Read the run's events from the topic too.")] = True,
 ) -> None:
-    """Show a run's projected state, execution records and (from the topic) its timeline."""
+    """Show a run's projected state (input, output, graph nodes, approvals), execution records and (from the topic)
+    its timeline."""
     from runjournal.cli._errors import fail
     from runjournal.consumers.ops.inspect import inspect_run
     from runjournal.consumers.runtime.topic_identity import preflight
@@ -110,6 +111,11 @@ def inspect_command(
                       f"(`runjournal approve {run_id} {approval_id}` / `deny`)", markup=False, highlight=False)
         if pending.get("args_json"):  # what the approver decides about (envelope v4)
             console.print(f"    arguments: {_clip(pending['args_json'])}", markup=False, highlight=False)
+    if st.get("nodes"):  # NODE_* events: a framework's graph (GraphNodeJournal) or RunHandle.node
+        nodes = folding_table("node", "status", "attempt", "error", title="graph nodes")
+        for path, node in st["nodes"].items():
+            nodes.add_row(path, node.get("status"), str(node.get("attempt")), _clip(node.get("error") or "", 200))
+        console.print(nodes)
     records = folding_table("call_id", "tool", "status", "attempts", "epoch", "idempotency key",
                             title="execution records")
     for cid, rec in sorted(st.get("records", {}).items()):

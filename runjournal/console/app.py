@@ -4,8 +4,9 @@ Routes:
 
 * ``GET /runs`` — the runs list (``?status=&tenant=&agent=&page=``; ``status=owner_dead``: unfinished runs whose owner
   holds no lease), most urgent first; ``GET /api/runs`` as JSON.
-* ``GET /runs/{run_id}`` — timeline (seq, epoch, offset), epochs, execution records by class, approvals, memory;
-  ``GET /api/runs/{run_id}`` as JSON.
+* ``GET /runs/{run_id}`` — input and output, graph nodes, timeline (seq, epoch, offset), epochs, execution records by
+  class, approvals, memory, and a note when the projection is behind the history; ``GET /api/runs/{run_id}`` the
+  same page as JSON (``RunPage.as_dict``).
 * ``POST /runs/{run_id}/approvals/{call_id}`` — ``decision=grant|deny|executed`` (+ ``comment``: a grant's comment,
   a denial's reason — or ``reason`` —, ``result`` for ``executed``, ``csrf``): operators only
   (``runjournal.console.auth``); 403 on a console started without a token, 401 without valid credentials.
@@ -182,11 +183,8 @@ class _Console:
             return self._error(request, f"no state for run {run_id} in the projection of prefix "
                                         f"{self.config.settings.topic_prefix} (is the projector running?)", 404,
                                kind="RunNotFound")
-        if request.url.path.startswith("/api/"):
-            return JSONResponse({"run_id": run_id, "partition": page.partition, "status": page.state.status.value,
-                                 "epoch": page.state.epoch, "timeline": page.timeline, "epochs": page.epochs,
-                                 "records": page.records, "pending": page.pending, "decided": page.decided,
-                                 "memory": [h.as_dict() for h in page.memory], "memory_note": page.memory_note})
+        if request.url.path.startswith("/api/"):  # the page's own fields (RunPage.as_dict): JSON and HTML agree
+            return JSONResponse(page.as_dict())
         return self._page(request, "run.html", {"run": page, "decided_now": request.query_params.get("decided")})
 
     def search(self, request: Request) -> Response:

@@ -97,10 +97,28 @@ class RunPage:
     behind: int = 0
     """Events of the timeline after the projection's applied offset: the header (the projection) is this many
     events behind the topic — the page says so rather than contradict itself."""
+    behind_note: str | None = None
+    """What the page says when ``behind`` (None when the projection has reached the history's end)."""
     memory: list[Any] = field(default_factory=list)
     """The run's memory items (advisory), each with provenance."""
     memory_note: str | None = None
     """Why memory is not shown (not installed, unavailable …), when it is not."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """The page as JSON values — ``GET /api/runs/{run_id}`` — with every section the HTML page renders from the
+        same fields: the header (status, epoch, tenant, agent, user, last seq, owner, applied offset, times, error,
+        parked reason), ``input`` / ``output`` (the recorded JSON, decoded), ``nodes``, ``behind`` and
+        ``behind_note``, the timeline, epochs, records, approvals and memory (advisory)."""
+        st = self.state
+        return {"run_id": self.run_id, "partition": self.partition, "status": st.status.value, "epoch": st.epoch,
+                "tenant_id": st.tenant_id, "agent": st.agent, "user_id": st.user_id, "last_seq": st.last_seq,
+                "owner": st.owner, "applied_offset": st.applied_offset, "started_at_ms": st.started_at_ms,
+                "finished_at_ms": st.finished_at_ms, "error": st.error,
+                "parked": st.gap_reason or st.blocked_reason or None,
+                "input": _json_value(st.input_json), "output": _json_value(st.output_json), "nodes": self.nodes,
+                "behind": self.behind, "behind_note": self.behind_note, "timeline": self.timeline,
+                "epochs": self.epochs, "records": self.records, "pending": self.pending, "decided": self.decided,
+                "memory": [h.as_dict() for h in self.memory], "memory_note": self.memory_note}
 
 
 def record_class(status: CallStatus, reconciled: Any) -> str:
@@ -190,7 +208,7 @@ class ConsoleData:
         state = self.store.get(partition, run_id)
         if state is None:
             return None
-        rows = read_run_events(self.settings, run_id)
+        rows = read_run_events(self.settings, run_id, partition=partition)  # the count read once per console
         page = run_page(run_id, partition, state, rows, inbox_decision=self.inbox.decision)
         if with_memory:
             page.memory, page.memory_note = self._memory_items(state)
@@ -234,11 +252,14 @@ def run_page(run_id: str, partition: int, state: RunState, rows: list[dict[str, 
                 "at_ms": d.decided_at_ms, "scope": _approval_scope(cid, d.scope_attempt),
                 "consumed_offset": d.consumed_offset} for cid, d in sorted(state.approvals.items())]
     timeline = [_timeline_row(r) for r in rows]
+    behind = sum(1 for t in timeline if t["offset"] > state.applied_offset)
+    note = None if not behind else (
+        f"The projection is {behind} event(s) behind the topic: the run's state shown is as of offset "
+        f"{state.applied_offset}, its event history reaches offset {timeline[-1]['offset']}. Refresh in a moment.")
     return RunPage(run_id=run_id, partition=partition, state=state, timeline=timeline, epochs=_epochs(rows),
                    records=_records(state), pending=_pending(state, rows, inbox_decision), decided=decided,
                    nodes=_nodes(state), run_input=_pretty_json(state.input_json),
-                   run_output=_pretty_json(state.output_json),
-                   behind=sum(1 for t in timeline if t["offset"] > state.applied_offset))
+                   run_output=_pretty_json(state.output_json), behind=behind, behind_note=note)
 
 
 def _pending(state: RunState, rows: list[dict[str, Any]],
@@ -306,6 +327,16 @@ def _pretty_json(text: str | None) -> str | None:
         return None
     try:
         return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+    except ValueError:
+        return text
+
+
+def _json_value(text: str | None) -> Any:
+    """Recorded JSON text decoded (text that is not JSON as it is; None stays None)."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
     except ValueError:
         return text
 

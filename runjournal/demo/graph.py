@@ -11,7 +11,8 @@ Interchangeable with the plain agent (``runjournal.demo.agent.execute``) at any 
 ``step<i>`` and both call with ``step="step<i>"``, so a run started here and resumed by a plain agent (or the
 reverse) meets the same idempotency keys and recorded results; approvals use the same call ids (``step<i>``).
 No LangGraph checkpointer: a resumed run re-executes the graph from the start, and the journal answers every
-recorded call, as it does for the plain agent.
+recorded call, as it does for the plain agent. The graph's nodes (``agent``, ``tools``) are journaled beside the
+steps' own (``runs.compile``: ``GraphNodeJournal``), without changing a key.
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ def execute_graph(runs: JournalRuns, handle: RunHandle, script: RunScript, *, pr
     graph.add_edge(START, "agent")
     graph.add_conditional_edges("agent", tools_condition, {"tools": "tools", END: END})
     graph.add_edge("tools", "agent")
-    app = graph.compile()
+    app = runs.compile(graph, checkpoint=False)  # every node journaled (runs.graph_nodes); no checkpointer
     app.invoke({"messages": [], "pos": 0}, {"configurable": {"thread_id": handle.run_id},
                                              "recursion_limit": 4 * len(steps) + 10})
     if script.succeeded:

@@ -19,7 +19,9 @@ schema (an open payload union for types this reader does not know: ``UNKNOWN`` e
 
 from __future__ import annotations
 
+import functools
 import threading
+from collections.abc import Mapping
 from io import BytesIO
 from typing import TYPE_CHECKING, Any
 
@@ -109,10 +111,6 @@ class EventCodec:
         versions = load_versions()
         self._current: SchemaVersion = versions[-1]
         self._validate = RecordValidator(self._current.parsed)  # type and range of every value, before writing
-        # The same bytes for the events it accepts, without walking the schema per value (schemas/_direct.py).
-        self._direct = DirectWriter.compile(self._current.parsed, record_names=_RECORD_NAME, contract=PAYLOAD_FIELDS,
-                                            repeated=("run_id", "tenant_id", "producer_id"))
-        self._direct_by_type = self._direct.writers if self._direct is not None else {}
         self._max_event_bytes = max_event_bytes
         self._topic = topic
         self._catalog = catalog
@@ -131,6 +129,19 @@ class EventCodec:
         self._headers: dict[str, bytes] = {}
         self._header_lock = threading.Lock()
         self._branch_symbols: dict[int, dict[str, str]] = {}
+
+    @functools.cached_property
+    def _direct(self) -> DirectWriter | None:
+        """The generated writer: the same bytes for the events it accepts, without walking the schema per value
+        (schemas/_direct.py). Compiled on first use — a codec that only decodes (``inspect``, the console, the
+        readers of the recovery job) never pays for it."""
+        return DirectWriter.compile(self._current.parsed, record_names=_RECORD_NAME, contract=PAYLOAD_FIELDS,
+                                    repeated=("run_id", "tenant_id", "producer_id"))
+
+    @functools.cached_property
+    def _direct_by_type(self) -> Mapping[EventType, Any]:
+        """Event type → its generated writer (empty when the schema has no generated writer)."""
+        return self._direct.writers if self._direct is not None else {}
 
     @property
     def fingerprint(self) -> int:

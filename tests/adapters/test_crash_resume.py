@@ -87,6 +87,10 @@ def test_langgraph_killed_inside_the_tool_resumes_from_its_checkpoint_and_sends_
     assert reconciled.payload["outcome"] == "COMMITTED" and reconciled.epoch == 2
     state = final_state(topics, run_id)
     assert state.status is RunStatus.SUCCEEDED
+    # the graph's nodes: the tool node killed in its first attempt ran again as attempt 2 on the resumed run (the
+    # plan's count continued, no second node), then the model node's second visit
+    assert {p: (n.status.value, n.attempt) for p, n in state.nodes.items()} == {
+        "agent": ("SUCCEEDED", 2), "tools": ("SUCCEEDED", 2)}
     (done,) = [r["event"] for r in rows if r["type"] == "RUN_SUCCEEDED"]
     # human, AI tool call, tool answer, final AI: the graph continued from its checkpoint (the first model
     # step was not run again: the resumed child's model knows only the second answer)

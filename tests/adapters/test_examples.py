@@ -16,6 +16,16 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
+def _nodes(topics: Settings, run_id: str) -> dict[str, tuple[str, int]]:
+    """The graph nodes in the run's state (a fold of its events): path -> (status, attempt)."""
+    from runjournal.model.reducer import fold
+    from tests.support.readback import events_of, read_committed
+
+    state = fold((e, 0, i) for i, e in enumerate(events_of(read_committed(topics), run_id)))
+    assert state is not None
+    return {path: (node.status.value, node.attempt) for path, node in state.nodes.items()}
+
+
 @pytest.mark.parametrize("argv", [
     ["async_calls.py", "--runs", "10", "--calls", "3"],
     ["langgraph_agent.py"],
@@ -30,5 +40,6 @@ def test_example_runs_to_exit_0(argv: list[str], topics: Settings, service_env: 
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     if argv[0] == "langgraph_agent.py":
         assert summary["emails_sent"] == 1 and summary["messages"] == 4 and summary["checkpoints"] >= 4
+        assert _nodes(topics, summary["run_id"]) == {"agent": ("SUCCEEDED", 2), "tools": ("SUCCEEDED", 1)}
     if argv[0] == "openai_agents_approval.py":
         assert summary["final"] == "Bob has his email." and summary["session_items"] >= 3

@@ -4,12 +4,16 @@ instance that owns its run."""
 
 from __future__ import annotations
 
+import operator
+from typing import Annotated, Any, TypedDict
+
 import pytest
 import redis
 
 pytest.importorskip("langgraph")
 
 from langgraph.checkpoint.base import empty_checkpoint  # noqa: E402
+from langgraph.graph.message import add_messages  # noqa: E402
 
 from runjournal.adapters._checkpoints import KINDS  # noqa: E402
 from runjournal.adapters.langgraph import JournalCheckpointSaver, JournalRuns, ThreadNotOwnedError  # noqa: E402
@@ -124,3 +128,169 @@ def test_a_model_turn_with_parallel_tool_calls_journals_each_once(topics: Settin
     state = fold((e, 0, i) for i, e in enumerate(events))
     assert state is not None and state.status is RunStatus.SUCCEEDED
     assert len(sent) == 3 and len(set(sent)) == 3
+
+
+# -- the graph's nodes in the run's state (issue 35) --------------------------------------------------------------
+class Notes(TypedDict, total=False):
+    """A graph state (module level: LangGraph resolves the annotations in this module's globals)."""
+
+    messages: Annotated[list[Any], add_messages]
+    notes: Annotated[list[str], operator.add]
+
+
+class Answer(TypedDict):
+    answer: str
+
+
+class Count(TypedDict):
+    n: int
+
+
+def _nodes(topics: Settings, run_id: str) -> dict[str, tuple[str, int]]:
+    """The run's projected nodes (a fold of its events on the topic): path -> (status, attempt)."""
+    from runjournal.model.reducer import fold
+    from tests.support.readback import events_of, read_committed
+
+    events = events_of(read_committed(topics), run_id)
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))  # node events took seqs like any other
+    state = fold((e, 0, i) for i, e in enumerate(events))
+    assert state is not None
+    return {path: (node.status.value, node.attempt) for path, node in state.nodes.items()}
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_the_runs_state_lists_every_graph_node_with_its_status(topics: Settings, mode: str) -> None:
+    """A graph compiled with ``runs.compile``: the model node twice (a loop), the journaled tool node, parallel
+    branches, a subgraph's node (``right/inner``) and the tasks ``Send`` fans out (``worker#1`` …) each appear in the
+    run's state with status and attempt. The keys of calls are those the code derived without the node journal: the
+    tool node's by ``tool_call_id``, a node's own ``call`` at the top level."""
+    import asyncio
+
+    from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langchain_core.tools import tool
+    from langgraph.graph import END, START, StateGraph
+    from langgraph.prebuilt import tools_condition
+    from langgraph.types import Send
+
+    from runjournal.adapters import JournaledTool, journaled_tool_node
+    from runjournal.producers import idempotency_key
+    from runjournal.producers.aio import AsyncJournal
+    from runjournal.schemas import EventType
+    from tests.support.readback import events_of, read_committed
+
+    @tool
+    def send_email(to: str) -> str:
+        """Send an email."""
+        return f"sent to {to}"
+
+    run_id = f"lg-nodes-{mode}"
+    lookup = JournaledTool(lambda q: {"rows": 3}, name="lookup", side_effect=False)
+
+    def build(runs: JournalRuns) -> Any:
+        model = GenericFakeChatModel(messages=iter([
+            AIMessage(content="", tool_calls=[{"name": "send_email", "id": "call-1", "args": {"to": "bob"}}]),
+            AIMessage(content="done")]))
+        inner = StateGraph(Notes)
+        inner.add_node("inner", lambda state: {"notes": ["inner"]})
+        inner.add_edge(START, "inner")
+        graph = StateGraph(Notes)
+        graph.add_node("agent", lambda state: {"messages": [model.invoke(state["messages"])]})
+        graph.add_node("tools", journaled_tool_node([send_email], runs))
+        # a node calling the journal itself, outside any RunHandle.node: its key stays at the top level
+        graph.add_node("report", lambda state: {"notes": [str(runs.handle(run_id).call(lookup, {"q": "x"}))]})
+        graph.add_node("left", lambda state: {"notes": ["left"]})
+        graph.add_node("right", inner.compile())
+        graph.add_node("worker", lambda item: {"notes": [f"w{item['i']}"]})
+        graph.add_edge(START, "agent")
+        graph.add_conditional_edges("agent", tools_condition, {"tools": "tools", END: "report"})
+        graph.add_edge("tools", "agent")
+        graph.add_edge("report", "left")
+        graph.add_edge("report", "right")
+        graph.add_conditional_edges("left", lambda state: [Send("worker", {"i": i}) for i in range(3)], ["worker"])
+        graph.add_edge("worker", END)
+        graph.add_edge("right", END)
+        return runs.compile(graph)
+
+    config = {"configurable": {"thread_id": run_id}}
+    start = {"messages": [HumanMessage(content="email bob")], "notes": []}
+    if mode == "sync":
+        with Journal(topics, producer_id="lg-nodes") as journal:
+            runs = JournalRuns(journal)
+            build(runs).invoke(start, config)
+            runs.handle(run_id).succeed()
+    else:
+        async def main() -> None:
+            async with await AsyncJournal.open(topics, producer_id="lg-nodes-aio") as journal:
+                runs = JournalRuns(journal)
+                await build(runs).ainvoke(start, config)
+                await runs.async_handle(run_id).succeed()
+        asyncio.run(main())
+    done = ("SUCCEEDED", 1)
+    assert _nodes(topics, run_id) == {"agent": ("SUCCEEDED", 2), "tools": done, "report": done, "left": done,
+                                      "right": done, "right/inner": done, "worker#1": done, "worker#2": done,
+                                      "worker#3": done}
+    events = events_of(read_committed(topics), run_id)
+    keys = {e.payload["tool"]: e.payload["idempotency_key"] for e in events if e.type is EventType.TOOL_CALL_INTENDED}
+    assert keys == {"send_email": idempotency_key(run_id, "#call-1", 1), "lookup": idempotency_key(run_id, "", 1)}
+    started = [e for e in events if e.type is EventType.NODE_STARTED]
+    assert all(e.node_id == e.payload["node_path"] for e in started)
+    assert [e.payload["node_path"] for e in started][:3] == ["agent", "tools", "agent"]
+
+
+def test_a_failing_node_is_failed_and_an_interrupted_one_runs_until_resumed(topics: Settings) -> None:
+    """A node that raises is NODE_FAILED with its error (the graph's error is the node's own); a node paused by
+    ``interrupt()`` stays RUNNING, and the graph resumed with ``Command(resume=…)`` runs it again as attempt 2."""
+    from langgraph.graph import START, StateGraph
+    from langgraph.types import Command, interrupt
+
+    def boom(state: Answer) -> Answer:
+        raise ValueError("the model answered nonsense")
+
+    def ask(state: Answer) -> Answer:
+        return {"answer": str(interrupt("approve?"))}
+
+    failing = StateGraph(Answer)
+    failing.add_node("ok", lambda state: {"answer": "fine"})
+    failing.add_node("boom", boom)
+    failing.add_edge(START, "ok")
+    failing.add_edge("ok", "boom")
+    asking = StateGraph(Answer)
+    asking.add_node("ask", ask)
+    asking.add_edge(START, "ask")
+    with Journal(topics, producer_id="lg-fail") as journal:
+        runs = JournalRuns(journal)
+        with pytest.raises(ValueError, match="nonsense"):
+            runs.compile(failing).invoke({"answer": ""}, {"configurable": {"thread_id": "lg-fail"}})
+        runs.handle("lg-fail").fail("the graph raised")
+        app, config = runs.compile(asking), {"configurable": {"thread_id": "lg-ask"}}
+        paused = app.invoke({"answer": ""}, config)
+        assert "__interrupt__" in paused
+        journal.flush()
+        assert _nodes(topics, "lg-ask") == {"ask": ("RUNNING", 1)}
+        assert app.invoke(Command(resume="yes"), config)["answer"] == "yes"
+        runs.handle("lg-ask").succeed()
+    assert _nodes(topics, "lg-fail") == {"ok": ("SUCCEEDED", 1), "boom": ("FAILED", 1)}
+    assert _nodes(topics, "lg-ask") == {"ask": ("SUCCEEDED", 2)}
+
+
+def test_a_graph_without_the_node_journal_is_named_once(topics: Settings, caplog: pytest.LogCaptureFixture) -> None:
+    """Compiled with the checkpointer alone, the graph runs as before, its nodes unjournaled — and the registry warns
+    once how to journal them."""
+    from langgraph.graph import START, StateGraph
+
+    graph = StateGraph(Count)
+    graph.add_node("a", lambda state: {"n": 1})
+    graph.add_node("b", lambda state: {"n": 2})
+    graph.add_edge(START, "a")
+    graph.add_edge("a", "b")
+    with caplog.at_level("WARNING", logger="runjournal.adapters.langgraph"), \
+            Journal(topics, producer_id="lg-bare") as journal:
+        runs = JournalRuns(journal)
+        app = graph.compile(checkpointer=JournalCheckpointSaver(runs))
+        for thread in ("lg-bare-1", "lg-bare-2"):
+            app.invoke({"n": 0}, {"configurable": {"thread_id": thread}})
+            runs.handle(thread).succeed()
+    warned = [r.getMessage() for r in caplog.records if "node journal" in r.getMessage()]
+    assert len(warned) == 1 and "runs.compile(graph)" in warned[0]
+    assert _nodes(topics, "lg-bare-1") == {}

@@ -1,11 +1,13 @@
 """The command line starts light: ``runjournal --help`` loads typer, rich and the command modules, and none of
-the clients, settings or consumers a command needs only once it runs (those import inside the command).
+the clients, settings or consumers a command needs only once it runs (those import inside the command); and
+``runjournal inspect RUN_ID`` loads what it reads with, not the journal's writer, the services or memory.
 
 How long it takes is measured by the bench (``python -m bench --only startup``, bench/README.md), never here.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -49,6 +51,53 @@ def test_a_reader_of_projected_state_loads_no_projector_service(module: str) -> 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=60,
                          check=True)
     assert out.stdout.strip() == "False", module
+
+
+#: What ``runjournal inspect RUN_ID`` must not load: the journal's writer (its transactional producer, the run handle),
+#: the services, memory, the console, the demo, the adapters — it reads a projected state and a partition.
+INSPECT_NEEDS_NOT = (
+    "runjournal.producers.journal", "runjournal.producers.handle", "runjournal.producers._txn",
+    "runjournal.producers.aio", "runjournal.consumers.projector.service", "runjournal.consumers.recovery",
+    "runjournal.consumers.memory", "runjournal.consumers.cognition", "runjournal.consumers.vectors",
+    "runjournal.consumers.context", "runjournal.console", "runjournal.demo", "runjournal.deploy.stack",
+    "runjournal.adapters", "qdrant_client", "numpy", "starlette", "uvicorn", "httpx", "langgraph", "langchain_core",
+    "prometheus_client")
+
+
+@pytest.mark.parametrize("module", ["runjournal.consumers.ops.inspect", "runjournal.consumers.runtime.partitions",
+                                    "runjournal.consumers.runtime.topic_identity"])
+def test_a_reader_of_the_journal_loads_no_journal_writer(module: str) -> None:
+    """``runjournal.producers``' exports load on first use: a reader that needs its errors (``TopicNotFoundError``)
+    or its plan does not import the journal, its transactional producer and the run handle."""
+    code = f"import {module}, sys; print(sorted(m for m in sys.modules if m.startswith('runjournal.producers')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=60,
+                         check=True)
+    loaded = eval(out.stdout)  # noqa: S307 - a list of module names printed by the child above
+    writer = ("runjournal.producers.journal", "runjournal.producers.handle", "runjournal.producers._txn")
+    assert [m for m in loaded if m in writer] == [], loaded
+
+
+@pytest.mark.integration
+def test_inspect_of_a_run_loads_only_what_it_reads_with(topics: object, service_env: dict[str, str]) -> None:
+    """``runjournal inspect RUN_ID`` on a real run (projected state and timeline), as a user runs it: the modules it
+    loaded by its exit include none of :data:`INSPECT_NEEDS_NOT`."""
+    from tests.support.provider import project
+    from tests.support.workload import publish, run_events
+
+    publish(topics, run_events("startup-a"))  # type: ignore[arg-type]
+    project(topics)  # type: ignore[arg-type]
+    code = ("import atexit, json, sys\n"
+            "atexit.register(lambda: print(json.dumps(sorted(sys.modules)), file=sys.stderr))\n"
+            "sys.argv = ['runjournal', 'inspect', 'startup-a']\n"
+            "from runjournal.cli import main\n"
+            "main()\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**service_env, "COLUMNS": "200"}, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "startup-a" in done.stdout and "RUN_SUCCEEDED" in done.stdout  # it did its whole job, timeline too
+    loaded = json.loads(done.stderr.strip().splitlines()[-1])
+    needless = sorted(m for m in loaded if any(m == n or m.startswith(n + ".") for n in INSPECT_NEEDS_NOT))
+    assert needless == [], "inspect imports these without needing them"
 
 
 @pytest.mark.parametrize(("args", "words"), [

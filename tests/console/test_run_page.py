@@ -109,3 +109,26 @@ def test_a_projection_behind_the_history_is_said_not_contradicted() -> None:
     html = _get(Reads(_events(), projected=5))
     note = html[html.index('id="behind"'):].split("</p>")[0]
     assert "2 event(s) behind the topic" in note and "offset 104" in note and "offset 106" in note
+
+
+def test_the_api_answers_what_the_page_shows() -> None:
+    """``/api/runs/{id}`` is the page as JSON (one ``RunPage`` builds both): input, output, the graph's nodes, the
+    header's facts and — when the projection is behind the history — the same note, word for word."""
+    import html as html_text
+
+    for projected, nodes, behind in ((7, [("plan", "SUCCEEDED", 1)], 0), (5, [("plan", "RUNNING", 1)], 2)):
+        reads = Reads(_events(), projected=projected)
+        app = build_app(ConsoleConfig(Settings.load(topic_prefix="page")), data=reads)  # type: ignore[arg-type]
+        client = TestClient(app)
+        api = client.get(f"/api/runs/{path_segment(RUN)}").json()
+        page = html_text.unescape(client.get(f"/runs/{path_segment(RUN)}").text)
+        assert api["input"] == {"to": "bob"} and api["output"] is None
+        assert [(n["node_path"], n["status"], n["attempt"]) for n in api["nodes"]] == nodes
+        assert (api["tenant_id"], api["agent"], api["user_id"], api["epoch"]) == ("t", "mailer", "u1", 1)
+        assert api["applied_offset"] == 99 + projected and api["last_seq"] == projected
+        assert api["behind"] == behind and len(api["timeline"]) == 7
+        if behind:
+            assert "2 event(s) behind the topic" in api["behind_note"] and api["behind_note"] in page
+        else:
+            assert api["behind_note"] is None and 'id="behind"' not in page
+        assert api == reads.page.as_dict()  # the API's JSON is the page's own fields, nothing rebuilt

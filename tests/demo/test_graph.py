@@ -71,3 +71,7 @@ def test_a_parallel_turn_journals_each_call_once_under_the_plain_agents_keys(top
     # is resumed by the other under the same keys, its recorded results answering
     assert set(intents) == {idempotency_key(run_id, f"#step{i}", 1) for i in (1, 2, 3, 5)}
     assert set(intents.values()) == {1}
+    # the graph's own nodes beside the steps' (RunHandle.node): the model node once per turn and after the last, the
+    # tool node once per turn — journaled without moving a key
+    nodes = {path: (n.status.value, n.attempt) for path, n in state.nodes.items()}
+    assert nodes["agent"] == ("SUCCEEDED", len(turns(script)) + 1) and nodes["tools"][0] == "SUCCEEDED"

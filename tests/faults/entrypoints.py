@@ -162,6 +162,10 @@ WRITERS: dict[str, Writer] = {
                                        covered_by="tests/adapters/test_langgraph_journal.py"),
     "JournalRuns.attach": Writer((), "the handle given is the thread's from now on", "rebuilds from the topic",
                                  covered_by="tests/adapters/test_crash_resume.py"),
+    **{f"GraphNodeJournal.{m}": Writer((), _HANDLE_RACE, _HANDLE_KILL,
+                                       covered_by="tests/adapters/test_langgraph_journal.py, "
+                                                  "tests/adapters/test_crash_resume.py")
+       for m in ("on_chain_start", "on_chain_end", "on_chain_error")},
     "JournalRunHooks.on_tool_start": Writer((), _HANDLE_RACE, _HANDLE_KILL,
                                             covered_by="tests/adapters/test_crash_resume.py"),
     "JournalRunHooks.on_tool_end": Writer((), _HANDLE_RACE, _HANDLE_KILL,
@@ -192,7 +196,7 @@ READERS: frozenset[str] = frozenset({
     "FrameworkRecordStore.fields", "FrameworkRecordStore.entries", "FrameworkRecordStore.get",
     "FrameworkRecordStore.threads", "JournalCheckpointSaver.get_tuple", "JournalCheckpointSaver.list",
     "JournalCheckpointSaver.get_next_version", "JournalCheckpointSaver.aget_tuple", "JournalCheckpointSaver.alist",
-    "JournalSession.get_items", "RecoveryJob.close", "RecoveryJob.unknown_runs",
+    "JournalSession.get_items", "JournalRuns.compile", "RecoveryJob.close", "RecoveryJob.unknown_runs",
     "Journal.request_for", "Journal.request_done", "RunHandle.pending_request", "AsyncRunHandle.pending_request",
     "Operator.select", "Operator.state", "Operator.close",
     # read-only commands
@@ -208,6 +212,6 @@ CLASSES = ("runjournal.producers:Journal", "runjournal.producers:RunHandle", "ru
            "runjournal.producers.aio:AsyncRunHandle", "runjournal.producers.approvals:ApprovalInbox",
            "runjournal.adapters:FrameworkRecordStore", "runjournal.adapters:JournalCheckpointSaver",
            "runjournal.adapters:JournalSession", "runjournal.adapters:JournalRuns",
-           "runjournal.adapters:JournalRunHooks", "runjournal.consumers.recovery.job:RecoveryJob",
-           "runjournal.consumers.ops.control:Operator")
+           "runjournal.adapters:GraphNodeJournal", "runjournal.adapters:JournalRunHooks",
+           "runjournal.consumers.recovery.job:RecoveryJob", "runjournal.consumers.ops.control:Operator")
 """Classes whose every public method must be classified (a new method is a new entry point)."""

@@ -322,3 +322,16 @@ def test_zigzag_varint_follows_the_avro_spec(n: int) -> None:
         if not z:
             break
     assert zigzag_varint(n) == bytes(expected)
+
+
+def test_a_codec_that_only_decodes_never_compiles_the_writer() -> None:
+    """The generated writer is compiled on first encode: a process that only reads (``inspect``, the console, the
+    recovery job's readers) does not pay for it (it was compiled by every codec's constructor)."""
+    event = Event(event_id="lazy", run_id="r", tenant_id="t", seq=1, epoch=1, producer_id="p",
+                  type=EventType.RUN_FAILED, occurred_at=datetime(2024, 1, 1, tzinfo=UTC), payload={"error": "e"})
+    data = CODEC.encode(event)
+    reader = EventCodec()
+    assert reader.decode(data).event_id == "lazy"
+    assert "_direct" not in vars(reader) and "_direct_by_type" not in vars(reader)
+    assert reader.encode(event) == data and reader.encode(event) == data  # compiled on use: the same bytes
+    assert vars(reader)["_direct"] is not None

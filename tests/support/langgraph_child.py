@@ -5,7 +5,8 @@ service env; ``RJ_FAILPOINTS=tests.langgraph.after_provider=1`` SIGKILLs the pro
 the provider executed the email and before the tool returned. The provider's ledger is the witness.
 
 Graph: ``agent`` (a scripted chat model: first a tool call ``call-1`` to ``send_email``, then "sent") →
-``tools`` (:func:`journaled_tool_node`) → ``agent`` → END, checkpointed by :class:`JournalCheckpointSaver`.
+``tools`` (:func:`journaled_tool_node`) → ``agent`` → END, compiled by ``runs.compile`` (checkpointed by
+:class:`JournalCheckpointSaver`, every node journaled).
 On ``resume`` the run is claimed and resumed, attached to the registry (its checkpoints rebuilt from the
 topic), and the graph continues from its checkpoint with ``invoke(None)``: the model is scripted with the
 second answer only, so re-running the first model step would fail the child.
@@ -22,7 +23,7 @@ from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
 
 from runjournal.adapters import current_idempotency_key
-from runjournal.adapters.langgraph import JournalCheckpointSaver, JournalRuns, journaled_tool_node
+from runjournal.adapters.langgraph import JournalRuns, journaled_tool_node
 from runjournal.core import failpoints
 from runjournal.core.settings import Settings
 from runjournal.demo.tools import ProviderTool
@@ -53,7 +54,7 @@ def build(runs: JournalRuns, provider: ProviderTool, answers: list[AIMessage]): 
     graph.add_edge(START, "agent")
     graph.add_conditional_edges("agent", tools_condition)
     graph.add_edge("tools", "agent")
-    return graph.compile(checkpointer=JournalCheckpointSaver(runs))
+    return runs.compile(graph)
 
 
 def main() -> None:

@@ -19,12 +19,21 @@ from runjournal.schemas.keys import partition_for
 __all__ = ["inspect_run", "read_run_events"]
 
 
-def read_run_events(settings: Settings, run_id: str, *, until_offset: int | None = None) -> list[dict[str, Any]]:
+def read_run_events(settings: Settings, run_id: str, *, until_offset: int | None = None,
+                    partition: int | None = None) -> list[dict[str, Any]]:
     """The run's records in offset order: ``[{offset, key, seq, epoch, type, node_id, event | error}]``.
 
     Scans the run's partition from its log start to its end offset (read_committed), deciding the end from
     positions (:func:`runjournal.consumers.runtime.partitions.read_ranges`). Cost grows with the partition's size;
     fine for inspection and tests, not for a hot path.
+
+    Args:
+        settings: the stack and topic prefix.
+        run_id: the run.
+        until_offset: read no further than this offset (inclusive); None: to the end.
+        partition: the run's partition when the caller has it (``partition_for(run_id, count)`` with the events
+            topic's count, checked against the journal's as :func:`events_partition_count` does); None: looked up
+            here (one more metadata request).
 
     A type this reader does not know has ``type`` ``UNKNOWN`` and ``writer_type`` the writer's symbol.
 
@@ -35,7 +44,8 @@ def read_run_events(settings: Settings, run_id: str, *, until_offset: int | None
             the codec cannot read for content reasons come back as ``UNDECODABLE`` rows instead.
     """
     codec = codec_from_settings(settings)
-    partition = partition_for(run_id, events_partition_count(settings))
+    if partition is None:
+        partition = partition_for(run_id, events_partition_count(settings))
     ((low, high),) = watermarks(settings, [partition]).values()
     end = high if until_offset is None else min(high, until_offset + 1)
     out: list[dict[str, Any]] = []
@@ -87,7 +97,7 @@ def inspect_run(settings: Settings, run_id: str, *, with_timeline: bool = True) 
     report: dict[str, Any] = {"run_id": run_id, "partition": partition, "state": json.loads(state.to_json())}
     if with_timeline:
         report["timeline"] = [{k: v for k, v in row.items() if k != "event"}
-                              for row in read_run_events(settings, run_id)]
+                              for row in read_run_events(settings, run_id, partition=partition)]
     return report
 
 
