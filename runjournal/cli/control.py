@@ -1,4 +1,4 @@
-"""``runjournal cancel`` / ``pause`` / ``resume``: an operator stops, holds or continues a run.
+"""``runjournal cancel`` / ``pause`` / ``resume`` / ``fork``: an operator stops, holds, continues or forks a run.
 
 The same semantics as the console's buttons and ``runjournal.consumers.ops.control.Operator`` (the one
 implementation; docs/design/decisions/0047-operator-controls.md): a cancel or a pause is a request the run's live
@@ -24,7 +24,7 @@ from rich.console import Console
 if TYPE_CHECKING:
     from runjournal.consumers.ops.control import ControlResult
 
-__all__ = ["cancel_command", "pause_command", "resume_command"]
+__all__ = ["cancel_command", "fork_command", "pause_command", "resume_command"]
 
 console = Console(stderr=True, soft_wrap=True)
 
@@ -142,3 +142,47 @@ def resume_command(run_id: RunArg = None, reason: Reason = "", by: By = None, wa
     calls return their results). A pause not yet carried out is withdrawn. Exits 1 for a run that is not paused."""
     _act("resume", run_id, reason=reason, by=by, wait=wait, dry_run=dry_run, tenant=tenant, agent=agent,
          status=status, older_than=older_than, limit=limit, as_json=as_json)
+
+
+def fork_command(
+    run_id: Annotated[str, typer.Argument(help="The run to fork.")],
+    at: Annotated[str | None, typer.Option("--at", help="The fork point: a seq of the run (its history up to and "
+                                           "including it) or an event id. Default: the run's end.")] = None,
+    new_run_id: Annotated[str | None, typer.Option("--run-id", help="The fork's run id (default: "
+                                                   "<RUN_ID>-fork-<8 hex>).")] = None,
+    reason: Reason = "",
+    by: By = None,
+    assign_to: Annotated[str | None, typer.Option("--assign-to", help="The live instance to hand the fork to "
+                                                  "(default: the least loaded).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="List what the fork does with each of the run's calls "
+                                          "— which effects it may perform again — and write nothing.")] = False,
+    as_json: AsJson = False,
+) -> None:
+    """Fork a run from a point of its history: a new run that starts from the run's execution facts up to that
+    point and is handed to a live instance. Calls recorded there return their results, calls unknown there are
+    reconciled first, and calls after it run under new keys — --dry-run lists exactly those effects. Exits 1 (nothing
+    written) for an unknown run, a point outside its history, or a run id that exists."""
+    from runjournal.cli._errors import cli_errors
+    from runjournal.consumers.ops.control import Operator
+    from runjournal.consumers.runtime.topic_identity import preflight
+    from runjournal.core.settings import Settings
+
+    at_seq, at_event = (int(at), None) if at is not None and at.isdigit() else (None, at)
+    settings = Settings.load()
+    with cli_errors(as_json):
+        preflight(settings)
+        with Operator(settings) as operator:
+            result = operator.fork(run_id, at_seq=at_seq, at_event=at_event, new_run_id=new_run_id, reason=reason,
+                                   requested_by=by, dry_run=dry_run, assign_to=assign_to)
+    if as_json:
+        print(json.dumps(result.as_dict()))
+        return
+    console.print(f"{run_id} at seq {result.at_seq} → {result.fork_run_id}: {result.outcome} — {result.detail}",
+                  markup=False, highlight=False)
+    labels = {"returned": "returned from the record (not run)", "reconciled": "unknown: reconciled first",
+              "rerun": "failed there: run again under the source's key",
+              "may_repeat": "MAY BE PERFORMED AGAIN (after the fork point; new key)"}
+    for group, label in labels.items():
+        for call in result.preview[group]:
+            console.print(f"  {call['tool']} {call['call_id']} ({call['at_fork'] or '-'} at the fork point, "
+                          f"{call['now']} now): {label}", markup=False, highlight=False)

@@ -453,6 +453,12 @@ class RunState:
     """Why that operator asked (RUN_RESUMED ``request_reason``; a cancel's reason is :attr:`error`)."""
     paused_at_ms: int | None = None
     """PAUSED: ``occurred_at`` of the RUN_RESUMED that paused it, ms since epoch UTC."""
+    forked_from: str | None = None
+    """RUN_STARTED ``forked_from``: the run this one was forked from (``runjournal fork``; envelope v5)."""
+    forked_at_seq: int | None = None
+    """RUN_STARTED ``forked_at_seq``: the source's seq the fork point is at."""
+    fork_lineage: tuple[str, ...] = ()
+    """RUN_STARTED ``fork_lineage``: the source, its source … — the runs whose keys its copied calls keep."""
     recent_event_ids: tuple[str, ...] = ()
     """event_ids of the last processed events, oldest first, bounded (duplicate detection window)."""
 
@@ -553,12 +559,13 @@ _MAPPING_FIELDS: dict[str, type] = {
     "approvals": ApprovalDecision,
     "records": ExecutionRecord,
 }
-_TUPLE_FIELDS = ("plan_nodes", "recent_event_ids")
+_TUPLE_FIELDS = ("plan_nodes", "recent_event_ids", "fork_lineage")
 
 
 #: Fields added to RunState after format 1 with their default: a state JSON written before has none.
 _ADDED_FIELDS: dict[str, Any] = {"unknown_events": dict, "requested_by": lambda: None,
-                                 "request_reason": lambda: None, "paused_at_ms": lambda: None}
+                                 "request_reason": lambda: None, "paused_at_ms": lambda: None,
+                                 "forked_from": lambda: None, "forked_at_seq": lambda: None, "fork_lineage": list}
 #: The same for the value types inside a state (by mapping field): name -> default.
 _ADDED_VALUE_FIELDS: dict[str, dict[str, Any]] = {
     "approvals": {"consumed_offset": None, "scope_call_id": None, "scope_attempt": None},
@@ -1288,6 +1295,11 @@ def _first(event: Event, partition: int, offset: int) -> RunState:
         agent=agent,
         user_id=event.payload.get("user_id"),
         input_json=input_json,
+        forked_from=event.payload.get("forked_from"),
+        forked_at_seq=event.payload.get("forked_at_seq"),
+        fork_lineage=tuple(event.payload.get("fork_lineage") or ()),
+        requested_by=event.payload.get("requested_by"),
+        request_reason=event.payload.get("request_reason"),
         started_at_ms=at_ms,
         updated_at_ms=at_ms,
         recent_event_ids=(event.event_id,),

@@ -245,6 +245,7 @@ class RunHandle:
         self._calls: dict[str, PlannedCall] = dict(plan.calls) if plan is not None else {}
         """idempotency key -> what is known of the call: the plan's entries, then this handle's own outcomes."""
         self._approvals: dict[str, ApprovalStatus] = dict(plan.approvals) if plan is not None else {}
+        self._lineage: tuple[str, ...] = plan.fork_lineage if plan is not None else ()
         self._pending: PendingOutcome | None = None
         self._reconcile_after: dict[str, float] = {}
         self._delivered: LastCall | None = None
@@ -302,6 +303,18 @@ class RunHandle:
         """The journal's state of approval ``call_id`` for this run as this handle knows it: the recovery plan's,
         updated by the APPROVAL_* events the handle published (PENDING / GRANTED / DENIED), or None."""
         return self._approvals.get(call_id)
+
+    @property
+    def forked_from(self) -> str | None:
+        """The run this one was forked from (``runjournal fork``), or None."""
+        return self._lineage[0] if self._lineage else None
+
+    @property
+    def input(self) -> Any:
+        """The run's input as recorded (RUN_STARTED ``input_json`` parsed), when this handle knows it: a resumed or
+        forked run's plan carries it; None otherwise."""
+        text = self.plan.input_json if self.plan is not None else None
+        return None if text is None else json.loads(text)
 
     @property
     def finished(self) -> bool:
@@ -544,7 +557,7 @@ class RunHandle:
             node_path, index = key_path, 1
             last = self._last_call.get(node_path)
             retry = last is not None and not last.delivered
-        key = idempotency_key(self.run_id, node_path, index)
+        key = self._key(node_path, index)
         common = {"call_id": key, "tool": tool.name, "idempotency_key": key, "args_digest": args_digest}
         planned = self._calls.get(key)
         if planned is not None:
@@ -564,6 +577,16 @@ class RunHandle:
         return (yield from self._execute(tool, args, args_json, common, node_path, index, effect, attempt))
 
     # -- steps ---------------------------------------------------------------------------------------
+    def _key(self, node_path: str, index: int) -> str:
+        """The call's idempotency key: derived from this run — or, in a forked run, from the source (its source …)
+        when the call is one the fork copied from it (its recorded outcome answers it under the key the provider
+        saw; docs/design/decisions/0049-fork.md). Calls after the fork point get this run's new keys."""
+        for source in self._lineage:
+            copied = idempotency_key(source, node_path, index)
+            if copied in self._calls:
+                return copied
+        return idempotency_key(self.run_id, node_path, index)
+
     def _groups_outcome(self, tool: Tool) -> bool:
         """True when this tool's TOOL_CALL_COMMITTED may ride the next commit (group commit): the journal's
         ``outcome_commit`` is ``group`` and the tool can ``reconcile()`` — so a crash before that commit leaves

@@ -168,6 +168,12 @@ class RecoveryPlan:
     """node path -> how many NODE_STARTED it had so far; a re-entered node starts at attempt + 1."""
     assigned_to: str | None = None
     """producer_id of the instance the run was handed to, when assigned."""
+    fork_lineage: tuple[str, ...] = ()
+    """A forked run's source, that run's source …: a call whose key derived with one of them is in :attr:`calls`
+    keeps that key (a copied call of the source: its recorded outcome answers it); every other call derives its key
+    from this run (docs/design/decisions/0049-fork.md)."""
+    input_json: str | None = None
+    """The run's input (RUN_STARTED ``input_json``), for the code that continues it."""
 
     def to_json(self) -> str:
         """The plan as JSON text (``"v": 1``; keys sorted, so equal plans give equal text)."""
@@ -183,6 +189,8 @@ class RecoveryPlan:
             "created_at_ms": self.created_at_ms,
             "node_attempts": dict(self.node_attempts),
             "assigned_to": self.assigned_to,
+            **({"fork_lineage": list(self.fork_lineage)} if self.fork_lineage else {}),
+            **({"input_json": self.input_json} if self.input_json is not None else {}),
         }
         try:  # orjson with sorted keys writes what json.dumps(sort_keys=True, separators=(",", ":")) does for ASCII
             return orjson.dumps(data, option=orjson.OPT_SORT_KEYS).decode("utf-8")
@@ -210,6 +218,8 @@ class RecoveryPlan:
             created_at_ms=int(data.get("created_at_ms", 0)),
             node_attempts={k: int(v) for k, v in data.get("node_attempts", {}).items()},
             assigned_to=data.get("assigned_to"),
+            fork_lineage=tuple(data.get("fork_lineage") or ()),
+            input_json=data.get("input_json"),
         )
 
 

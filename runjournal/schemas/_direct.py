@@ -127,7 +127,8 @@ def _strings(items: list[Any]) -> bytes | None:
 # -- code generation -------------------------------------------------------------------------------------
 Kind = str | tuple[str, int, str]
 """``"string"`` / ``"int"`` / ``"long"`` / ``"boolean"`` / ``"timestamp-millis"`` / ``"array<string>"``, or
-``("optional", index of the null branch, the other branch's kind)`` for ``["null", T]`` with a primitive T."""
+``("optional", index of the null branch, the other branch's kind)`` for ``["null", T]`` with a primitive T or an
+array of strings (RUN_STARTED ``fork_lineage``)."""
 
 
 def _kind(schema: Any) -> Kind | None:
@@ -139,7 +140,8 @@ def _kind(schema: Any) -> Kind | None:
             return None
         null = schema.index("null")
         inner = _kind(schema[1 - null])
-        return ("optional", null, inner) if isinstance(inner, str) and inner in _PRIMITIVE else None
+        return ("optional", null, inner) if isinstance(inner, str) and (inner in _PRIMITIVE or
+                                                                        inner == "array<string>") else None
     if not isinstance(schema, Mapping):
         return None
     kind, logical = schema.get("type"), schema.get("logicalType")

@@ -113,7 +113,9 @@ CONTROL_FLOW_TYPES: frozenset[EventType] = frozenset(
 _S, _I, _B = str, int, bool
 _TOOL = {"call_id": (_S, True), "tool": (_S, True), "idempotency_key": (_S, True), "args_digest": (_S, True)}
 PAYLOAD_FIELDS: dict[EventType, dict[str, tuple[type, bool]]] = {
-    EventType.RUN_STARTED: {"agent": (_S, True), "input_json": (_S, True), "user_id": (_S, False)},
+    EventType.RUN_STARTED: {"agent": (_S, True), "input_json": (_S, True), "user_id": (_S, False),
+                            "forked_from": (_S, False), "forked_at_seq": (_I, False), "fork_lineage": (list, False),
+                            "requested_by": (_S, False), "request_reason": (_S, False)},  # fork: v5
     EventType.PLAN_COMPILED: {"plan_hash": (_S, True), "code_version": (_S, True), "nodes": (list, True)},
     EventType.NODE_STARTED: {"node_path": (_S, True), "attempt": (_I, True)},
     EventType.NODE_SUCCEEDED: {"node_path": (_S, True), "output_digest": (_S, False)},

@@ -180,6 +180,13 @@ WRITERS: dict[str, Writer] = {
     **{name: Writer(RECOVERY_POINTS, _CONTROL_RACE, _CONTROL_KILL,
                     covered_by="tests/consumers/ops/test_control.py, tests/cli/test_control.py")
        for name in ("cli cancel", "cli pause", "cli resume", "Operator.cancel", "Operator.pause", "Operator.resume")},
+    **{name: Writer(RECOVERY_POINTS, "a fork is a new run id claimed with SET NX (two forks never share one); its "
+                    "events are one transaction of the recovery producer: of two actors the one fenced retries, "
+                    "nothing of its attempt lands",
+                    "before its commit nothing of the fork is in the journal (its claim is left, naming the recovery "
+                    "producer); after it, the fork is in its assignee's incoming set and the next pass completes the "
+                    "hand-over", covered_by="tests/consumers/ops/test_fork.py, tests/cli/test_fork.py")
+       for name in ("cli fork", "Operator.fork", "RecoveryJob.start_fork")},
     "RunHandle.stop_if_requested": Writer((), _HANDLE_RACE + "; an operator's request is carried out once (the "
                                           "handle remembers its stop)", _CONTROL_KILL,
                                           covered_by="tests/consumers/ops/test_control.py"),

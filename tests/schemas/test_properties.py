@@ -74,7 +74,9 @@ def test_current_round_trip_every_type(event: Event) -> None:
 
 _ADDED_AFTER_V1 = {"APPROVAL_REQUESTED": ("scope_call_id", "scope_attempt", "args_json"),  # v3, v4: null for older
                    "RUN_RESUMED": ("requested_by", "request_reason", "request_id", "paused"),  # v5
-                   "RUN_CANCELLED": ("requested_by", "request_id")}  # v5
+                   "RUN_CANCELLED": ("requested_by", "request_id"),  # v5
+                   "RUN_STARTED": ("forked_from", "forked_at_seq", "fork_lineage", "requested_by",
+                                   "request_reason")}  # v5
 
 
 def _v1_expected(symbol: str, payload: dict[str, Any]) -> dict[str, Any]:

@@ -32,7 +32,10 @@ def run_events(run_id: str, *, tenant: str = "acme", calls: int = 2, rng: random
                      seq=seq, epoch=1, producer_id="agent-1", type=etype,
                      occurred_at=_BASE + timedelta(milliseconds=seq), payload=payload, node_id=node)
 
-    out = [ev(T.RUN_STARTED, {"agent": "airline", "input_json": '{"q": 1}', "user_id": "u1"})]
+    started = {"agent": "airline", "input_json": '{"q": 1}', "user_id": "u1",  # and every v5 field: decode fills them
+               "forked_from": None, "forked_at_seq": None, "fork_lineage": None, "requested_by": None,
+               "request_reason": None}
+    out = [ev(T.RUN_STARTED, started)]
     out.append(ev(T.NODE_STARTED, {"node_path": "main", "attempt": 1}, "main"))
     for i in range(calls):
         tool = {"call_id": f"c{i}", "tool": "book_flight", "idempotency_key": f"{run_id}-k{i}",

@@ -18,6 +18,7 @@ from __future__ import annotations
 import getpass
 import socket
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -36,7 +37,7 @@ from runjournal.model.reducer import RunState, RunStatus
 from runjournal.producers.control import ControlRequest, ControlStore
 from runjournal.schemas.keys import partition_for
 
-__all__ = ["ControlRefusedError", "ControlResult", "Operator", "RunFilter", "default_operator"]
+__all__ = ["ControlRefusedError", "ControlResult", "ForkResult", "Operator", "RunFilter", "default_operator"]
 
 _ENDED = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED})
 
@@ -79,6 +80,31 @@ class ControlResult:
     """True once every live instance had read the request (after that, no new intent of the run is sent)."""
     waited_ms: float = 0.0
     """How long the call waited for the action to be carried out (ms)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-able form."""
+        return asdict(self)
+
+
+@dataclass
+class ForkResult:
+    """What a fork did, or would do (``--json``: :meth:`as_dict`)."""
+
+    run_id: str
+    """The source run."""
+    fork_run_id: str
+    """The fork's run id."""
+    at_seq: int
+    """The fork point: the source's history up to and including this seq."""
+    outcome: str
+    """``forked``, ``would_fork`` (``--dry-run``) or ``no_live_instance`` (nothing written)."""
+    preview: dict[str, Any]
+    """The source's calls by what the fork does with them: ``returned``, ``reconciled``, ``rerun``, ``may_repeat``
+    (``runjournal.consumers.recovery.fork.ForkPreview``)."""
+    assigned_to: str | None = None
+    """The live instance it was handed to."""
+    detail: str = ""
+    """A sentence a person can act on."""
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-able form."""
@@ -242,6 +268,74 @@ class Operator:
             result.status = RunStatus.RUNNING.value
         return result
 
+    def fork(self, run_id: str, *, at_seq: int | None = None, at_event: str | None = None,
+             new_run_id: str | None = None, reason: str = "", requested_by: str | None = None,
+             dry_run: bool = False, assign_to: str | None = None) -> ForkResult:
+        """Fork ``run_id`` at a point of its history: a new run whose journal starts with the source's execution
+        facts up to that point (copied, under the source's keys), handed to a live instance that re-executes the
+        agent's code — recorded calls return their results, calls unknown at the fork point are reconciled first,
+        every later call runs under the fork's new keys (docs/design/decisions/0049-fork.md). ``dry_run``: nothing is
+        written; the result lists every call and what the fork does with it — ``may_repeat`` the effects it may
+        perform again.
+
+        Args:
+            at_seq: the fork point: the source's history up to and including this seq. ``at_event``: the same,
+                named by an event id. Neither: the source's end.
+            new_run_id: the fork's run id (default ``<source>-fork-<8 hex>``; checked by the run-id rules).
+            assign_to: the live instance to hand it to (default: the least loaded).
+
+        Raises:
+            ControlRefusedError: unknown run, a fork point outside its history, a parked source, or a new run id
+                that exists (nothing written).
+            InvalidIdError: an id a lookup refuses; a ``new_run_id`` that breaks the run-id rules.
+        """
+        from runjournal.consumers.ops.inspect import read_run_events
+        from runjournal.consumers.recovery.fork import fork_history, preview
+        from runjournal.model.reducer import fold
+
+        RUN_ID.check_lookup(run_id)
+        who = requested_by or default_operator()
+        partition = partition_for(run_id, self._partitions)
+        rows = [r for r in read_run_events(self.settings, run_id, partition=partition) if "event" in r]
+        if not rows:
+            raise ControlRefusedError(f"no run {run_id} in the journal (prefix {self.settings.topic_prefix})")
+        positioned = [(r["event"], partition, r["offset"]) for r in rows]
+        if at_event is not None:
+            seqs = [r["event"].seq for r in rows if r["event"].event_id == at_event]
+            if not seqs:
+                raise ControlRefusedError(f"run {run_id} has no event {at_event}")
+            at_seq = seqs[0]
+        now = fold(positioned)
+        assert now is not None
+        at_seq = now.last_seq if at_seq is None else at_seq
+        if not 1 <= at_seq <= now.last_seq:
+            raise ControlRefusedError(f"the fork point must be a seq of run {run_id}: 1 to {now.last_seq}, "
+                                      f"got {at_seq}")
+        at = fold(positioned, until_seq=at_seq)
+        assert at is not None
+        if at.parked or now.parked:
+            raise ControlRefusedError(f"run {run_id} is parked ({now.status.value}); repair it before forking")
+        fork_id = new_run_id or _fork_id(run_id)
+        RUN_ID.check(fork_id)
+        seen = preview(at, now)
+        result = ForkResult(run_id=run_id, fork_run_id=fork_id, at_seq=at_seq, outcome="would_fork",
+                            preview=seen.as_dict())
+        if dry_run:
+            result.detail = (f"{len(seen.returned)} call(s) returned from the record, {len(seen.reconciled)} "
+                             f"reconciled first, {len(seen.rerun)} run again under the source's key, "
+                             f"{len(seen.may_repeat)} side effect(s) the fork may perform again")
+            return result
+        history = fork_history(at, fork_id=fork_id, at_seq=at_seq, requested_by=who, reason=reason or None)
+        try:
+            outcome = self.job.start_fork(history, assign_to=assign_to, requested_by=who, reason=reason or None)
+        except RecoveryError as exc:
+            raise ControlRefusedError(str(exc)) from exc
+        result.outcome = outcome.action
+        result.assigned_to = outcome.assigned_to
+        result.detail = (f"epoch {outcome.epoch}, handed to {outcome.assigned_to}" if outcome.action == "forked"
+                         else outcome.detail or "")
+        return result
+
     # -- cancel / pause -------------------------------------------------------------------------------------------
     def _known(self, run_id: str) -> RunState | None:
         """The run's state read from the journal to its end (the projection may lag what was just written)."""
@@ -355,6 +449,12 @@ class Operator:
             if alive and (seen is None or int(seen) < version):
                 return False
         return True
+
+
+def _fork_id(run_id: str) -> str:
+    """``<source>-fork-<8 hex>``, or ``fork-<32 hex>`` when that would pass the run-id length limit."""
+    candidate = f"{run_id}-fork-{uuid.uuid4().hex[:8]}"
+    return candidate if RUN_ID.problem(candidate) is None else f"fork-{uuid.uuid4().hex}"
 
 
 def _status(state: RunState | None) -> str:

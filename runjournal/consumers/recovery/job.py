@@ -590,6 +590,54 @@ class RecoveryJob:
         except Exception as exc:  # noqa: BLE001 - harmless leftover, removed by whoever meets it next
             log.warning("could not remove the %s request of run %s: %s", request.action, request.run_id, exc)
 
+    # -- forks (runjournal.consumers.recovery.fork; docs/design/decisions/0049-fork.md) ---------------------------
+    def start_fork(self, history: list[Event], *, assign_to: str | None = None, requested_by: str | None = None,
+                   reason: str | None = None) -> RunOutcome:
+        """Write a fork (``fork_history``'s events, then a RUN_RESUMED to a live instance) in one transaction of the
+        recovery producer and hand it over, like a recovered run. Its run id is claimed first (SET NX): a fork never
+        lands on an existing run.
+
+        Returns:
+            The outcome: ``forked`` (epoch 2, assigned), or ``no_live_instance`` (nothing written, the id freed).
+
+        Raises:
+            RecoveryError: the fork's run id exists, or the transaction was refused three times (another recovery
+                actor kept fencing this one); nothing of the fork landed.
+            FatalDependencyError, DependencyUnavailableError: as :meth:`recover`.
+        """
+        from runjournal.model.reducer import fold
+
+        self._check_topic()
+        fork_id = history[0].run_id
+        partition = self._partition(fork_id)
+        state = fold((e, partition, i) for i, e in enumerate(history))
+        assert state is not None
+        classified = classify(state)
+        outcome = RunOutcome(run_id=fork_id, partition=partition, previous_epoch=1, calls=classified.counts)
+        target = assign_to or self.instances.least_loaded()
+        if target is None:
+            return with_changes(outcome, action="no_live_instance", detail=NO_LIVE_INSTANCE)
+        claim = self.keys.claim(fork_id)
+        if not self.policy.call("claim the fork's run id", lambda: self.redis.set(claim, RECOVERY_PRODUCER_ID,
+                                                                                  nx=True)):
+            raise RecoveryError(f"run {fork_id} exists: a fork needs a new run id")
+        event = resumed_event(state, classified, target, {}, requested_by=requested_by, reason=reason)
+        plan = build_plan(state, classified, new_epoch=event.epoch, resumed_seq=event.seq, assigned_to=target,
+                          now_ms=int(time.time() * 1000))
+        self.policy.call("mark incoming", lambda: self.plans.mark_incoming({target: [fork_id]}))
+        error: str | None = None
+        for _attempt in range(3):
+            self.policy.call("init the recovery producer", self.publisher.ready)
+            error = self.publisher.publish([*history, event])
+            if error is None:
+                break
+        if error is not None:
+            self.policy.call("clear incoming", lambda: self.plans.clear_incoming([(target, fork_id)]))
+            self.instances.free_run_id(fork_id, RECOVERY_PRODUCER_ID)
+            raise RecoveryError(f"the fork {fork_id} was not written: {error}")
+        self._hand_over([HandOver(plan, None)])
+        return with_changes(outcome, action="forked", epoch=event.epoch, assigned_to=target)
+
     def _hand_over(self, items: list[HandOver]) -> None:
         """Step 7 for ``items`` (``runjournal.consumers.recovery.handover``): batches of single-slot writes, a crash
         between them completed by the next pass (:meth:`_live_owners`).
