@@ -11,7 +11,7 @@ import typer
 from runjournal.cli.acls import acls_app
 from runjournal.cli.approvals import approve_command, deny_command, settle_command
 from runjournal.cli.console import console_command
-from runjournal.cli.control import cancel_command, fork_command, pause_command, resume_command
+from runjournal.cli.control import cancel_command, fork_command, pause_command, resume_command, signal_command
 from runjournal.cli.demo import demo_command
 from runjournal.cli.erase import erase_command
 from runjournal.cli.knowledge import knowledge_app
@@ -78,6 +78,7 @@ app.command("cancel")(cancel_command)
 app.command("pause")(pause_command)
 app.command("resume")(resume_command)
 app.command("fork")(fork_command)
+app.command("signal")(signal_command)
 app.command("erase")(erase_command)
 app.command("demo")(demo_command)
 app.command("console")(console_command)

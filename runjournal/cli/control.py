@@ -24,7 +24,7 @@ from rich.console import Console
 if TYPE_CHECKING:
     from runjournal.consumers.ops.control import ControlResult
 
-__all__ = ["cancel_command", "fork_command", "pause_command", "resume_command"]
+__all__ = ["cancel_command", "fork_command", "pause_command", "resume_command", "signal_command"]
 
 console = Console(stderr=True, soft_wrap=True)
 
@@ -186,3 +186,35 @@ def fork_command(
         for call in result.preview[group]:
             console.print(f"  {call['tool']} {call['call_id']} ({call['at_fork'] or '-'} at the fork point, "
                           f"{call['now']} now): {label}", markup=False, highlight=False)
+
+
+def signal_command(
+    run_id: Annotated[str, typer.Argument(help="The run.")],
+    name: Annotated[str, typer.Argument(help="The signal's name (what run.wait_signal(NAME) waits for).")],
+    payload: Annotated[str, typer.Option("--payload", help="The signal's payload as JSON (run.wait_signal returns "
+                                         "it), e.g. '{\"approved\": true}'.")] = "null",
+    by: By = None,
+    as_json: AsJson = False,
+) -> None:
+    """Deliver a signal to a run, exactly once: a second delivery of the same name is refused (the first stands). A
+    run waiting for it takes it; a run held waiting for it is woken and handed to a live instance; a signal sent
+    before the run waits is there when it does. Exits 1 for an unknown or ended run, 2 when --payload is not JSON."""
+    from runjournal.cli._errors import cli_errors
+    from runjournal.consumers.ops.control import Operator
+    from runjournal.consumers.runtime.topic_identity import preflight
+    from runjournal.core.settings import Settings
+
+    try:
+        value = json.loads(payload)
+    except ValueError as exc:
+        raise typer.BadParameter(f"not JSON ({exc}); e.g. --payload '{{\"approved\": true}}'",
+                                 param_hint="--payload") from exc
+    settings = Settings.load()
+    with cli_errors(as_json):
+        preflight(settings)
+        with Operator(settings) as operator:
+            result = operator.signal(run_id, name, value, requested_by=by)
+    if as_json:
+        print(json.dumps(result.as_dict()))
+    else:
+        console.print(f"{run_id}: signal {name} {result.outcome} — {result.detail}", markup=False, highlight=False)

@@ -11,12 +11,13 @@ unit of atomicity; a key used alone needs no tag and is spread over the cluster 
   (owned set + assignment list);
 * thread ``{P:t:<thread_id>}``: ``rj:{P:t:<thread_id>}:lg:<kind>`` — a framework adapter's checkpoint
   projection (one MULTI per thread); the thread list ``rj:P:lg:threads`` stands alone;
-* run ``{P:r:<run_id>}``: ``rj:{P:r:<run_id>}:plan``, ``:approvals``, ``:claim`` — one node holds a run's keys;
+* run ``{P:r:<run_id>}``: ``rj:{P:r:<run_id>}:plan``, ``:approvals``, ``:signals``, ``:claim`` — one node holds a run's
+  keys;
 * no tag: single keys of the whole prefix — ``rj:P:topic``, ``rj:P:parked``, ``rj:P:approvals:pending``,
   ``rj:P:projector:lag_ms``, ``rj:P:metrics:endpoints`` — and ``rj:P:result:<sha256>`` (results spread over the nodes);
 * demo ``{P:demo}``: ``rj:{P:demo}:queue``, ``:claimed:<instance>``, … — LMOVE from the queue to a claimed list;
-* control ``{P:ctl}``: ``rj:{P:ctl}:requests``, ``:version`` — an operator's request and the version counter its
-  heartbeat readers watch, changed together (``runjournal.producers.control``).
+* control ``{P:ctl}``: ``rj:{P:ctl}:requests``, ``:version``, ``:timers`` — an operator's (or a waiting run's own)
+  request, the version counter heartbeat readers watch, and held runs' wake-up times (``runjournal.producers.control``).
 
 No operation spans two units: the recovery hand-over writes the plan (run unit), then the assignee's owned
 set and assignment list in one script (the assignee's instance unit), then removes the run from the dead
@@ -149,6 +150,11 @@ class RedisKeys:
         """``rj:{P:r:<run_id>}:approvals`` — hash call_id → a human's decision, for the run's owner."""
         return f"{self._run(run_id)}:approvals"
 
+    def signals(self, run_id: str) -> str:
+        """``rj:{P:r:<run_id>}:signals`` — hash signal name → its delivery (JSON, HSETNX: delivered once), read by
+        ``run.wait_signal`` (``producers.waits``)."""
+        return f"{self._run(run_id)}:signals"
+
     def claim(self, run_id: str) -> str:
         """``rj:{P:r:<run_id>}:claim`` — the instance that started the run (SET NX: a run id is used once)."""
         return f"{self._run(run_id)}:claim"
@@ -191,6 +197,11 @@ class RedisKeys:
     def control_requests(self) -> str:
         """``rj:{P:ctl}:requests`` — hash run_id → an operator's pending cancel or pause request (JSON)."""
         return f"rj:{{{self.prefix}:ctl}}:requests"
+
+    def control_timers(self) -> str:
+        """``rj:{P:ctl}:timers`` — sorted set run_id → when a held run wakes (ms by Redis's clock): durable sleeps and
+        signal waits' timeouts, resumed by the recovery service (``producers.control``)."""
+        return f"rj:{{{self.prefix}:ctl}}:timers"
 
     def control_version(self) -> str:
         """``rj:{P:ctl}:version`` — counter raised by every change of the requests (agents' heartbeats watch it)."""

@@ -76,6 +76,7 @@ ROLES: dict[str, tuple[RedisGrant, ...]] = {
         RedisGrant("metrics", "RW", "announce its /metrics endpoint (opt-in journal metrics)"),
         RedisGrant("topic", "R", "refuse to start when the topic's partition count is not the journal's"),
         RedisGrant("control", "RW", "operators' cancel / pause requests on its runs; removed once carried out"),
+        RedisGrant("signals", "R", "run.wait_signal reads a run's delivered signals"),
     ),
     "projector": (
         RedisGrant("projection", "RW", "fold the journal: states, run sets, applied offsets (one script)"),
@@ -114,6 +115,7 @@ ROLES: dict[str, tuple[RedisGrant, ...]] = {
         RedisGrant("surrendered", "RW", "erase: the run's entry in surrendered hashes"),
         RedisGrant("checkpoints", "RW", "erase: the run's framework checkpoint projection and thread-list entry"),
         RedisGrant("control", "RW", "cancel / pause a run (a request its owner carries out), withdraw a pause"),
+        RedisGrant("signals", "RW", "runjournal signal delivers a signal to a run (once); erase"),
     ),
 }
 """Role → the key families it may use (see the module docstring)."""
@@ -146,7 +148,8 @@ def family_globs(family: str, prefix: str, *, agent_name: str | None = None) -> 
         "result": [keys.result("*")],
         "checkpoints": keys.checkpoint_globs(),
         "metrics": [keys.metrics_endpoints()],
-        "control": [keys.control_requests(), keys.control_version()],
+        "control": [keys.control_requests(), keys.control_version(), keys.control_timers()],
+        "signals": [keys.run_glob("signals")],
         "everything": keys.patterns(),
     }
     if family == "instance":

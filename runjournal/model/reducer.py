@@ -453,6 +453,11 @@ class RunState:
     """Why that operator asked (RUN_RESUMED ``request_reason``; a cancel's reason is :attr:`error`)."""
     paused_at_ms: int | None = None
     """PAUSED: ``occurred_at`` of the RUN_RESUMED that paused it, ms since epoch UTC."""
+    resume_at_ms: int | None = None
+    """PAUSED by a durable wait (``run.sleep``, a signal wait's timeout): when the recovery service resumes it, ms
+    since the Unix epoch by Redis's clock (RUN_RESUMED ``resume_at_ms``)."""
+    waiting_for: str | None = None
+    """PAUSED waiting for a signal (``run.wait_signal``): its name; ``runjournal signal`` resumes the run."""
     forked_from: str | None = None
     """RUN_STARTED ``forked_from``: the run this one was forked from (``runjournal fork``; envelope v5)."""
     forked_at_seq: int | None = None
@@ -565,7 +570,8 @@ _TUPLE_FIELDS = ("plan_nodes", "recent_event_ids", "fork_lineage")
 #: Fields added to RunState after format 1 with their default: a state JSON written before has none.
 _ADDED_FIELDS: dict[str, Any] = {"unknown_events": dict, "requested_by": lambda: None,
                                  "request_reason": lambda: None, "paused_at_ms": lambda: None,
-                                 "forked_from": lambda: None, "forked_at_seq": lambda: None, "fork_lineage": list}
+                                 "forked_from": lambda: None, "forked_at_seq": lambda: None, "fork_lineage": list,
+                                 "resume_at_ms": lambda: None, "waiting_for": lambda: None}
 #: The same for the value types inside a state (by mapping field): name -> default.
 _ADDED_VALUE_FIELDS: dict[str, dict[str, Any]] = {
     "approvals": {"consumed_offset": None, "scope_call_id": None, "scope_attempt": None},
@@ -983,6 +989,8 @@ def _run_resumed(state: RunState, event: Event, offset: int) -> Changes:
         "requested_by": payload.get("requested_by"),
         "request_reason": payload.get("request_reason"),
         "paused_at_ms": ms(event.occurred_at) if paused else None,
+        "resume_at_ms": payload.get("resume_at_ms") if paused else None,
+        "waiting_for": payload.get("waiting_for") if paused else None,
     }
     if state.status is RunStatus.FAILED:
         changes.update(error=None, finished_at_ms=None)
@@ -1014,6 +1022,8 @@ def _run_cancelled(state: RunState, event: Event, offset: int) -> Changes:
         "requested_by": event.payload.get("requested_by"),
         "request_reason": None,
         "paused_at_ms": None,
+        "resume_at_ms": None,
+        "waiting_for": None,
         "finished_at_ms": ms(event.occurred_at),
         "records": mark_unsettled_at_end(state.records),
     }

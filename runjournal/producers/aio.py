@@ -297,6 +297,14 @@ class AsyncRunHandle:
             if not ended:  # abandoned mid-call (cancelled): an intended call stays open, as in the sync API
                 await self.journal.run_sync(self.sync.close_steps, steps)
 
+    async def sleep(self, seconds: float | None = None, *, until_ms: int | None = None) -> None:
+        """As :meth:`RunHandle.sleep` (the same steps; an in-process wait is ``asyncio.sleep``)."""
+        await self._drive(self.sync.sleep_steps(seconds, until_ms=until_ms))
+
+    async def wait_signal(self, name: str, *, timeout_s: float | None = None, poll_s: float = 0.2) -> Any:
+        """As :meth:`RunHandle.wait_signal` (the same steps; the polls are ``asyncio.sleep``)."""
+        return await self._drive(self.sync.wait_signal_steps(name, timeout_s=timeout_s, poll_s=poll_s))
+
     def pending_request(self) -> ControlRequest | None:
         """As :meth:`RunHandle.pending_request` (no I/O: the instance's last read)."""
         return self.sync.pending_request()

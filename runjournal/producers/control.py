@@ -39,6 +39,7 @@ from runjournal.core.redis_keys import RedisKeys
 
 __all__ = [
     "ACTIONS",
+    "WAIT",
     "ControlRequest",
     "ControlStore",
     "RequestRefusedError",
@@ -49,15 +50,21 @@ __all__ = [
 
 ACTIONS = ("cancel", "pause")
 """The requests an operator may leave for a run's owner (a resume is not a request: it is carried out at once)."""
+WAIT = "wait"
+"""A run's own request to be held until a time or a signal (``RunHandle.sleep`` / ``wait_signal`` past
+``hold_after_s``): carried out like a pause, with a wake-up time (``producers.waits``)."""
 
 #: Store a request unless one stands: KEYS = requests hash, version; ARGV = run id, action, JSON without the stamp.
-#: A pending cancel stands; the same action pending stands (idempotent); a cancel replaces a pending pause.
+#: A pending cancel stands; the same operator action pending stands (idempotent); a cancel replaces a pending pause
+#: or wait; a run's own wait replaces an earlier wait of it but never an operator's pause.
 #: Returns {1, json} when stored, {0, json of the standing request} otherwise. The stamp is Redis's clock.
 _REQUEST = """
 local cur = redis.call('HGET', KEYS[1], ARGV[1])
 if cur then
   local a = cjson.decode(cur)['action']
-  if a == 'cancel' or a == ARGV[2] then return {0, cur} end
+  if a == 'cancel' or (a == ARGV[2] and a ~= 'wait') or (ARGV[2] == 'wait' and a == 'pause') then
+    return {0, cur}
+  end
 end
 local t = redis.call('TIME')
 local req = cjson.decode(ARGV[3])
@@ -107,14 +114,20 @@ class ControlRequest:
     """Why (free text; the cancel's RUN_CANCELLED ``reason``, the pause's RUN_RESUMED ``request_reason``)."""
     requested_at_ms: int = 0
     """When the request was stored, ms since the Unix epoch by Redis's clock (display only: nothing orders by it)."""
+    until_ms: int | None = None
+    """``wait``: when the held run wakes, ms since the Unix epoch by Redis's clock (None: only a signal wakes it)."""
+    signal: str | None = None
+    """``wait``: the signal the held run waits for (None: a sleep)."""
 
     @classmethod
     def from_json(cls, run_id: str, raw: bytes | str) -> ControlRequest:
         """Parse a stored value (unknown keys are ignored: a newer writer's field)."""
         data = json.loads(raw)
+        until = data.get("until_ms")
         return cls(run_id=run_id, action=str(data["action"]), request_id=str(data["request_id"]),
                    requested_by=str(data.get("requested_by") or ""), reason=str(data.get("reason") or ""),
-                   requested_at_ms=int(data.get("requested_at_ms") or 0))
+                   requested_at_ms=int(data.get("requested_at_ms") or 0),
+                   until_ms=None if until is None else int(until), signal=data.get("signal"))
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-able form."""
@@ -134,22 +147,28 @@ class ControlStore:
         keys = RedisKeys(prefix)
         self.requests_key = keys.control_requests()
         self.version_key = keys.control_version()
+        self.timers_key = keys.control_timers()
         self._request = client.register_script(_REQUEST)
         self._remove = client.register_script(_REMOVE)
 
-    def request(self, run_id: str, action: str, *, requested_by: str, reason: str) -> tuple[bool, ControlRequest]:
+    def request(self, run_id: str, action: str, *, requested_by: str, reason: str, until_ms: int | None = None,
+                signal: str | None = None) -> tuple[bool, ControlRequest]:
         """Store a request for ``run_id`` unless one stands (module docstring).
+
+        Args:
+            until_ms, signal: a :data:`WAIT` request's wake-up time (Redis's clock, ms) and signal.
 
         Returns:
             (stored, the request now pending): ``stored`` False when an earlier request stands (it is returned).
 
         Raises:
-            ValueError: ``action`` is not one of :data:`ACTIONS`.
+            ValueError: ``action`` is not one of :data:`ACTIONS` or :data:`WAIT`.
         """
-        if action not in ACTIONS:
-            raise ValueError(f"action must be one of {ACTIONS}, got {action!r}")
+        if action not in (*ACTIONS, WAIT):
+            raise ValueError(f"action must be one of {(*ACTIONS, WAIT)}, got {action!r}")
         body = json.dumps({"action": action, "request_id": uuid.uuid4().hex, "requested_by": requested_by,
-                           "reason": reason})
+                           "reason": reason, **({"until_ms": until_ms} if until_ms is not None else {}),
+                           **({"signal": signal} if signal is not None else {})})
         stored, text = self._request(keys=[self.requests_key, self.version_key], args=[run_id, action, body])
         return bool(int(stored)), ControlRequest.from_json(run_id, text)
 
@@ -180,6 +199,28 @@ class ControlStore:
         """Remove ``request`` once its event is durable (compare-and-delete by ``request_id``); True when removed."""
         return bool(int(self._remove(keys=[self.requests_key, self.version_key],
                                      args=[request.run_id, request.request_id, ""])))
+
+    # -- durable timers: held runs' wake-up times ----------------------------------------------------------------
+    def now_ms(self) -> int:
+        """Redis's clock, ms since the Unix epoch: the one clock every timer is set and fired by."""
+        seconds, micros = self.r.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    def arm(self, run_id: str, until_ms: int, *, lt: bool = False) -> None:
+        """Record that the held run ``run_id`` wakes at ``until_ms`` (before the event that holds it commits).
+        ``lt``: keep an earlier wake-up time already stored (a signal delivered meanwhile armed it for now)."""
+        self.r.zadd(self.timers_key, {run_id: until_ms}, lt=lt)
+
+    def due(self, now_ms: int, limit: int = 1000) -> list[str]:
+        """Held runs whose wake-up time is at or before ``now_ms`` (oldest first, at most ``limit``)."""
+        return [m.decode() if isinstance(m, bytes) else m
+                for m in self.r.zrangebyscore(self.timers_key, "-inf", now_ms, start=0, num=limit)]
+
+    def disarm(self, run_ids: Iterable[str]) -> None:
+        """Forget the wake-up times of ``run_ids`` (they were resumed, or ended)."""
+        ids = list(run_ids)
+        if ids:
+            self.r.zrem(self.timers_key, *ids)
 
     def withdraw(self, run_id: str, action: str) -> bool:
         """Remove the pending request of ``run_id`` if its action is ``action`` (a resume withdraws a pause not yet

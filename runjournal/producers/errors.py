@@ -56,6 +56,8 @@ __all__ = [
     "RunExistsError",
     "RunPausedError",
     "RunStoppedError",
+    "RunWaitingError",
+    "SignalTimeoutError",
     "TopicNotFoundError",
     "TransactionAbortedError",
     "UnrecordableResultError",
@@ -198,6 +200,28 @@ class RunStoppedError(JournalError):
 class RunCancelledError(RunStoppedError):
     """The run was cancelled by an operator: RUN_CANCELLED (with who and why) ends it — at once, or once the
     requests still in flight on other threads have returned. It is never resumed."""
+
+
+class RunWaitingError(RunStoppedError):
+    """The run waits (``RunHandle.sleep`` / ``wait_signal``) longer than the Journal's ``hold_after_s``: this instance
+    gave it up and the recovery job holds it for nobody until ``until_ms`` (Redis's clock, ms) or the signal
+    ``signal`` arrives, then resumes it on a live instance, whose re-executed code passes the wait
+    (docs/design/decisions/0050-durable-waits.md). Let it propagate out of the run's code, like a pause.
+
+    Attributes (besides :class:`RunStoppedError`'s): until_ms, signal.
+    """
+
+    until_ms: int | None = None
+    signal: str | None = None
+
+
+class SignalTimeoutError(JournalError):
+    """``RunHandle.wait_signal``: the signal did not arrive before the wait's timeout (by Redis's clock). Raised the
+    same way live and after a resume; ask with another signal name to wait again."""
+
+    def __init__(self, message: str, *, run_id: str, signal: str) -> None:
+        super().__init__(message)
+        self.run_id, self.signal = run_id, signal
 
 
 class RunPausedError(RunStoppedError):

@@ -87,7 +87,7 @@ from runjournal.producers._digest import canonical_json, canonical_value, digest
 from runjournal.producers._recorded import RecordedValue, record_value
 from runjournal.producers._steps import CallSteps, Effect, Invoke, Reconcile, Sleep, advance, drive
 from runjournal.producers._unknown import outcome_unknown
-from runjournal.producers.control import ControlRequest, current_stop, reset_stop
+from runjournal.producers.control import WAIT, ControlRequest, ControlStore, current_stop, reset_stop
 from runjournal.producers.errors import (
     ApprovalDeniedError,
     DeliveryError,
@@ -104,11 +104,14 @@ from runjournal.producers.errors import (
     RunClosedError,
     RunPausedError,
     RunStoppedError,
+    RunWaitingError,
+    SignalTimeoutError,
     UnrecordableResultError,
 )
 from runjournal.producers.plan import ApprovalStatus, CallVerdict, PlannedCall
 from runjournal.producers.tools import Outcome, Tool
 from runjournal.producers.tracing import current_traceparent
+from runjournal.producers.waits import SignalInbox, SignalReceive, TimerStart
 from runjournal.schemas import DURABLE_TYPES, Event, EventType, new_event_id, utcnow
 
 if TYPE_CHECKING:
@@ -719,16 +722,18 @@ class RunHandle:
 
     def _carry_out(self, request: ControlRequest) -> NoReturn:
         """Carry ``request`` out under the run's lock (:meth:`stop_if_requested`); always raises its stop error."""
-        cls = RunCancelledError if request.action == "cancel" else RunPausedError
-        verb = "cancelled" if request.action == "cancel" else "paused"
+        cls = {"cancel": RunCancelledError, WAIT: RunWaitingError}.get(request.action, RunPausedError)
+        verb = {"cancel": "cancelled", WAIT: "released while it waits"}.get(request.action, "paused")
         err = cls(f"run {self.run_id} was {verb} by {request.requested_by or 'an operator'}"
                   f"{': ' + request.reason if request.reason else ''} (request {request.request_id})",
                   run_id=self.run_id, action=request.action, requested_by=request.requested_by,
                   reason=request.reason, request_id=request.request_id)
         err.retryable = False
+        if isinstance(err, RunWaitingError):
+            err.until_ms, err.signal = request.until_ms, request.signal
         self._stop_error = err
         if request.action != "cancel":
-            self._give_up(f"paused by {request.requested_by or 'an operator'}")
+            self._give_up(f"{verb} by {request.requested_by or 'an operator'}")
             raise err
         with self._idle:
             busy = self._sending > 0
@@ -743,6 +748,88 @@ class RunHandle:
                          "job, which carries the cancel out")
             self._give_up("its cancel could not be published")
         raise err
+
+    # -- durable waits (runjournal.producers.waits; docs/design/decisions/0050-durable-waits.md) ------------------
+    def sleep(self, seconds: float | None = None, *, until_ms: int | None = None) -> None:
+        """Wait ``seconds`` (or until ``until_ms``, ms since the Unix epoch) by Redis's clock, durably: the end time is
+        journaled (a step, like a call), so a resumed run's re-executed code passes a sleep that is over at once. A
+        sleep longer than the Journal's ``hold_after_s`` releases the run (``RunWaitingError``): no process holds it,
+        and the recovery service resumes it on a live instance when the time comes.
+
+        Raises:
+            RunWaitingError: the run was released until the sleep ends.
+            RunCancelledError, RunPausedError: an operator's request met at this step.
+            ValueError: neither or both of ``seconds`` and ``until_ms``, or a negative ``seconds``.
+        """
+        drive(self.sleep_steps(seconds, until_ms=until_ms), self.advance)
+
+    def sleep_steps(self, seconds: float | None = None, *, until_ms: int | None = None) -> CallSteps:
+        """:meth:`sleep` as steps (the asyncio handle drives them)."""
+        if (seconds is None) == (until_ms is None) or (seconds is not None and seconds < 0):
+            raise ValueError("give seconds (>= 0) or until_ms, not both")
+        args: dict[str, Any] = {"seconds": seconds} if seconds is not None else {"until_ms": until_ms}
+        timer = yield from self.call_steps(TimerStart(self._controls()), args)
+        due = int(timer["due_ms"])
+        while (left_ms := due - self._controls().now_ms()) > 0:
+            self._stop_if_requested()
+            if left_ms > self._hold_after_ms():
+                self._hold(until_ms=due, signal=None, reason=f"sleeping until {due} (Redis's clock, ms)")
+            yield Sleep(min(left_ms / 1000, 1.0))
+
+    def wait_signal(self, name: str, *, timeout_s: float | None = None, poll_s: float = 0.2) -> Any:
+        """Wait for the signal ``name`` (``runjournal signal RUN_ID NAME --payload JSON``) and return its payload —
+        delivered exactly once, also when it was sent before the run waits for it; the payload is journaled, so a
+        resumed run gets the same value. A wait longer than the Journal's ``hold_after_s`` releases the run until the
+        signal arrives or the timeout ends (``RunWaitingError``).
+
+        Raises:
+            SignalTimeoutError: ``timeout_s`` passed (by Redis's clock, from the first wait) without the signal.
+            RunWaitingError: the run was released until the signal (or the timeout).
+            RunCancelledError, RunPausedError: an operator's request met while it waited.
+            InvalidIdError: ``name`` breaks the call-id rules.
+        """
+        return drive(self.wait_signal_steps(name, timeout_s=timeout_s, poll_s=poll_s), self.advance)
+
+    def wait_signal_steps(self, name: str, *, timeout_s: float | None = None, poll_s: float = 0.2) -> CallSteps:
+        """:meth:`wait_signal` as steps (the asyncio handle drives them)."""
+        CALL_ID.check(name)
+        due: int | None = None
+        if timeout_s is not None:
+            timer = yield from self.call_steps(TimerStart(self._controls()), {"seconds": timeout_s,
+                                                                             "signal": name})
+            due = int(timer["due_ms"])
+        inbox = SignalInbox(self._controls().r, self._prefix())
+        waited_ms = 0.0
+        while (delivered := inbox.get(self.run_id, name)) is None:
+            self._stop_if_requested()
+            now = self._controls().now_ms()
+            if due is not None and now >= due:
+                raise SignalTimeoutError(f"run {self.run_id}: no signal {name!r} before its timeout",
+                                         run_id=self.run_id, signal=name)
+            if waited_ms >= self._hold_after_ms():  # waited in this process long enough: release the run
+                self._hold(until_ms=due, signal=name, reason=f"waiting for signal {name!r}")
+            yield Sleep(poll_s)
+            waited_ms += poll_s * 1000
+        return (yield from self.call_steps(SignalReceive(delivered), {"signal": name}))
+
+    def _controls(self) -> ControlStore:
+        controls = getattr(self.journal, "controls", None)
+        if controls is None:
+            raise JournalError("durable waits need a Journal (its ControlStore); this handle's journal has none")
+        return controls  # type: ignore[no-any-return]
+
+    def _prefix(self) -> str:
+        return str(getattr(self.journal, "_prefix", ""))
+
+    def _hold_after_ms(self) -> float:
+        return float(getattr(self.journal, "hold_after_s", 30.0)) * 1000
+
+    def _hold(self, *, until_ms: int | None, signal: str | None, reason: str) -> NoReturn:
+        """Release the run until ``until_ms`` or ``signal``: a ``wait`` request of its own, carried out at once (the
+        run is given up; the recovery job holds it with its wake-up time). A cancel or pause pending stands instead."""
+        stored, request = self._controls().request(self.run_id, WAIT, requested_by=self.producer_id, reason=reason,
+                                                   until_ms=until_ms, signal=signal)
+        self._carry_out(request)  # when not stored, the request that stands (a cancel, a pause) is carried out
 
     def _publish_cancelled(self, request: ControlRequest) -> None:
         payload = {"reason": request.reason or "cancelled by an operator", "requested_by": request.requested_by,

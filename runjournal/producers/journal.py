@@ -152,6 +152,9 @@ class Journal:
             it held (offsets from the delivery reports, -1 when none was served): what the broker acknowledged
             to this instance, e.g. for an independent witness (``runjournal demo`` writes it to an ack log).
             Runs on the publishing thread under the publisher's lock: it must be quick and must not raise.
+        hold_after_s: a durable wait (``RunHandle.sleep``, ``wait_signal``) longer than this many seconds releases
+            the run (``RunWaitingError``) instead of holding a thread; the recovery service resumes it when it ends
+            (default 30; docs/design/decisions/0050-durable-waits.md).
         connect_timeout_s: how long the first answers of Redis (a PING, when the Journal builds its own client)
             and of a broker (a metadata request) may take at start, seconds (default 5); past it,
             ``StackUnavailableError`` names the setting and ``runjournal stack up``.
@@ -194,6 +197,7 @@ class Journal:
         metrics: JournalMetrics | None = None,
         on_acked: Callable[[list[tuple[str, int, int]]], None] | None = None,
         connect_timeout_s: float = 5.0,
+        hold_after_s: float = 30.0,
     ) -> None:
         if codec is None:
             from runjournal.schemas import codec_from_settings
@@ -214,6 +218,8 @@ class Journal:
             raise ValueError(f"outcome_commit must be 'group' or 'strict', got {mode!r}")
         if outcome_linger_ms <= 0:
             raise ValueError(f"outcome_linger_ms must be > 0, got {outcome_linger_ms}")
+        if hold_after_s < 0:
+            raise ValueError(f"hold_after_s must be >= 0, got {hold_after_s}")
         if connect_timeout_s <= 0:
             raise ValueError(f"connect_timeout_s must be > 0, got {connect_timeout_s}")
         if probe_redis:  # a Redis that does not answer: named within connect_timeout_s, not a redis-py traceback
@@ -233,6 +239,8 @@ class Journal:
             self.transactional_id = transactional_id(settings, self.producer_id)
             self.topic = settings.events_topic
             self.inline_result_bytes = inline_result_bytes
+            self.hold_after_s = hold_after_s
+            """A durable wait (``RunHandle.sleep`` / ``wait_signal``) longer than this (s) releases the run."""
             self.outcome_retries = outcome_retries
             self.outcome_commit: OutcomeCommit = mode
             """``group`` or ``strict``: how a reconcilable tool's outcome is acknowledged (see the class docstring)."""

@@ -155,6 +155,8 @@ PAYLOAD_FIELDS: dict[EventType, dict[str, tuple[type, bool]]] = {
         "request_reason": (_S, False),
         "request_id": (_S, False),
         "paused": (_B, False),  # v5: held by nobody until resumed (None: not paused)
+        "resume_at_ms": (_I, False),  # v5: a held run's wake-up time (Redis's clock), ms since the epoch
+        "waiting_for": (_S, False),  # v5: the signal a held run waits for
     },
     EventType.RUN_SUCCEEDED: {"output_json": (_S, False)},
     EventType.RUN_FAILED: {"error": (_S, True)},

@@ -187,6 +187,17 @@ WRITERS: dict[str, Writer] = {
                     "producer); after it, the fork is in its assignee's incoming set and the next pass completes the "
                     "hand-over", covered_by="tests/consumers/ops/test_fork.py, tests/cli/test_fork.py")
        for name in ("cli fork", "Operator.fork", "RecoveryJob.start_fork")},
+    **{name: Writer((), _HANDLE_RACE + "; a wait's end is a recorded step (the timer's due time, the signal's "
+                    "payload), so a re-executed run meets the same answer", "a wait that released the run is a "
+                    "request carried out like a pause: held for nobody with its wake-up time, resumed by the sweep",
+                    covered_by="tests/consumers/ops/test_waits.py")
+       for name in ("RunHandle.sleep", "RunHandle.sleep_steps", "RunHandle.wait_signal", "RunHandle.wait_signal_steps",
+                    "AsyncRunHandle.sleep", "AsyncRunHandle.wait_signal")},
+    **{name: Writer(RECOVERY_POINTS, "a signal is written once (HSETNX: the first delivery stands); it arms the "
+                    "run's timer for now (ZADD LT), so a run held meanwhile wakes at the next sweep; waking is a "
+                    "recovery pass over the run (two fence each other)", _RECOVERY_KILL,
+                    covered_by="tests/consumers/ops/test_waits.py, tests/cli/test_signal.py")
+       for name in ("cli signal", "Operator.signal", "RecoveryJob.wake")},
     "RunHandle.stop_if_requested": Writer((), _HANDLE_RACE + "; an operator's request is carried out once (the "
                                           "handle remembers its stop)", _CONTROL_KILL,
                                           covered_by="tests/consumers/ops/test_control.py"),

@@ -42,7 +42,7 @@ def agent(run: RunHandle, tool: Booking, first_choice: str = "HAT123") -> Any:
 
 
 def crash_and_recover(topics: Settings, tool: Booking) -> tuple[str, Journal]:
-    dead = Journal(topics, producer_id=f"dead-{uuid.uuid4().hex[:6]}", lease_ttl_ms=500)
+    dead = Journal(topics, producer_id=f"dead-{uuid.uuid4().hex[:6]}", lease_ttl_ms=2000)  # 500: lapsed under load
     run = dead.start_run("t", "booker", {})
     assert agent(run, tool) == {"booking": "B-HAT456"}
     dead.close()  # the instance is gone with the run unfinished (its lease goes with it)

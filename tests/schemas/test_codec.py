@@ -36,7 +36,7 @@ V1, V2, V3, V4, V5 = load_versions()
 HEADER_V2 = "c301" + "40c6d1760c4792be"  # C3 01 + CRC-64-AVRO(v2) little-endian
 HEADER_V3 = "c301" + "7a38d4edef2a57d5"  # v3: the same bodies for these types
 HEADER_V4 = "c301" + "83e4c07b218afc51"  # v4: the same bodies for these types
-HEADER_V5 = "c301" + "79613988eb6cae1c"  # v5 (the current writer): the same bodies for these types
+HEADER_V5 = "c301" + "db94cf82334e67b6"  # v5 (the current writer): the same bodies for these types
 
 EXACT = [
     pytest.param(
@@ -135,7 +135,7 @@ def test_fingerprints_follow_the_avro_spec() -> None:
     for version in (V1, V2, V3, V4, V5):
         assert version.fingerprint == _crc64_avro(version.canonical_form.encode())
         assert version.header == b"\xc3\x01" + version.fingerprint.to_bytes(8, "little")
-    assert CODEC.fingerprint == V5.fingerprint == 0x1CAE6CEB88396179
+    assert CODEC.fingerprint == V5.fingerprint == 0xB6674E3382CF94DB
     assert V4.fingerprint == 0x51FC8A217BC0E483
     assert V3.fingerprint == 0xD5572AEFEDD4387A
     assert V2.fingerprint == 0xBE92470C76D1C640
@@ -370,8 +370,9 @@ def test_v5_records_who_asked_for_a_cancel_pause_or_resume_and_older_writers_rea
                                                              "request_id": "c-1"}
     paused = _event(EventType.RUN_RESUMED, previous_epoch=2, recovered_by="recovery@1", plan_json="{}",
                     assigned_to=None, requested_by="ops@host", request_reason="budget review", request_id="p-1",
-                    paused=True)
+                    paused=True, resume_at_ms=1_796_000_000_000, waiting_for="approved")
     assert CODEC.decode(CODEC.encode(paused)).payload["paused"] is True
+    assert CODEC.decode(CODEC.encode(paused)).payload["resume_at_ms"] == 1_796_000_000_000
     assert CODEC.encode(paused)[:10] == V5.header
     old = _raw_v2({"type": "RUN_CANCELLED"}, ("runjournal.RunCancelledPayload", {"reason": "r"}))
     assert CODEC.decode(old).payload == {"reason": "r", "requested_by": None, "request_id": None}

@@ -100,7 +100,8 @@ def _good(py: type, name: str) -> st.SearchStrategy[Any]:
     if py is bool:
         return st.booleans()
     if py is int:
-        return st.integers(-(2**63), 2**63 - 1) if name == "timeout_ms" else st.integers(-(2**31), 2**31 - 1)
+        longs = name in ("timeout_ms", "resume_at_ms")
+        return st.integers(-(2**63), 2**63 - 1) if longs else st.integers(-(2**31), 2**31 - 1)
     if py is list:
         return st.lists(_TEXT, max_size=4)
     return _TEXT
@@ -174,7 +175,7 @@ def _extremes(etype: EventType) -> list[Event]:
     base = _base(etype)
     out = [base]
     for name, (py, required) in PAYLOAD_FIELDS[etype].items():
-        values = _EDGES.get(py, _LONG_EDGES if name == "timeout_ms" else _INT_EDGES)
+        values = _EDGES.get(py, _LONG_EDGES if name in ("timeout_ms", "resume_at_ms") else _INT_EDGES)
         out += [dataclasses.replace(base, payload={**base.payload, name: v}) for v in values]
         if not required:
             out.append(dataclasses.replace(base, payload={**base.payload, name: None}))
@@ -206,7 +207,7 @@ def test_just_outside_the_ranges_the_writer_declines_and_the_checked_error_stand
         if required:
             bad.append(dataclasses.replace(base, payload={k: v for k, v in base.payload.items() if k != name}))
         if py is int:
-            high = 2**63 if name == "timeout_ms" else 2**31
+            high = 2**63 if name in ("timeout_ms", "resume_at_ms") else 2**31
             bad.append(dataclasses.replace(base, payload={**base.payload, name: high}))
     for event in bad:
         assert isinstance(_checked(event), SchemaError), event

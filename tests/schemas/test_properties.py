@@ -27,7 +27,7 @@ def _value(name: str, py: type) -> st.SearchStrategy[Any]:
     if py is bool:
         return st.booleans()
     if py is int:
-        return st.integers(0, 2**62) if name == "timeout_ms" else _INT32
+        return st.integers(0, 2**62) if name in ("timeout_ms", "resume_at_ms") else _INT32
     if py is list:
         return st.lists(_TEXT, max_size=5)
     return _TEXT
@@ -73,7 +73,8 @@ def test_current_round_trip_every_type(event: Event) -> None:
 
 
 _ADDED_AFTER_V1 = {"APPROVAL_REQUESTED": ("scope_call_id", "scope_attempt", "args_json"),  # v3, v4: null for older
-                   "RUN_RESUMED": ("requested_by", "request_reason", "request_id", "paused"),  # v5
+                   "RUN_RESUMED": ("requested_by", "request_reason", "request_id", "paused", "resume_at_ms",
+                                   "waiting_for"),  # v5
                    "RUN_CANCELLED": ("requested_by", "request_id"),  # v5
                    "RUN_STARTED": ("forked_from", "forked_at_seq", "fork_lineage", "requested_by",
                                    "request_reason")}  # v5

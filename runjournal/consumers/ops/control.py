@@ -268,6 +268,49 @@ class Operator:
             result.status = RunStatus.RUNNING.value
         return result
 
+    def signal(self, run_id: str, name: str, payload: Any = None, *, requested_by: str | None = None) -> ControlResult:
+        """Deliver the signal ``name`` with ``payload`` (a JSON value) to ``run_id`` — exactly once: a second delivery
+        of the same name is refused (``already_delivered``), the first stands. A run waiting for it in a process
+        (``run.wait_signal``) takes it at its next poll; a run held waiting for it is woken now (a recovery pass here
+        hands it to a live instance). A signal sent before the run waits is there when it does.
+
+        Raises:
+            ControlRefusedError: unknown or ended run (nothing delivered).
+            InvalidIdError: ``name`` breaks the call-id rules; a ``run_id`` a lookup refuses.
+            NonCanonicalValueError: ``payload`` has no exact JSON form (nothing delivered).
+        """
+        from runjournal.core.ids import CALL_ID
+        from runjournal.producers._digest import canonical_value
+        from runjournal.producers.waits import SignalInbox
+
+        RUN_ID.check_lookup(run_id)
+        CALL_ID.check(name)
+        canonical_value(payload, "signal payload")
+        who = requested_by or default_operator()
+        started = time.monotonic()
+        state = self._known(run_id)
+        if state is not None and state.status in _ENDED:
+            raise ControlRefusedError(f"run {run_id} already ended ({state.status.value}); no signal is delivered")
+        if not SignalInbox(self.redis, self.settings.topic_prefix).send(run_id, name, payload, sent_by=who):
+            return ControlResult(run_id, "signal", "already_delivered", f"signal {name!r} was delivered to {run_id} "
+                                 "before; the first delivery stands (a signal is delivered once)",
+                                 status=_status(state), owner=state.owner if state else None)
+        self.controls.arm(run_id, self.controls.now_ms(), lt=True)  # a held run waiting for it wakes at the next sweep
+        result = ControlResult(run_id, "signal", "delivered", status=_status(state),
+                               owner=state.owner if state else None)
+        if state is not None and state.status is RunStatus.PAUSED and state.waiting_for == name:
+            report = self.job.wake([run_id])
+            outcome = next((o for o in report.runs if o.run_id == run_id), None)
+            if outcome is not None and outcome.action == "resumed":
+                result.detail = f"the run waited for it: woken, epoch {outcome.epoch}, handed to {outcome.assigned_to}"
+                result.status, result.owner = RunStatus.RUNNING.value, outcome.assigned_to
+            elif outcome is not None:
+                result.detail = f"the run waits for it; wake-up: {outcome.action} — {outcome.detail or ''}"
+        else:
+            result.detail = "delivered: the run takes it when it waits for it (or at its next poll)"
+        result.waited_ms = _ms(started)
+        return result
+
     def fork(self, run_id: str, *, at_seq: int | None = None, at_event: str | None = None,
              new_run_id: str | None = None, reason: str = "", requested_by: str | None = None,
              dry_run: bool = False, assign_to: str | None = None) -> ForkResult:

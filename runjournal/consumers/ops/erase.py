@@ -217,7 +217,7 @@ def _delete_redis(settings: Settings, client: Any, partition: int, run_id: str) 
     keys = RedisKeys(settings.topic_prefix)
     inbox = ApprovalInbox(client, settings.topic_prefix)
     pipe = client.pipeline(transaction=False)  # single-key commands: a cluster pipeline routes each by its slot
-    own = [keys.run(partition, run_id), keys.plan(run_id), keys.approvals(run_id),
+    own = [keys.run(partition, run_id), keys.plan(run_id), keys.approvals(run_id), keys.signals(run_id),
            *(keys.checkpoint(run_id, kind) for kind in KINDS)]
     for key in own:
         pipe.delete(key)
@@ -226,6 +226,8 @@ def _delete_redis(settings: Settings, client: Any, partition: int, run_id: str) 
     pipe.srem(keys.parked(), run_id)
     pipe.hdel(keys.index(partition), run_id)  # the runs list's entry (projector/index.py)
     pipe.hdel(keys.live(partition), run_id)  # the live index's entry (a parked run has none; harmless)
+    pipe.hdel(keys.control_requests(), run_id)  # an operator's request or its own wait (producers.control)
+    pipe.zrem(keys.control_timers(), run_id)  # a held run's wake-up time
     for family, op in (("owned", "srem"), ("incoming", "srem"), ("assign", "lrem"), ("surrendered", "hdel")):
         for key in redis_clients.scan_keys(client, keys.instance_glob(family)):
             if op == "srem":

@@ -84,7 +84,7 @@ from runjournal.core.ids import PRODUCER_ID, RUN_ID
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.model.reducer import RunState, RunStatus
-from runjournal.producers.control import ControlRequest, ControlStore
+from runjournal.producers.control import WAIT, ControlRequest, ControlStore
 from runjournal.producers.fencing import fence_producer
 from runjournal.producers.plan import PlanStore, RecoveryPlan
 from runjournal.schemas import Event, codec_from_settings
@@ -142,6 +142,8 @@ class RecoveryJob:
         self._force = False
         self._reopen_failed = False
         self._resume_paused = False
+        self._waking: int | None = None
+        """Redis's clock (ms) during a wake pass (:meth:`wake`): only runs held by a wait whose time came resume."""
         self._asked: tuple[str | None, str | None] = (None, None)
         self._requests: dict[str, ControlRequest] = {}
         """run_id -> an operator's pending request, for the runs of this pass (one read per pass)."""
@@ -313,9 +315,45 @@ class RecoveryJob:
             self._pass(report, stale=stale, instance=instance, runs=runs, assign_to=assign_to)
             self._clear_incoming(report)
             self._clear_surrendered(report)
+            if stale:  # the sweep also fires durable timers: held runs whose wake-up time came (producers.waits)
+                self._wake(report, None, assign_to)
         report.recovery_ms = (time.monotonic() - started) * 1000
         log.info("recovery pass", extra=report.as_dict(with_runs=False))
         return report
+
+    def wake(self, runs: list[str] | None = None, *, assign_to: str | None = None) -> RecoveryReport:
+        """Resume the held runs whose wake-up time came (``rj:{P:ctl}:timers`` by Redis's clock), or ``runs``: a run
+        held by a durable wait (``run.sleep``, ``run.wait_signal``) is resumed when its time came or it waits for a
+        signal (a delivered signal arms its timer now); a run an operator paused is left held. ``recover(stale=True)``
+        does this after every sweep. docs/design/decisions/0050-durable-waits.md.
+
+        Raises:
+            As :meth:`recover`.
+        """
+        started = time.monotonic()
+        report = RecoveryReport()
+        self._alive = {}
+        self._check_topic()
+        self._force = self._reopen_failed = False
+        self._asked = (None, None)
+        with collector_paused() as self._gc:
+            self._wake(report, runs, assign_to)
+        report.recovery_ms = (time.monotonic() - started) * 1000
+        return report
+
+    def _wake(self, report: RecoveryReport, runs: list[str] | None, assign_to: str | None) -> None:
+        now = self.policy.call("read Redis's clock", self.controls.now_ms)
+        due = runs if runs is not None else self.policy.call("read timers", lambda: self.controls.due(now))
+        due = [r for r in due if RUN_ID.problem(r) is None]
+        if not due:
+            return
+        self._resume_paused, self._waking, self._asked = True, now, (None, "woken: its wait is over")
+        try:
+            self._pass(report, stale=False, instance=None, runs=due, assign_to=assign_to)
+            self._clear_incoming(report)
+            self._clear_surrendered(report)
+        finally:
+            self._resume_paused, self._waking, self._asked = False, None, (None, None)
 
     def _pass(self, report: RecoveryReport, *, stale: bool, instance: str | None, runs: list[str] | None,
               assign_to: str | None) -> None:
@@ -431,11 +469,20 @@ class RecoveryJob:
                 self._disown(owner, run_id)
                 if (moot := self._requests.pop(run_id, None)) is not None:  # it ended first: nothing to carry out
                     self._request_done(moot)
+                if self._waking is not None:
+                    self._disarm([run_id])
                 report.runs.append(with_changes(base, action="finished", detail=state.status.value))
             elif self._resume_paused and owner is None and state.status is not RunStatus.PAUSED:
                 # asked to resume a paused run (nobody fenced): the journal says it is not paused — left alone
+                if self._waking is not None and not self._wait_pending(run_id):
+                    self._disarm([run_id])  # no wait of it is on the way: a stray wake-up (a signal) is forgotten
                 report.runs.append(with_changes(base, action="not_paused", detail=(
                     f"{state.status.value}, owned by {state.owner}: only a paused run is resumed")))
+            elif self._waking is not None and state.status is RunStatus.PAUSED and not self._wakes(state):
+                self._rearm(state)  # an operator's pause stands; a sleep not yet over sleeps on
+                report.runs.append(with_changes(base, action="paused", detail=(
+                    f"held until {state.resume_at_ms} (Redis's clock, ms)" if state.resume_at_ms is not None
+                    else f"held by an operator's pause ({state.requested_by}): runjournal resume {run_id}")))
             elif state.status is RunStatus.PAUSED and not self._resume_paused and (
                     (req := self._requests.get(run_id)) is None or req.action != "cancel"):
                 self._disown(owner, run_id)
@@ -539,6 +586,10 @@ class RecoveryJob:
             assert target is not None
             incoming = {target: [p.run_id for _e, p, _o, _d in batch]}
             self.policy.call("mark incoming", lambda: self.plans.mark_incoming(incoming))
+        for _e, _o, _d, request in held:  # a held wait's wake-up time is stored before the event that holds it
+            if request.action == WAIT and request.until_ms is not None:
+                until = request.until_ms
+                self.policy.call("arm a timer", lambda r=request.run_id, u=until: self.controls.arm(r, u, lt=True))
         error = self.publisher.publish([e for e, _o, _d, _q in held] + [e for e, _p, _o, _d in batch])  # 6
         refused = "retry_later" if not error or not error.startswith(SUPERSEDED) else SUPERSEDED
         for _e, outcome, _d, _q in held:
@@ -558,6 +609,7 @@ class RecoveryJob:
             self._disown(dead_owner, outcome.run_id)
             self._request_done(request)
         if batch:
+            self._disarm([p.run_id for _e, p, _o, _d in batch])  # resumed: no timer of theirs is pending any more
             self._hand_over([HandOver(plan, dead_owner) for _e, plan, _o, dead_owner in batch])  # 7
 
     def _held(self, resumable: dict[str, Classified], chosen: dict[str, str | None],
@@ -576,11 +628,34 @@ class RecoveryJob:
             event = control_event(state, classified, request, offsets)
             outcome = RunOutcome(run_id=run_id, owner=chosen[run_id] or state.owner, partition=self._partition(run_id),
                                  previous_epoch=state.epoch, epoch=event.epoch, calls=classified.counts,
-                                 action="paused" if request.action == "pause" else "cancelled",
+                                 action={"pause": "paused", WAIT: "waiting"}.get(request.action, "cancelled"),
                                  detail=f"{request.action} requested by {request.requested_by or 'an operator'}"
                                         f"{': ' + request.reason if request.reason else ''}")
             out.append((event, outcome, chosen[run_id], request))
         return out
+
+    def _wakes(self, state: RunState) -> bool:
+        """In a wake pass: a held run resumes when it waits for a signal (a delivery armed its timer) or its wake-up
+        time came by Redis's clock; an operator's pause (neither) stands."""
+        assert self._waking is not None
+        return state.waiting_for is not None or (state.resume_at_ms is not None
+                                                 and state.resume_at_ms <= self._waking)
+
+    def _wait_pending(self, run_id: str) -> bool:
+        request = self._requests.get(run_id)
+        return request is not None and request.action == WAIT
+
+    def _rearm(self, state: RunState) -> None:
+        if state.resume_at_ms is None:
+            self._disarm([state.run_id])
+        else:
+            self.policy.call("arm a timer", lambda: self.controls.arm(state.run_id, int(state.resume_at_ms or 0)))
+
+    def _disarm(self, run_ids: list[str]) -> None:
+        try:
+            self.policy.call("disarm timers", lambda: self.controls.disarm(run_ids))
+        except Exception as exc:  # noqa: BLE001 - a stray timer only wakes a pass that finds nothing to do
+            log.warning("could not forget the timers of %s: %s", run_ids, exc)
 
     def _request_done(self, request: ControlRequest) -> None:
         """Remove an operator's request that this pass carried out (or found moot); errors are logged — the next

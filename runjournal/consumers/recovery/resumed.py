@@ -63,26 +63,28 @@ def resumed_event(state: RunState, classified: Classified, target: str, offsets:
                           "plan_json": plan_summary(classified, previous_epoch=state.epoch,
                                                     new_epoch=state.epoch + 1, offsets=offsets),
                           "assigned_to": target, "requested_by": requested_by, "request_reason": reason,
-                          "request_id": None, "paused": None})
+                          "request_id": None, "paused": None, "resume_at_ms": None, "waiting_for": None})
 
 
 def control_event(state: RunState, classified: Classified, request: ControlRequest, offsets: dict[str, int]) -> Event:
     """The event that carries an operator's ``request`` out on a run nobody live owns (the recovery job writes it,
     in the pass's transaction: two actors fence each other as for RUN_RESUMED; docs/design/decisions/0047):
 
-    * pause → RUN_RESUMED (seq = last + 1, epoch + 1) with ``paused``, no ``assigned_to``: held by nobody;
+    * pause → RUN_RESUMED (seq = last + 1, epoch + 1) with ``paused``, no ``assigned_to``: held by nobody; a run's
+      own wait the same, with ``resume_at_ms`` and ``waiting_for``;
     * cancel → RUN_CANCELLED (seq = last + 1, the run's epoch: the dead owner is fenced, a surrendering one gave the
       epoch up, a paused run has no owner) with the reason, who asked and the request id.
     """
     common = {"event_id": new_event_id(), "run_id": state.run_id, "tenant_id": state.tenant_id or "",
               "seq": state.last_seq + 1, "producer_id": RECOVERY_PRODUCER_ID, "occurred_at": utcnow()}
-    if request.action == "pause":
+    if request.action != "cancel":  # a pause, or a run's own durable wait (with its wake-up time and signal)
         return Event(**common, epoch=state.epoch + 1, type=EventType.RUN_RESUMED, payload={
             "previous_epoch": state.epoch, "recovered_by": _recovered_by(),
             "plan_json": plan_summary(classified, previous_epoch=state.epoch, new_epoch=state.epoch + 1,
                                       offsets=offsets),
             "assigned_to": None, "requested_by": request.requested_by, "request_reason": request.reason,
-            "request_id": request.request_id, "paused": True})
+            "request_id": request.request_id, "paused": True, "resume_at_ms": request.until_ms,
+            "waiting_for": request.signal})
     return Event(**common, epoch=state.epoch, type=EventType.RUN_CANCELLED, payload={
         "reason": request.reason or "cancelled by an operator", "requested_by": request.requested_by,
         "request_id": request.request_id})

@@ -431,6 +431,9 @@ class _TxnProducer:
     def flush(self, _timeout: float) -> int:
         return 0
 
+    def purge(self) -> None:
+        pass
+
 
 @pytest.mark.parametrize("code", ["NOT_COORDINATOR", "COORDINATOR_LOAD_IN_PROGRESS", "_TRANSPORT", "_TIMED_OUT"])
 def test_run_resumed_not_committed_for_an_outage_is_retried_by_the_next_pass(code: str) -> None:
