@@ -27,10 +27,10 @@ def console_command(
 ) -> None:
     """Serve the web console over the projection, the topic and memory.
 
-    Approve and deny are possible only when RUNJOURNAL_CONSOLE_OPERATOR_TOKEN is set (then only for an operator
-    who signs in with it, or sends it as a bearer token); without it the console is read-only. Exits 1 naming
-    the fix when the stack or the prefix's events topic is missing; once serving, a page answers 503 naming the
-    cause while Redis or the broker is away.
+    Approve, deny, cancel, pause and resume are possible only when RUNJOURNAL_CONSOLE_OPERATOR_TOKEN is set (then
+    only for an operator who signs in with it, or sends it as a bearer token); without it the console is read-only.
+    Exits 1 naming the fix when the stack or the prefix's events topic is missing; once serving, a page answers 503
+    naming the cause while Redis or the broker is away.
     """
     import uvicorn
 
@@ -47,7 +47,7 @@ def console_command(
     token = settings.console_operator_token.get_secret_value() if settings.console_operator_token else None
     app = build_app(ConsoleConfig(settings=settings, operator_token=token, scrape_urls=tuple(scrape or ()),
                                   per_page=per_page))
-    mode = "operator token set: approve/deny enabled" if token else "read-only (no operator token)"
+    mode = "operator token set: approve/deny/cancel/pause/resume enabled" if token else "read-only (no operator token)"
     with cli_errors(as_json=False):  # the port taken: one line naming it and the fix, exit 1
         sock = _bind(host, port)
     typer.echo(f"runjournal console on http://{host}:{port}/runs (prefix {settings.topic_prefix}; {mode})", err=True)

@@ -10,6 +10,12 @@ Routes:
 * ``POST /runs/{run_id}/approvals/{call_id}`` — ``decision=grant|deny|executed`` (+ ``comment``: a grant's comment,
   a denial's reason — or ``reason`` —, ``result`` for ``executed``, ``csrf``): operators only
   (``runjournal.console.auth``); 403 on a console started without a token, 401 without valid credentials.
+* ``POST /runs/{run_id}/cancel``, ``/pause``, ``/resume`` — ``reason``, ``csrf``: the operator controls of
+  ``runjournal.consumers.ops.control.Operator`` (the one implementation:
+  docs/design/decisions/0047-operator-controls.md), recorded with the operator's name as ``requested_by``, waiting
+  up to ``ConsoleConfig.control_wait_s`` for the action to be carried out; then 303 back to the run page with the
+  outcome (a browser), or the ``ControlResult`` as JSON. Auth and CSRF as the decisions; 409 when the action does
+  not apply to the run (nothing stored).
 * ``GET /lag`` — projector, memory and recovery lag from the services' ``/metrics`` and the recovery backlog.
 * ``GET|POST /login``, ``POST /logout`` — operator sign-in (only with a token).
 * ``GET /metrics`` — the console's own Prometheus metrics; ``GET /healthz``; ``/static`` — the stylesheet.
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -53,16 +60,35 @@ from runjournal.console.lag import LagBoard
 from runjournal.console.metrics import ConsoleMetrics
 from runjournal.console.queries import STATUS_GROUPS, ConsoleData
 from runjournal.consumers.ops.approvals import ApprovalRefusedError, submit_decision, submit_settlement
+from runjournal.consumers.ops.control import ControlRefusedError, ControlResult, Operator
 from runjournal.core.errors import RunjournalError
 from runjournal.core.ids import CALL_ID, RUN_ID, InvalidIdError
 from runjournal.core.settings import Settings
 from runjournal.model.reducer import RunStatus
+from runjournal.schemas.keys import partition_for
 
 __all__ = ["ConsoleConfig", "build_app"]
 
 _HERE = Path(__file__).parent
 #: What a page answers with 503 and the error named (topic missing, Redis or the broker unreachable).
 _UNAVAILABLE = (RunjournalError, redis.RedisError, KafkaException, OSError)
+#: The operator controls' routes; what the run page says after one (``?control=ACTION&outcome=OUTCOME`` after a POST:
+#: only these fixed sentences reach the page from a URL, never free text).
+CONTROL_ACTIONS = ("cancel", "pause", "resume")
+_CARRIED_OUT = {"cancel": "cancelled", "pause": "paused", "resume": "resumed"}
+_OUTCOMES = {
+    "cancelled": "the run ended CANCELLED.",
+    "paused": "the run is PAUSED, held for nobody until an operator resumes it.",
+    "resumed": "the run was handed to a live instance under a new epoch and goes on.",
+    "withdrawn": "the pause had not been carried out yet; it is withdrawn and the run goes on.",
+    "requested": "requested, not carried out yet — the request pending on the run (below) is carried out by the "
+                 "run's owner at its next step (a tool call, a node, an approval wait), or by the next recovery pass "
+                 "when nobody live owns the run.",
+    "no_live_instance": "no live instance to take the run: the next recovery pass hands it over.",
+    "succeeded": "not carried out: the run ended SUCCEEDED first.",
+    "failed": "not carried out: the run ended FAILED first.",
+}
+_OUTCOME_WORD = re.compile(r"[a-z_]{1,40}")
 _HEADERS = {"Content-Security-Policy": "default-src 'self'; form-action 'self'; frame-ancestors 'none'",
             "X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin"}
 
@@ -74,11 +100,14 @@ class ConsoleConfig:
     settings: Settings
     """Bootstrap, Redis, topic prefix, Qdrant."""
     operator_token: str | None = None
-    """Approve and deny are possible only with this token (None: a read-only console)."""
+    """Approve, deny, cancel, pause and resume are possible only with this token (None: a read-only console)."""
     scrape_urls: tuple[str, ...] = ()
     """``/metrics`` URLs to read lag from besides the announced ones."""
     per_page: int = 100
     """Rows per page of the runs list."""
+    control_wait_s: float = 5.0
+    """How long a cancel, pause or resume from the console waits to be carried out before the page answers (s); a
+    request not carried out by then stands (the page shows it pending)."""
 
 
 def _ms(value: int | None) -> str:
@@ -185,7 +214,8 @@ class _Console:
                                kind="RunNotFound")
         if request.url.path.startswith("/api/"):  # the page's own fields (RunPage.as_dict): JSON and HTML agree
             return JSONResponse(page.as_dict())
-        return self._page(request, "run.html", {"run": page, "decided_now": request.query_params.get("decided")})
+        return self._page(request, "run.html", {"run": page, "decided_now": request.query_params.get("decided"),
+                                                "control_notice": _control_notice(request.query_params)})
 
     def search(self, request: Request) -> Response:
         """``/search?run_id=ID``: 303 to the run's page (any id, ``/`` and ``%`` too: one escaped path segment);
@@ -249,6 +279,90 @@ class _Console:
             return JSONResponse({"run_id": run_id, "call_id": call_id, "decision": decision, "written": True})
         return RedirectResponse(f"/runs/{path_segment(run_id)}?{urlencode({'decided': call_id})}", status_code=303)
 
+    # -- operator controls -------------------------------------------------------------------------
+    async def cancel(self, request: Request) -> Response:
+        """``POST /runs/{run_id}/cancel``: :meth:`Operator.cancel` (:meth:`control`)."""
+        return await self.control(request, "cancel")
+
+    async def pause(self, request: Request) -> Response:
+        """``POST /runs/{run_id}/pause``: :meth:`Operator.pause` (:meth:`control`)."""
+        return await self.control(request, "pause")
+
+    async def resume(self, request: Request) -> Response:
+        """``POST /runs/{run_id}/resume``: :meth:`Operator.resume` (:meth:`control`)."""
+        return await self.control(request, "resume")
+
+    async def control(self, request: Request, action: str) -> Response:
+        """An operator's ``action`` (``cancel`` / ``pause`` / ``resume``) on the run, through ``Operator`` — form
+        fields ``reason`` and ``csrf``, checked exactly as a decision's: 403 on a console without a token, 401
+        without valid credentials or CSRF field, 400 for an id that is not text, 409 when the action does not apply
+        (``ControlRefusedError``: nothing stored), 503 when a dependency is away. Otherwise 303 to the run page with
+        the outcome (``Accept: text/html``) or the ``ControlResult`` as JSON."""
+        run_id = request.path_params["run_id"]
+        try:
+            RUN_ID.check_lookup(run_id)
+        except InvalidIdError as exc:
+            return PlainTextResponse(f"refused: {exc}", status_code=400)
+        form = await request.form()
+        if not self.auth.enabled:
+            self.metrics.controls.labels(action, "unauthorized").inc()
+            return PlainTextResponse("cancel, pause and resume are disabled: this console was started without an "
+                                     "operator token (RUNJOURNAL_CONSOLE_OPERATOR_TOKEN)", status_code=403)
+        if not self.auth.is_operator(request) or not self.auth.csrf_ok(request, _text(form.get("csrf"))):
+            self.metrics.controls.labels(action, "unauthorized").inc()
+            return PlainTextResponse("operator credentials required: sign in with the operator token",
+                                     status_code=401)
+        reason = (_text(form.get("reason")) or "").strip()[:500]
+        html = "text/html" in request.headers.get("accept", "")
+        try:
+            result = await run_in_threadpool(self._act, action, run_id, reason, self.auth.approver(request))
+        except ControlRefusedError as exc:
+            self.metrics.controls.labels(action, "refused").inc()
+            if html:
+                return await run_in_threadpool(self._refused, request, run_id, action, exc)
+            return PlainTextResponse(f"refused: {exc}", status_code=409)
+        except _UNAVAILABLE as exc:
+            self.metrics.controls.labels(action, "unavailable").inc()
+            return PlainTextResponse(f"not done: {type(exc).__name__}: {exc}", status_code=503)
+        self.metrics.controls.labels(action, result.outcome).inc()
+        if not html:
+            return JSONResponse(result.as_dict())
+        notice = urlencode({"control": action, "outcome": result.outcome})
+        return RedirectResponse(f"/runs/{path_segment(run_id)}?{notice}", status_code=303)
+
+    def _act(self, action: str, run_id: str, reason: str, requested_by: str) -> ControlResult:
+        """Run ``Operator.<action>`` for one request (an operator of its own: its recovery producer fences, reads and
+        publishes for this action only), then wait briefly for the projection to show the outcome, so that the run
+        page the browser is sent to agrees with it."""
+        with Operator(self.config.settings, wait_s=self.config.control_wait_s) as operator:
+            result: ControlResult = getattr(operator, action)(run_id, reason=reason, requested_by=requested_by)
+        if result.outcome in ("cancelled", "paused", "resumed"):
+            self._await_projection(run_id, result.outcome, timeout_s=min(2.0, self.config.control_wait_s))
+        return result
+
+    def _await_projection(self, run_id: str, outcome: str, *, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` until the projection shows ``outcome`` carried out on ``run_id`` (the projector
+        applies what the action wrote); the page notes a projection behind the history either way."""
+        shown = {"cancelled": {"CANCELLED"}, "paused": {"PAUSED"}, "resumed": {"RUNNING", "WAITING_APPROVAL"}}[outcome]
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            state = self.data.store.get(partition_for(run_id, self.data.partitions), run_id)
+            if state is None or state.status.value in shown:
+                return
+            time.sleep(0.1)
+
+    def _refused(self, request: Request, run_id: str, action: str, exc: ControlRefusedError) -> Response:
+        """A refusal shown to a browser: the run page with the message, status 409 (the error page when the run
+        has no page)."""
+        message = f"{action} refused: {exc} — nothing was written."
+        try:
+            page = self.data.run(run_id)
+        except _UNAVAILABLE:
+            page = None
+        if page is None:
+            return self._page(request, "error.html", {"error": message}, 409)
+        return self._page(request, "run.html", {"run": page, "control_refused": message}, 409)
+
     # -- sign-in -----------------------------------------------------------------------------------
     async def login(self, request: Request) -> Response:
         if not self.auth.enabled:
@@ -275,6 +389,21 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _control_notice(query: Any) -> str | None:
+    """What the run page says after a cancel, pause or resume (``?control=ACTION&outcome=OUTCOME``, the
+    ``ControlResult.outcome``): a fixed sentence per outcome; an outcome word without one is named as it is (a
+    recovery pass's: ``superseded`` …)."""
+    action, outcome = query.get("control"), query.get("outcome") or ""
+    if action not in CONTROL_ACTIONS or not _OUTCOME_WORD.fullmatch(outcome):
+        return None
+    said = _OUTCOMES.get(outcome, f"the recovery pass reported {outcome}; the page shows the run as it is now.")
+    if outcome == _CARRIED_OUT[action]:
+        said = f"carried out — {said}"
+    elif outcome in ("cancelled", "paused", "resumed"):
+        said = f"not carried out as asked — {said}"
+    return f"{action.capitalize()}: {said}"
+
+
 def path_segment(value: Any) -> str:
     """``value`` percent-encoded as one URL path segment (``/``, ``?``, ``#``, ``%`` and spaces too): a run id
     may hold any of them (``runjournal.core.ids``), and the run routes take the rest of the path as the id."""
@@ -299,6 +428,9 @@ def build_app(config: ConsoleConfig, *, data: ConsoleData | None = None,
         # {run_id:path}: a run id may hold "/" (it arrives percent-encoded, the server decodes it); the decide route
         # takes the last two segments, so a run id holding "/approvals/" still reaches its run page by GET.
         Route("/runs/{run_id:path}/approvals/{call_id:str}", console.decide, methods=["POST"]),
+        Route("/runs/{run_id:path}/cancel", console.cancel, methods=["POST"]),
+        Route("/runs/{run_id:path}/pause", console.pause, methods=["POST"]),
+        Route("/runs/{run_id:path}/resume", console.resume, methods=["POST"]),
         Route("/runs/{run_id:path}", console.run), Route("/api/runs/{run_id:path}", console.run),
         Route("/lag", console.lag_page),
         Route("/login", console.login, methods=["GET", "POST"]), Route("/logout", console.logout, methods=["POST"]),

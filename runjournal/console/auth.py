@@ -1,11 +1,11 @@
-"""The operator token: who may approve and deny in the console.
+"""The operator token: who may approve and deny, and cancel, pause and resume runs, in the console.
 
 The console is read-only unless it was started with an operator token (``RUNJOURNAL_CONSOLE_OPERATOR_TOKEN``).
 Then an operator signs in once with the token: the console sets an HttpOnly, ``SameSite=Strict`` session cookie
 holding an HMAC of the token (never the token itself), and every decision form carries a CSRF field derived from
-it. A script may instead send ``Authorization: Bearer <token>``. Without a token configured, the approve and
-deny buttons are never rendered and the decision endpoint answers 403 whatever is sent; with one, a request
-without valid credentials gets 401. Comparisons are constant-time (``hmac.compare_digest``).
+it. A script may instead send ``Authorization: Bearer <token>``. Without a token configured, the approve, deny,
+cancel, pause and resume buttons are never rendered and their endpoints answer 403 whatever is sent; with one, a
+request without valid credentials gets 401. Comparisons are constant-time (``hmac.compare_digest``).
 """
 
 from __future__ import annotations
@@ -73,6 +73,7 @@ class OperatorAuth:
 
     @staticmethod
     def approver(request: Request) -> str:
-        """The approver recorded with a decision: the name given at sign-in, marked as from the console."""
+        """The operator recorded with a decision (``approver``) or a cancel / pause / resume (``requested_by``): the
+        name given at sign-in, marked as from the console."""
         name = _NAME.sub("", request.cookies.get(NAME_COOKIE, ""))[:64].strip() or "operator"
         return f"{name} (console)"

@@ -25,6 +25,10 @@ class ConsoleMetrics:
         self.decisions = m.counter(r, "runjournal_console_decisions",
                                    "Approval decisions submitted, by decision and result (written, refused, "
                                    "unauthorized, unavailable)", ["decision", "result"])
+        self.controls = m.counter(r, "runjournal_console_controls",
+                                  "Operator cancel / pause / resume from the console, by action and result (the "
+                                  "outcome — cancelled, paused, resumed, requested, withdrawn … — or refused, "
+                                  "unauthorized, unavailable)", ["action", "result"])
         self.scrape_errors = m.counter(r, "runjournal_console_scrape_errors",
                                        "Failed scrapes of a service's /metrics, by service", ["service"])
         self.runs_listed = m.gauge(r, "runjournal_console_runs_in_projection",

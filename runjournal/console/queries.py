@@ -17,6 +17,7 @@ from typing import Any
 
 import redis
 
+from runjournal.consumers.ops.control import applies
 from runjournal.consumers.ops.inspect import read_run_events
 from runjournal.consumers.projector.index import RunSummary, attention, read_entries
 from runjournal.consumers.projector.store import ProjectionStore
@@ -24,16 +25,24 @@ from runjournal.consumers.runtime.partitions import events_partition_count
 from runjournal.core import redis_client as redis_clients
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
-from runjournal.model.reducer import CallStatus, RunState
+from runjournal.model.reducer import CallStatus, RunState, RunStatus
 from runjournal.producers.approvals import ApprovalInbox
+from runjournal.producers.control import ControlRequest, ControlStore
 from runjournal.producers.handle import approval_scope
 from runjournal.schemas.keys import partition_for
 
-__all__ = ["ConsoleData", "RunPage", "RunsPage", "record_class", "run_page"]
+__all__ = ["ConsoleData", "RunPage", "RunsPage", "rank", "record_class", "run_page"]
 
 #: The ``status`` filter's choices beside every RunStatus value.
 STATUS_GROUPS = {"parked": {"GAP", "BLOCKED"}, "active": {"RUNNING", "WAITING_APPROVAL"},
                  "terminal": {"SUCCEEDED", "FAILED", "CANCELLED"}}
+
+
+def rank(entry: dict[str, Any]) -> int:
+    """The runs list's sort rank of a decoded index entry, most urgent first: the index's ``attention`` (0 parked,
+    1 an OUTCOME_UNKNOWN call, 2 waiting for approval, 3 running, 4 terminal), except that a PAUSED run is 3 —
+    held on purpose by an operator: never marked for attention."""
+    return 3 if entry["s"] == RunStatus.PAUSED.value else attention(entry)
 
 
 @dataclass
@@ -103,18 +112,35 @@ class RunPage:
     """The run's memory items (advisory), each with provenance."""
     memory_note: str | None = None
     """Why memory is not shown (not installed, unavailable …), when it is not."""
+    control: ControlRequest | None = None
+    """The operator's cancel or pause pending on the run (``ControlStore.get``): stored, not yet carried out."""
+
+    @property
+    def actions(self) -> list[str]:
+        """The operator controls that apply to the run, in button order: ``cancel`` (not ended, not parked),
+        ``pause`` (RUNNING / WAITING_APPROVAL), ``resume`` (PAUSED — or a pause pending, which a resume withdraws):
+        ``runjournal.consumers.ops.control.applies``; the action checks the run again when it is asked."""
+        status = self.state.status.value
+        pause_pending = self.control is not None and self.control.action == "pause"
+        return [a for a in ("cancel", "pause", "resume")
+                if applies(a, status) or (a == "resume" and pause_pending and applies("pause", status))]
 
     def as_dict(self) -> dict[str, Any]:
         """The page as JSON values — ``GET /api/runs/{run_id}`` — with every section the HTML page renders from the
         same fields: the header (status, epoch, tenant, agent, user, last seq, owner, applied offset, times, error,
-        parked reason), ``input`` / ``output`` (the recorded JSON, decoded), ``nodes``, ``behind`` and
+        parked reason, the operator of the last cancel / pause / resume with why and when paused), the operator's
+        request pending on the run (``pending_request``, None when there is none) and the controls that apply
+        (``actions``), ``input`` / ``output`` (the recorded JSON, decoded), ``nodes``, ``behind`` and
         ``behind_note``, the timeline, epochs, records, approvals and memory (advisory)."""
         st = self.state
         return {"run_id": self.run_id, "partition": self.partition, "status": st.status.value, "epoch": st.epoch,
                 "tenant_id": st.tenant_id, "agent": st.agent, "user_id": st.user_id, "last_seq": st.last_seq,
                 "owner": st.owner, "applied_offset": st.applied_offset, "started_at_ms": st.started_at_ms,
                 "finished_at_ms": st.finished_at_ms, "error": st.error,
-                "parked": st.gap_reason or st.blocked_reason or None,
+                "parked": st.gap_reason or st.blocked_reason or None, "requested_by": st.requested_by,
+                "request_reason": st.request_reason, "paused_at_ms": st.paused_at_ms,
+                "pending_request": self.control.as_dict() if self.control is not None else None,
+                "actions": self.actions,
                 "input": _json_value(st.input_json), "output": _json_value(st.output_json), "nodes": self.nodes,
                 "behind": self.behind, "behind_note": self.behind_note, "timeline": self.timeline,
                 "epochs": self.epochs, "records": self.records, "pending": self.pending, "decided": self.decided,
@@ -148,6 +174,7 @@ class ConsoleData:
         self.redis = redis_client if redis_client is not None else redis_clients.client(settings)
         self.store = ProjectionStore(self.redis, settings.topic_prefix)
         self.inbox = ApprovalInbox(self.redis, settings.topic_prefix)
+        self.controls = ControlStore(self.redis, settings.topic_prefix)
         self._partitions: int | None = None
         self._memory: Any = None
 
@@ -173,13 +200,14 @@ class ConsoleData:
         every = read_entries(self.redis, self.store, range(self.partitions))  # dicts: objects only for the page
         statuses = STATUS_GROUPS.get(status or "", {status} if status else None)
         scoped = [e for e in every if (tenant is None or e["t"] == tenant) and (agent is None or e["a"] == agent)]
-        dead = self._dead_owners({e["o"] for e in scoped if e["o"] and attention(e) in (1, 2, 3)})
-        orphaned = [e for e in scoped if e["o"] in dead and attention(e) in (1, 2, 3)]
+        owned = [e for e in scoped if e["o"] and rank(e) in (1, 2, 3) and e["s"] != RunStatus.PAUSED.value]
+        dead = self._dead_owners({e["o"] for e in owned})  # a paused run is held for nobody: never "owner dead"
+        orphaned = [e for e in owned if e["o"] in dead]
         if status == "owner_dead":
             rows = orphaned
         else:
             rows = [e for e in scoped if statuses is None or e["s"] in statuses]
-        rows.sort(key=lambda e: (attention(e), -(e["m"] or 0), e["id"]))
+        rows.sort(key=lambda e: (rank(e), -(e["m"] or 0), e["id"]))
         pages = max(1, -(-len(rows) // per_page))
         page = min(max(1, page), pages)
         return RunsPage(rows=[RunSummary.from_dict(e["pt"], e) for e in rows[(page - 1) * per_page:page * per_page]],
@@ -209,7 +237,8 @@ class ConsoleData:
         if state is None:
             return None
         rows = read_run_events(self.settings, run_id, partition=partition)  # the count read once per console
-        page = run_page(run_id, partition, state, rows, inbox_decision=self.inbox.decision)
+        page = run_page(run_id, partition, state, rows, inbox_decision=self.inbox.decision,
+                        control=self.controls.get(run_id))
         if with_memory:
             page.memory, page.memory_note = self._memory_items(state)
         return page
@@ -244,10 +273,11 @@ def _short(value: Any, limit: int = 120) -> str:
 
 
 def run_page(run_id: str, partition: int, state: RunState, rows: list[dict[str, Any]], *,
-             inbox_decision: Callable[[str, str], Any]) -> RunPage:
+             inbox_decision: Callable[[str, str], Any], control: ControlRequest | None = None) -> RunPage:
     """The run page of ``run_id`` from its projected ``state`` and its records ``rows`` (``read_run_events``'s
     shape, offset order); ``inbox_decision(run_id, call_id)`` gives a decision waiting in the approval inbox (None:
-    none). A pure function of its inputs (no memory: :meth:`ConsoleData.run` adds it)."""
+    none); ``control`` is the operator's request pending on the run (None: none). A pure function of its inputs
+    (no memory: :meth:`ConsoleData.run` adds it)."""
     decided = [{"call_id": cid, "decision": d.decision.value, "approver": d.approver, "note": d.note,
                 "at_ms": d.decided_at_ms, "scope": _approval_scope(cid, d.scope_attempt),
                 "consumed_offset": d.consumed_offset} for cid, d in sorted(state.approvals.items())]
@@ -259,7 +289,7 @@ def run_page(run_id: str, partition: int, state: RunState, rows: list[dict[str, 
     return RunPage(run_id=run_id, partition=partition, state=state, timeline=timeline, epochs=_epochs(rows),
                    records=_records(state), pending=_pending(state, rows, inbox_decision), decided=decided,
                    nodes=_nodes(state), run_input=_pretty_json(state.input_json),
-                   run_output=_pretty_json(state.output_json), behind=behind, behind_note=note)
+                   run_output=_pretty_json(state.output_json), behind=behind, behind_note=note, control=control)
 
 
 def _pending(state: RunState, rows: list[dict[str, Any]],

@@ -138,7 +138,8 @@ class Settings(BaseSettings):
     log_level: str | None = None
     """Log level of every command (DEBUG … CRITICAL); None: INFO for services, WARNING otherwise."""
     console_operator_token: SecretStr | None = None
-    """``runjournal console``: operators who sign in with this token may approve and deny; unset: read-only."""
+    """``runjournal console``: operators who sign in with this token may approve and deny, and cancel, pause and
+    resume runs; unset: read-only."""
     outcome_commit: Literal["group", "strict"] = "group"
     """How an agent's ``Journal`` acknowledges a side effect's outcome (``Journal(outcome_commit=…)``): ``group`` —
     the TOOL_CALL_COMMITTED of a tool with ``reconcile()`` rides the next commit (one broker round trip per call;

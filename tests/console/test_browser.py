@@ -10,7 +10,8 @@ consoles: one started with an operator token, one without. Then, in the browser:
    the resumed owner) shows both ownership epochs and the reconciled call;
 3. without the token the approve/deny buttons are absent and the endpoint refuses; with it, an approval granted
    in the browser is journaled by the run's owner and the run completes;
-4. the lag page shows projector, memory and recovery lag from the services' ``/metrics``.
+4. the lag page shows projector, memory and recovery lag from the services' ``/metrics``;
+5. an operator pauses a running run and resumes it through the run page's buttons (issue 31).
 
 Screenshots of the list and of the recovered run's page go to ``$RJ_SCREENSHOT_DIR`` (``docs/`` holds the
 ones the README shows) or the test's temp folder.
@@ -23,6 +24,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -370,6 +372,79 @@ def test_an_unknown_outcome_is_settled_in_the_browser_and_never_runs_again(stack
     assert record.status.value == "RECONCILED" and record.reconciled_outcome.value == "COMMITTED"
     page.goto(f"{stack.console}/runs/{run_id}")
     assert "TOOL_CALL_RECONCILED" in page.inner_text("#timeline")
+
+
+def test_an_operator_pauses_and_resumes_a_run_through_the_buttons(stack: Stack, page: Any) -> None:
+    """Issue 31 in the console: Pause (with a reason) on a running run's page — its live owner stops at its next
+    step and gives the run up, held for nobody: the page shows PAUSED, who and why — then Resume: handed back to a
+    live instance under a new epoch, RUNNING."""
+    from runjournal.producers import Journal, RunPausedError
+
+    class Step:
+        name = "lookup"
+        side_effect = False
+        timeout_ms = 1000
+
+        def __call__(self, args: dict[str, Any], idempotency_key: str) -> Any:
+            return {"found": args["n"]}
+
+    run_id = f"console-pause-{uuid.uuid4().hex[:6]}"
+    with Journal(stack.settings, producer_id=f"looper-{uuid.uuid4().hex[:6]}", lease_ttl_ms=1200) as journal:
+        run = journal.start_run("tenant-a", "looper", {"n": 0}, run_id=run_id)
+        journal.flush()
+        _wait_state(stack, run_id, lambda s: s.status.value == "RUNNING")
+        stopped: list[BaseException] = []
+
+        def agent_loop() -> None:  # the agent's loop: one step every 50 ms until the pause stops it
+            try:
+                for n in range(2000):
+                    run.call(Step(), {"n": n})
+                    time.sleep(0.05)
+            except RunPausedError as exc:
+                stopped.append(exc)
+
+        agent = threading.Thread(target=agent_loop, daemon=True)
+        agent.start()
+        page.goto(f"{stack.read_only}/runs/{run_id}")  # the read-only console: no controls
+        assert page.locator("#controls button").count() == 0
+        _sign_in(stack, page)
+        page.goto(f"{stack.console}/runs/{run_id}")
+        assert page.locator("#controls button.resume").count() == 0  # not paused: no Resume
+        controls = page.inner_text("#controls")
+        assert "Pause: the owner stops at its next step" in controls and "Cancel: no new tool call" in controls
+        page.fill("#controls form.c-pause input[name=reason]", "budget review")
+        page.click("#controls button.pause")
+        agent.join(30)
+        assert stopped, "the agent's loop was not stopped by the pause"
+        assert "carried out — the run is PAUSED" in page.inner_text("#control-notice")
+        _reload_until(page, "PAUSED")
+        held = page.inner_text("#paused-by")
+        assert "paused by alice (console)" in held and "budget review" in held, held
+        assert page.locator("#controls button.pause").count() == 0
+        page.screenshot(path=str(stack.shots / "console-run-paused.png"))  # the header and the controls
+        page.fill("#controls form.c-resume input[name=reason]", "approved")
+        page.click("#controls button.resume")
+        assert "carried out — the run was handed to a live instance" in page.inner_text("#control-notice")
+        _reload_until(page, "RUNNING")
+        assert "resumed at epoch 3 by alice (console): approved" in page.inner_text("#resumed-by")
+        assert page.locator("#paused-by").count() == 0
+        state = _wait_state(stack, run_id, lambda s: s.status.value == "RUNNING")
+        assert (state.epoch, state.owner) == (3, journal.producer_id)
+        assert journal.claim_assignment(10) == run_id  # the live instance continues it and finishes
+        again = journal.resume(run_id)
+        assert again.call(Step(), {"n": 0}) == {"found": 0}  # recorded before the pause: returned, not run
+        again.succeed("done")
+        journal.flush()
+    _wait_state(stack, run_id, lambda s: s.status.value == "SUCCEEDED")
+
+
+def _reload_until(page: Any, status: str, timeout_s: float = 30) -> None:
+    """Reload the run page until its header shows ``status`` (the projector service applies what was written)."""
+    deadline = time.monotonic() + timeout_s
+    while page.inner_text("#run-status") != status:
+        assert time.monotonic() < deadline, f"the page shows {page.inner_text('#run-status')}, not {status}"
+        time.sleep(0.3)
+        page.reload()
 
 
 def _wait_pending(stack: Stack, run_id: str, timeout_s: float = 60) -> None:

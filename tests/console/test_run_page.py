@@ -1,6 +1,7 @@
 """The run page as the run's event history (issue 35, case 1), rendered by the console app from a folded run:
 input and output, each event's payload (JSON fields decoded), the graph's nodes, one time format, a pending
-approval with its arguments and what each decision does, and a note when the projection is behind the history.
+approval with its arguments and what each decision does, a note when the projection is behind the history, and the
+operator controls that apply (issue 31).
 Starlette's test client, a stub for the reads built with ``runjournal.console.queries.run_page`` (no services)."""
 
 from __future__ import annotations
@@ -132,3 +133,42 @@ def test_the_api_answers_what_the_page_shows() -> None:
         else:
             assert api["behind_note"] is None and 'id="behind"' not in page
         assert api == reads.page.as_dict()  # the API's JSON is the page's own fields, nothing rebuilt
+
+
+def test_the_controls_that_apply_and_the_notice_after_one() -> None:
+    """Issue 31: a running run offers Cancel and Pause (to an operator; sign-in first otherwise), a paused one
+    Resume and Cancel, with who paused it and why in the header; the notice after an action is a fixed sentence
+    chosen by the outcome's word — text from the URL never reaches the page."""
+    app = build_app(ConsoleConfig(Settings.load(topic_prefix="page"), operator_token="t0ken"),
+                    data=Reads(_events(), projected=7))  # type: ignore[arg-type]
+    client = TestClient(app)
+    url = f"/runs/{path_segment(RUN)}"
+    assert "sign in</a> to cancel, pause" in _section(client.get(url).text, "controls")
+    client.post("/login", data={"token": "t0ken", "name": "alice"}, follow_redirects=False)
+    controls = _section(client.get(url).text, "controls")
+    assert re.findall(r'<button type="submit" class="(\w+)"', controls) == ["cancel", "pause"]
+    assert "the run ends CANCELLED and is never resumed" in controls and 'name="reason"' in controls
+    for query, said in (("control=pause&outcome=paused", "Pause: carried out — the run is PAUSED"),
+                        ("control=cancel&outcome=requested", "Cancel: requested, not carried out yet"),
+                        ("control=pause&outcome=cancelled", "Pause: not carried out as asked — the run ended "
+                                                             "CANCELLED."),
+                        ("control=resume&outcome=superseded", "Resume: the recovery pass reported superseded")):
+        assert said in client.get(f"{url}?{query}").text, query
+    for query in ("control=cancel&outcome=%3Cb%3Epwned%3C/b%3E", "control=erase&outcome=cancelled",
+                  "control=cancel&outcome=" + "x" * 41):
+        assert 'id="control-notice"' not in client.get(f"{url}?{query}").text, query
+    paused = _events()[:6] + [Event(
+        event_id="00000000-0000-4000-8000-000000000099", run_id=RUN, tenant_id="t", seq=7, epoch=2,
+        producer_id="recovery", type=EventType.RUN_RESUMED, occurred_at=AT + timedelta(seconds=7),
+        payload={"previous_epoch": 1, "recovered_by": "recovery@test", "plan_json": "{}", "assigned_to": None,
+                 "paused": True, "requested_by": "bob (console)", "request_reason": "budget review"})]
+    app = build_app(ConsoleConfig(Settings.load(topic_prefix="page"), operator_token="t0ken"),
+                    data=Reads(paused, projected=7))  # type: ignore[arg-type]
+    client = TestClient(app)
+    client.post("/login", data={"token": "t0ken", "name": "alice"}, follow_redirects=False)
+    page = client.get(url).text
+    assert "paused by bob (console) at 2026-12-02 16:05:08.123 UTC: budget review" in page
+    assert re.findall(r'<button type="submit" class="(\w+)"', _section(page, "controls")) == ["cancel", "resume"]
+    api = client.get(f"/api/runs/{path_segment(RUN)}").json()
+    assert (api["status"], api["requested_by"], api["request_reason"], api["actions"], api["pending_request"]) == (
+        "PAUSED", "bob (console)", "budget review", ["cancel", "resume"], None)

@@ -130,8 +130,12 @@ WRITERS: dict[str, Writer] = {
                          "the decision is in the inbox or not; the owner's crash between the outcome and the answer "
                          "keeps the outcome, and a resumed owner answers from the inbox again",
                          covered_by="tests/faults/test_settle_by_hand.py"),
-    "cli console": Writer((), "its approve / deny are the CLI's (submit_decision)", "as approve",
-                          covered_by="tests/console/test_console.py"),
+    "cli console": Writer(RECOVERY_POINTS, "its approve / deny are the CLI's (submit_decision); its cancel / pause / "
+                          "resume are the CLI's (Operator): as cli cancel",
+                          "approve / deny: as approve; cancel / pause / resume: as cli cancel (the request stays in "
+                          "Redis until its event is durable)",
+                          covered_by="tests/console/test_console.py, tests/console/test_controls.py, "
+                                     "tests/consumers/ops/test_control.py"),
     "cli erase": Writer((), "refused while the run is live (RunStillLiveError); every step idempotent",
                         "running it again finishes an interrupted erase",
                         covered_by="tests/consumers/ops/test_erase.py"),

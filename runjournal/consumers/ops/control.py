@@ -37,9 +37,23 @@ from runjournal.model.reducer import RunState, RunStatus
 from runjournal.producers.control import ControlRequest, ControlStore
 from runjournal.schemas.keys import partition_for
 
-__all__ = ["ControlRefusedError", "ControlResult", "ForkResult", "Operator", "RunFilter", "default_operator"]
+__all__ = ["ControlRefusedError", "ControlResult", "ForkResult", "Operator", "RunFilter", "applies",
+           "default_operator"]
 
 _ENDED = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED})
+
+
+def applies(action: str, status: str) -> bool:
+    """Whether ``action`` applies to a run in ``status`` (a RunStatus value): cancel — not ended, not parked; pause —
+    RUNNING or WAITING_APPROVAL; resume — PAUSED. What a bulk action selects and which buttons the console shows;
+    the action itself checks the run again (a refusal is :class:`ControlRefusedError`).
+
+    Raises:
+        KeyError: ``action`` is not ``cancel``, ``pause`` or ``resume``.
+    """
+    return {"cancel": status not in {"SUCCEEDED", "FAILED", "CANCELLED", "GAP", "BLOCKED"},
+            "pause": status in {"RUNNING", "WAITING_APPROVAL"},
+            "resume": status == "PAUSED"}[action]
 
 
 class ControlRefusedError(RunjournalError):
@@ -184,13 +198,10 @@ class Operator:
     def select(self, flt: RunFilter, action: str) -> list[str]:
         """Run ids of the runs index matching ``flt`` that ``action`` applies to (cancel: not ended; pause: not
         ended, not paused; resume: paused), oldest first, at most ``flt.limit``."""
-        applies = {"cancel": lambda s: s not in {"SUCCEEDED", "FAILED", "CANCELLED", "GAP", "BLOCKED"},
-                   "pause": lambda s: s in {"RUNNING", "WAITING_APPROVAL"},
-                   "resume": lambda s: s == "PAUSED"}[action]
         now_ms = time.time() * 1000
         out = []
         for e in read_entries(self.redis, self.store, range(self._partitions)):
-            if not applies(e["s"]) or (flt.status and e["s"] not in flt.status):
+            if not applies(action, e["s"]) or (flt.status and e["s"] not in flt.status):
                 continue
             if (flt.tenant and e["t"] != flt.tenant) or (flt.agent and e["a"] != flt.agent):
                 continue
