@@ -291,7 +291,7 @@ class Operator:
             NonCanonicalValueError: ``payload`` has no exact JSON form (nothing delivered).
         """
         from runjournal.core.ids import CALL_ID
-        from runjournal.producers._digest import canonical_value
+        from runjournal.producers import canonical_value
         from runjournal.producers.waits import SignalInbox
 
         RUN_ID.check_lookup(run_id)
