@@ -73,3 +73,29 @@ def test_a_cancel_while_the_owner_is_killed_or_paused_mid_call(topics: Settings,
     assert [e.payload["outcome"] for e in reconciled] == ["NOT_EXECUTED"]  # asked, never run blind
     last_cancel = max(i for i, e in enumerate(events) if e.type is EventType.RUN_CANCELLED)
     assert not any(e.type is EventType.TOOL_CALL_INTENDED for e in events[last_cancel:])
+
+
+def test_a_pause_while_the_owner_is_killed_mid_call_then_a_resume_runs_every_step_once(
+        topics: Settings, service_env: dict[str, str], tmp_path: Path) -> None:
+    run_id = f"px-{uuid.uuid4().hex[:6]}"
+    owner = _child(service_env, run_id, tmp_path, failpoint="producers.call.before_send=3")
+    taker = _child(service_env, run_id, tmp_path, "take")
+    try:
+        assert owner.wait(60) == -signal.SIGKILL, owner.stderr.read()[-2000:]
+        assert json.loads(taker.stdout.readline())["ready"]
+        paused, _ = rj(service_env, "pause", run_id, "--reason", "hold it", "--json", timeout=180)
+        assert paused.returncode == 0 and json.loads(paused.stdout)["results"][0]["outcome"] == "paused", \
+            paused.stderr[-3000:]
+        time.sleep(1.0)
+        assert len(_ran(tmp_path)) == 2, "held for nobody: nothing runs"
+        resumed, _ = rj(service_env, "resume", run_id, "--json", timeout=180)
+        assert resumed.returncode == 0 and json.loads(resumed.stdout)["results"][0]["outcome"] == "resumed", \
+            resumed.stderr[-3000:]
+        out, err = taker.communicate(timeout=180)
+        assert taker.returncode == 0 and json.loads(out.splitlines()[-1]) == {"done": True}, err[-3000:]
+    finally:
+        for p in (owner, taker):
+            if p.poll() is None:
+                p.kill()
+    ran = _ran(tmp_path)
+    assert len(ran) == 50 and all(n == 1 for n in ran.values()), ran
