@@ -39,9 +39,11 @@ from runjournal.core.redis_keys import RedisKeys
 __all__ = ["ADMIN_RULES", "ROLES", "RedisGrant", "acl_file", "grant", "grants_for", "rules_for"]
 
 _BASE = ["+ping", "+select", "+cluster|slots", "+cluster|shards", "+cluster|nodes", "+cluster|info", "+command",
-         "+readonly", "+readwrite"]
+         "+readonly", "+readwrite", "+time"]
 """What every client runs besides data commands: PING, the cluster discovery (redis-py's cluster client asks
-``CLUSTER SLOTS`` and ``COMMAND``), SELECT (a ``/db`` in the URL). CLIENT SETINFO is optional to redis-py."""
+``CLUSTER SLOTS`` and ``COMMAND``), SELECT (a ``/db`` in the URL), TIME (Redis's clock: the one clock of
+operators' requests and durable timers, docs/design/decisions/0050-durable-waits.md; TIME is in neither
+``@read`` nor ``@write``). CLIENT SETINFO is optional to redis-py."""
 _SCRIPTS = ["+eval", "+evalsha", "+script|load", "+script|exists"]
 _TRANSACTIONS = ["+multi", "+exec", "+discard", "+watch", "+unwatch"]
 """A transactional pipeline (redis-py ``pipeline(transaction=True)``: MULTI … EXEC, DISCARD on a failed queue,

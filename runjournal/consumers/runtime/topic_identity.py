@@ -103,7 +103,9 @@ def check_projection(client: redis.Redis, prefix: str, shape: TopicShape, applie
         shape: :func:`describe_events_topic`.
         applied: partition -> stored applied offset (-1: none) — only partitions with one are checked.
         adopt: store ``shape``'s identity when none is stored (the projector and the recovery job: whichever
-            runs first records the count the journal was created with).
+            runs first records the count the journal was created with). A user whose Redis ACL makes the key
+            read-only (an operator's recovery pass: docs/operations/cluster-and-least-privilege.md) checks only:
+            the next projector or recovery job stores it.
 
     Raises:
         TopicMismatchError: another topic id or partition count, or an offset outside the partition's log.
@@ -131,7 +133,10 @@ def check_projection(client: redis.Redis, prefix: str, shape: TopicShape, applie
                 f"the projection says partition {p} of {shape.topic} was applied up to offset {offset}, but the "
                 f"partition ends at {high} (log {low}..{high}): the topic was re-created or truncated")
     if stored is None and adopt:
-        client.set(identity_key(prefix), json.dumps({"topic_id": shape.topic_id, "partitions": shape.partitions}))
+        try:
+            client.set(identity_key(prefix), json.dumps({"topic_id": shape.topic_id, "partitions": shape.partitions}))
+        except redis.exceptions.NoPermissionError:
+            pass  # a read-only user of the key: checked; a projector or the recovery job stores it
 
 
 def check_rebuild(client: redis.Redis, prefix: str, shape: TopicShape) -> None:

@@ -1,0 +1,98 @@
+"""Each role's Redis ACL rules are enough for its work — on the one-node test Redis, in ``make test``.
+
+The 3-broker secure cluster (tests/cluster) runs every service as its least-privilege user, but late in CI; a
+command or key family a role's code uses and its rules do not grant (TIME for the operators' requests and the
+durable timers was one) must fail here first. The users are made by ``runjournal.deploy.redis_acls.grant`` for a
+fresh prefix — the same rules ``runjournal stack up --secure`` writes — and every process runs as its role's user:
+an agent owning a run (heartbeat, the requests it reads, a durable sleep), the operator's pause / resume / signal /
+cancel / fork --dry-run / inspect, the recovery job's sweep (and its wake pass), the projector. Kafka is the plain
+test broker: only Redis's rules are under test.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr
+
+from runjournal import Journal
+from runjournal.core import redis_client
+from runjournal.core.settings import Settings
+from runjournal.deploy.redis_acls import ROLES, grant
+from tests.cli.test_paths import rj
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def users(topics: Settings) -> Iterator[dict[str, tuple[str, str]]]:
+    """role → (Redis user, password) for ``topics``' prefix; the users are deleted afterwards."""
+    admin = redis_client.client(topics)
+    tag = uuid.uuid4().hex[:8]
+    names = {role: f"rj-{tag}-{role}" for role in ROLES}
+    passwords = {user: secrets.token_hex(12) for user in names.values()}
+    grant(admin, names, topics.topic_prefix, passwords=passwords)
+    try:
+        yield {role: (user, passwords[user]) for role, user in names.items()}
+    finally:
+        admin.execute_command("ACL", "DELUSER", *names.values())
+
+
+def _as(settings: Settings, login: tuple[str, str]) -> Settings:
+    return settings.model_copy(update={"redis_username": login[0], "redis_password": SecretStr(login[1])})
+
+
+def _env(service_env: dict[str, str], login: tuple[str, str]) -> dict[str, str]:
+    return {**service_env, "RUNJOURNAL_REDIS_USERNAME": login[0], "RUNJOURNAL_REDIS_PASSWORD": login[1]}
+
+
+def _ok(proc: subprocess.CompletedProcess[str]) -> dict:
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def test_every_role_does_its_work_with_its_redis_rules_only(topics: Settings, service_env: dict[str, str],
+                                                            users: dict[str, tuple[str, str]],
+                                                            tmp_path: Path) -> None:
+    operator = _env(service_env, users["operator"])
+    # the agent: a durable sleep (Redis's clock) in a run of its own, then a run it owns while operators act
+    with Journal(_as(topics, users["agent"]), producer_id=f"ag-{uuid.uuid4().hex[:6]}") as journal:
+        run = journal.start_run("t", "sleeper", {}, run_id=f"acl-sleep-{uuid.uuid4().hex[:6]}")
+        run.sleep(0.05)
+        run.succeed({"slept": True})
+    run_id = f"acl-ctl-{uuid.uuid4().hex[:6]}"
+    agent = subprocess.Popen([sys.executable, "-m", "tests.support.control_child", run_id,
+                              f"ag-{uuid.uuid4().hex[:6]}", str(tmp_path), "40"],
+                             env=_env(service_env, users["agent"]), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    try:
+        paused = _ok(rj(operator, "pause", run_id, "--reason", "acl", "--wait", "60", "--json", timeout=120)[0])
+        assert paused["results"][0]["outcome"] == "paused", paused
+        assert json.loads(agent.stdout.readline())["stopped"] == "pause"
+        sent = _ok(rj(operator, "signal", run_id, "go", "--payload", "1", "--json", timeout=120)[0])
+        assert sent["outcome"] == "delivered", sent
+        resumed = _ok(rj(operator, "resume", run_id, "--json", timeout=120)[0])
+        assert resumed["results"][0]["outcome"] == "resumed", resumed
+        out, err = agent.communicate(timeout=120)
+        assert agent.returncode == 0, err[-3000:]
+        assert json.loads(out.splitlines()[-1]) == {"done": True}
+    finally:
+        agent.kill()
+    # the recovery job's sweep and wake pass; the projector; the operator's reads
+    swept = _ok(rj(_env(service_env, users["recovery"]), "recover", "--stale", "--json", timeout=120)[0])
+    assert swept["runs"] == [] or all(r["action"] != "error" for r in swept["runs"]), swept
+    projected = rj(_env(service_env, users["projector"]), "projector", "--until-caught-up", timeout=120)[0]
+    assert projected.returncode == 0, projected.stderr[-3000:]
+    seen = _ok(rj(operator, "inspect", run_id, "--json", timeout=120)[0])
+    assert seen["state"]["status"] == "SUCCEEDED"
+    fork = _ok(rj(operator, "fork", run_id, "--at", "3", "--dry-run", "--json", timeout=120)[0])
+    assert fork["outcome"] == "would_fork", fork
+    refused = rj(operator, "cancel", run_id, "--json", timeout=120)[0]
+    assert refused.returncode == 1 and "already ended" in refused.stderr, refused.stderr[-2000:]
