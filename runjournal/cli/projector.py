@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -106,6 +106,8 @@ def inspect_command(
                        ("gap", "gap_reason"), ("blocked", "blocked_reason")):
         if st.get(key):
             console.print(f"  {label}: {_clip(str(st[key]))}", markup=False, highlight=False)
+    for line in _control_lines(run_id, st):
+        console.print(f"  {line}", markup=False, highlight=False)
     for approval_id, pending in sorted((st.get("pending_approvals") or {}).items()):
         console.print(f"  pending approval {approval_id}: {pending.get('tool') or '-'} — {pending.get('reason')} "
                       f"(`runjournal approve {run_id} {approval_id}` / `deny`)", markup=False, highlight=False)
@@ -134,3 +136,24 @@ def _clip(text: str, limit: int = 400) -> str:
     """``text`` on one line, cut at ``limit`` characters with the full length said (``--json`` has it whole)."""
     one = " ".join(text.split())
     return one if len(one) <= limit else f"{one[:limit]}… ({len(one)} characters; --json shows it whole)"
+
+
+def _control_lines(run_id: str, st: dict[str, Any]) -> list[str]:
+    """What operators and waits did to the run, in words (docs/design/decisions/0047-operator-controls.md)."""
+    out = []
+    who, why = st.get("requested_by"), st.get("request_reason")
+    if st.get("status") == "PAUSED":
+        if st.get("waiting_for"):
+            out.append(f"waiting for signal {st['waiting_for']!r} (runjournal signal {run_id} {st['waiting_for']})")
+        elif st.get("resume_at_ms") is not None:
+            out.append(f"sleeping until {st['resume_at_ms']} ms (Redis's clock); the recovery sweep resumes it")
+        else:
+            out.append(f"paused by {who or 'an operator'}{': ' + why if why else ''} "
+                       f"(runjournal resume {run_id})")
+    elif st.get("status") == "CANCELLED" and who:
+        out.append(f"cancelled by {who}")
+    elif who and st.get("status") not in ("SUCCEEDED", "FAILED"):
+        out.append(f"last resumed or forked by {who}{': ' + why if why else ''}")
+    if st.get("forked_from"):
+        out.append(f"forked from {st['forked_from']} at seq {st.get('forked_at_seq')}")
+    return out

@@ -150,3 +150,17 @@ def test_bulk_dry_run_lists_and_changes_nothing_and_usage_errors_are_named(topic
         if "projector" in locals():
             projector.terminate()
             projector.wait(30)
+
+
+def test_inspect_says_what_operators_and_waits_did() -> None:
+    """``runjournal inspect``'s lines for a paused, a waiting, a sleeping, a cancelled and a forked run."""
+    from runjournal.cli.projector import _control_lines
+
+    assert _control_lines("r", {"status": "PAUSED", "requested_by": "ops", "request_reason": "budget"}) == [
+        "paused by ops: budget (runjournal resume r)"]
+    assert _control_lines("r", {"status": "PAUSED", "waiting_for": "approved"}) == [
+        "waiting for signal 'approved' (runjournal signal r approved)"]
+    assert "sleeping until 5" in _control_lines("r", {"status": "PAUSED", "resume_at_ms": 5})[0]
+    assert _control_lines("r", {"status": "CANCELLED", "requested_by": "ops"}) == ["cancelled by ops"]
+    assert _control_lines("f", {"status": "RUNNING", "forked_from": "s", "forked_at_seq": 4,
+                                "requested_by": "ops"})[-1] == "forked from s at seq 4"

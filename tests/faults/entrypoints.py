@@ -182,7 +182,8 @@ WRITERS: dict[str, Writer] = {
     "ApprovalInbox.forget": Writer((), "idempotent", "idempotent", covered_by="tests/consumers/ops/test_erase.py"),
     # -- operator controls (docs/design/decisions/0047-operator-controls.md) --------------------------------------
     **{name: Writer(RECOVERY_POINTS, _CONTROL_RACE, _CONTROL_KILL,
-                    covered_by="tests/consumers/ops/test_control.py, tests/cli/test_control.py")
+                    covered_by="tests/consumers/ops/test_control.py, tests/cli/test_control.py, "
+                               "tests/faults/test_controls_crash.py")
        for name in ("cli cancel", "cli pause", "cli resume", "Operator.cancel", "Operator.pause", "Operator.resume")},
     **{name: Writer(RECOVERY_POINTS, "a fork is a new run id claimed with SET NX (two forks never share one); its "
                     "events are one transaction of the recovery producer: of two actors the one fenced retries, "

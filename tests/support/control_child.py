@@ -1,6 +1,7 @@
 """Child agent for operator-control tests: one run that charges in a loop until an operator stops it.
 
-Usage: ``python -m tests.support.control_child RUN_ID PRODUCER_ID LEDGER_DIR STEPS`` with the service env. Each step
+Usage: ``python -m tests.support.control_child RUN_ID PRODUCER_ID LEDGER_DIR STEPS [take]`` with the service env
+(``take``: wait until the run is handed to this instance, then continue it). Each step
 is a side-effecting ``charge`` (its idempotency key is appended to ``LEDGER_DIR/<key>`` — the provider's witness of
 what ran) and a short sleep. On ``RunPausedError`` it waits for the run to be handed back (``runjournal resume``) and
 re-executes from the top (recorded steps return their results); on ``RunCancelledError`` it exits 0. After STEPS
@@ -42,9 +43,18 @@ class Charge:
 
 def main() -> None:
     run_id, producer_id, ledger, steps = sys.argv[1], sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])
+    take = sys.argv[5:6] == ["take"]  # a second instance: wait until the run is handed to it, then continue it
     tool = Charge(ledger)
     with Journal(Settings.load(), producer_id=producer_id, lease_ttl_ms=1200) as journal:
-        handle = journal.start_run("t", "charger", {"steps": steps}, run_id=run_id)
+        if take:
+            print(json.dumps({"ready": journal.producer_id}), flush=True)
+            deadline = time.monotonic() + 120
+            while journal.claim_assignment(1.0) != run_id:
+                if time.monotonic() > deadline:
+                    raise SystemExit("not handed the run within 120 s")
+            handle = journal.resume(run_id)
+        else:
+            handle = journal.start_run("t", "charger", {"steps": steps}, run_id=run_id)
         while True:
             try:
                 for step in range(steps):

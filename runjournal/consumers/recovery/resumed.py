@@ -185,9 +185,17 @@ class ResumedPublisher:
             err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
             code = err.code() if err is not None else None
             if code == KafkaError._FATAL:  # noqa: SLF001 - a producer in its fatal state: the cause, from error_cb
-                with contextlib.suppress(KafkaException):
-                    producer.poll(0)  # error_cb is served from poll
+                for _ in range(10):  # error_cb is served from poll, once librdkafka queued it (up to ~1 s)
+                    with contextlib.suppress(KafkaException):
+                        producer.poll(0.1)
+                    if self._fatal_code is not None:
+                        break
                 code = self._fatal_code if self._fatal_code is not None else code
+            if code == KafkaError._FATAL:  # noqa: SLF001 - the cause never came: this producer is done, not the job
+                self.drop()  # the next pass's init_transactions decides (a fence: it fences back; an ACL: it fails)
+                log.warning("RUN_RESUMED producer failed fatally with no cause reported; the next pass retries",
+                            extra={"error": str(err)})
+                return f"RUN_RESUMED not committed: the recovery producer failed ({err}); the next pass retries"
             if code in _FENCED:
                 self.drop()
                 log.warning("RUN_RESUMED transaction fenced by another recovery actor; it decides these runs",

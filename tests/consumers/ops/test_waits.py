@@ -156,3 +156,57 @@ def test_a_timer_due_while_no_instance_is_alive_fires_once_one_is(topics: Settin
         assert job.recover(stale=True).as_dict()["runs"] == []  # fired once: nothing left to wake
     finally:
         job.close()
+
+
+def test_the_asyncio_handle_sleeps_waits_for_a_signal_and_stops_on_a_cancel(topics: Settings,
+                                                                            operator: Operator) -> None:
+    """The same steps from asyncio: a sleep by Redis's clock, a signal sent before the wait, a cancel seen by a
+    coroutine tool through ``stop_requested()`` and carried out at the next call."""
+    import asyncio
+
+    from runjournal.producers import RunCancelledError, stop_requested
+    from runjournal.producers.aio import AsyncJournal
+
+    class Crawl:
+        name = "crawl"
+        side_effect = False
+        timeout_ms = 5000
+
+        def __init__(self) -> None:
+            self.saw: list[Any] = []
+
+        async def acall(self, args: dict[str, Any], idempotency_key: str) -> Any:
+            for _ in range(100):
+                if (request := stop_requested()) is not None:
+                    self.saw.append(request.action)
+                    return "partial"
+                await asyncio.sleep(0.05)
+            return "done"
+
+        def __call__(self, args: dict[str, Any], idempotency_key: str) -> Any:  # pragma: no cover - acall is used
+            raise AssertionError("the async driver awaits acall")
+
+    async def main() -> None:
+        journal = await AsyncJournal.open(topics, producer_id=f"aw-{uuid.uuid4().hex[:6]}", lease_ttl_ms=LEASE_MS)
+        try:
+            run = await journal.start_run("t", "crawler", {})
+            before = operator.controls.now_ms()
+            await run.sleep(0.3)
+            assert operator.controls.now_ms() - before >= 300
+            operator.signal(run.run_id, "go", {"n": 1})
+            assert await run.wait_signal("go") == {"n": 1}
+            tool = Crawl()
+            asking = asyncio.get_running_loop().run_in_executor(
+                None, lambda: operator.cancel(run.run_id, reason="enough"))
+            assert await run.call(tool, {}) == "partial" and tool.saw == ["cancel"]
+            try:
+                await run.call(tool, {"again": 1})
+                raise AssertionError("the cancel was not carried out")
+            except RunCancelledError:
+                pass
+            assert (await asking).outcome == "cancelled"
+        finally:
+            await journal.close()
+
+    asyncio.run(main())
+    assert stop_requested() is None

@@ -435,7 +435,8 @@ class _TxnProducer:
         pass
 
 
-@pytest.mark.parametrize("code", ["NOT_COORDINATOR", "COORDINATOR_LOAD_IN_PROGRESS", "_TRANSPORT", "_TIMED_OUT"])
+@pytest.mark.parametrize("code", ["NOT_COORDINATOR", "COORDINATOR_LOAD_IN_PROGRESS", "_TRANSPORT", "_TIMED_OUT",
+                                  "_FATAL"])  # _FATAL with no cause reported (a fence whose error_cb came late)
 def test_run_resumed_not_committed_for_an_outage_is_retried_by_the_next_pass(code: str) -> None:
     """consumers.recovery.resumed: a commit that failed for an outage, without librdkafka's retriable flag, is "not
     committed, the next pass retries" — it raised FatalDependencyError (the recovery job stopped) when the decision
