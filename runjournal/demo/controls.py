@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from runjournal.consumers.ops.control import ControlRefusedError, ControlResult, ForkResult, Operator
+from runjournal.consumers.ops.inspect import read_run_events
 from runjournal.core import redis_client
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
@@ -44,6 +45,7 @@ from runjournal.demo.agent import DemoKeys
 from runjournal.demo.fleet import Fleet
 from runjournal.demo.workload import RunScript
 from runjournal.model.reducer import RunState, RunStatus
+from runjournal.schemas import EventType
 
 __all__ = ["ATTEMPTS", "CONTROL_RUNS", "OPERATOR", "ControlAction", "Controls"]
 
@@ -174,6 +176,10 @@ class Controls:
                 self.fleet.note("fault", run_id, f"fault controls: {action} requested (owner {agent}, "
                                 f"{done} side effect(s) committed)")
                 result = self._request(op, action, run_id)
+                if result is not None and result.outcome == "requested":  # never carried out: it must not land later
+                    if action == "pause":
+                        op.resume(run_id, reason="the controls fault gave up on its pause", requested_by=OPERATOR)
+                    raise RuntimeError(f"the {action} of {run_id} was not carried out in 90 s ({result.detail})")
                 if result is None or result.outcome != {"pause": "paused", "cancel": "cancelled"}[action]:
                     outcome = result.outcome if result is not None else "refused: it had ended"
                     self.fleet.note("fault", run_id, f"controls: the run ended before the {action} ({outcome})")
@@ -359,9 +365,6 @@ class Controls:
         """A seeded fork point before the source's last side effect (so its dry run lists effects that may repeat)
         whose dry run has no call to run again under the source's key (``rerun``: a call failed at that point), and
         that dry run."""
-        from runjournal.consumers.ops.inspect import read_run_events
-        from runjournal.schemas import EventType
-
         events = [row["event"] for row in read_run_events(self.settings, source) if "event" in row]
         effects = [e.seq for e in events if e.type == EventType.TOOL_CALL_INTENDED and e.payload.get("side_effect")]
         last = max(effects) - 1 if effects else max(e.seq for e in events)
