@@ -20,7 +20,8 @@ _SUMMARY_KEYS = ("runs_total", "runs_completed", "runs_outcome_matches_input", "
                  "crashes_injected", "projector_kills", "runs_recovered", "side_effects_expected",
                  "side_effects_executed", "side_effect_duplicates", "outcome_unknown_reconciled",
                  "projection_mismatches", "acked_events", "acked_events_missing", "runs_unfinished", "runs_parked",
-                 "runs_orphaned", "faults_injected", "memory_items_written", "memory_items_without_provenance",
+                 "runs_orphaned", "runs_cancelled", "runs_forked", "controls_ok", "faults_injected",
+                 "memory_items_written", "memory_items_without_provenance",
                  "projector_lag_ms_p50", "projector_lag_ms_p99", "contexts_built", "contexts_with_memory",
                  "contexts_with_knowledge", "elapsed_s", "ok")
 
@@ -47,7 +48,7 @@ def demo_command(
     faults: Annotated[str, typer.Option(help="Fault kinds to inject while the fleet runs: all, none, or a comma "
                                         "list of agents, zombies, same_id, projector, projector_stall, broker, "
                                         "broker_stall, redis, recovery, recovery_pair, operators, cancels, skew, "
-                                        "graph, partitions, memory, qdrant, registry.")] = "agents,projector",
+                                        "graph, partitions, memory, qdrant, registry, controls.")] = "agents,projector",
     fault_times: Annotated[int, typer.Option(min=1, help="Inject each fault kind at least this many times.")] = 1,
     outcome_commit: Annotated[str | None, typer.Option(
         help="group | strict: the agents' outcome mode (default RUNJOURNAL_OUTCOME_COMMIT, else group).")] = None,

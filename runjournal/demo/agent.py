@@ -11,6 +11,13 @@ is kept in ``rj:{P:demo}:context`` for the report (counters in ``rj:{P:demo}:con
 Run as a process: ``python -m runjournal.demo.agent --producer-id ID --workload FILE --provider URL
 [--acks FILE]``. It exits when the queue is empty and ``rj:{P:demo}:done`` is set, or on SIGTERM.
 
+An operator's request met by a run (``RunStoppedError``: paused, cancelled, released while it waits —
+docs/design/decisions/0047-operator-controls.md) leaves that run: the agent notes it in ``rj:{P:demo}:stopped``
+(:func:`note_stopped`, the ``controls`` fault's witness that the agent's code got the error), takes it off its
+claimed list and goes on with other work; a resumed run comes back through an assignment like any other. A fork
+(``runjournal fork``) comes the same way: its id is not in the workload, its script is the one of its lineage's root
+(:func:`script_for`).
+
 With ``--acks`` every transaction the broker acknowledged to this instance is appended to FILE as one JSON
 line per record (``{"k": key, "p": partition, "o": offset}``, from the Journal's ``on_acked``: the delivery
 reports of a committed transaction): the verifier's independent witness that every acknowledged event is in
@@ -39,12 +46,15 @@ from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.demo.tools import ProviderTool, RecordedTool
 from runjournal.demo.workload import RunScript, Step
-from runjournal.producers import Journal, OutcomeUnknownError, RunExistsError, RunHandle
+from runjournal.producers import Journal, OutcomeUnknownError, RunExistsError, RunHandle, RunStoppedError
 from runjournal.producers.approvals import ApprovalInbox, await_approval
 
-__all__ = ["DemoKeys", "TurnContexts", "execute", "load_scripts", "main"]
+__all__ = ["DemoKeys", "TurnContexts", "execute", "load_scripts", "main", "note_stopped", "script_for"]
 
 log = logging.getLogger("runjournal.demo.agent")
+
+PACE_S = 0.4
+"""Seconds each model turn (each step) of a paced run takes (``DemoKeys.paced``)."""
 
 
 class DemoKeys:
@@ -64,6 +74,15 @@ class DemoKeys:
         projected: the context holds no facts and, without a tenant, no memory)."""
         self.context = self._keys.demo("context")
         """Hash run_id -> the JSON of the run's last context."""
+        self.controls = self._keys.demo("controls")
+        """Runs held out of the queue for the ``controls`` fault (``runjournal.demo.faults``): queued first when it
+        starts, so an operator has runs a live agent owns to pause and cancel."""
+        self.paced = self._keys.demo("paced")
+        """Runs whose model turns take :data:`PACE_S` each (the ``controls`` fault's runs): the demo's recorded turns
+        take no time, a model's take seconds — an operator's request meets a paced run mid-way."""
+        self.stopped = self._keys.demo("stopped")
+        """Hash ``<run_id>|<request_id>`` -> JSON ``{run_id, action, instance, request_id, requested_by}``: an
+        operator's request the agent's code met (:func:`note_stopped`)."""
         self.prefix = prefix
 
     def claimed(self, producer_id: str) -> str:
@@ -120,6 +139,33 @@ def load_scripts(path: Path) -> dict[str, RunScript]:
     return out
 
 
+def script_for(scripts: dict[str, RunScript], run_id: str, lineage: tuple[str, ...] = ()) -> RunScript:
+    """The script of ``run_id``: its own, or — a fork, whose id is not in the workload — the one of its lineage's root
+    (``lineage``: ``RecoveryPlan.fork_lineage``, nearest source first; a fork of a fork re-executes the same code).
+
+    Raises:
+        KeyError: neither the run nor any run of its lineage is in the workload.
+    """
+    for candidate in (run_id, *reversed(lineage)):
+        if candidate in scripts:
+            return scripts[candidate]
+    raise KeyError(f"run {run_id} (lineage {list(lineage)}) is not in the workload")
+
+
+def lineage_of(handle: RunHandle) -> tuple[str, ...]:
+    """The handle's fork lineage (nearest source first; empty for a run that is not a fork)."""
+    return handle.plan.fork_lineage if handle.plan is not None else ()
+
+
+def note_stopped(r: Any, keys: DemoKeys, instance: str, exc: RunStoppedError) -> None:
+    """Record that this instance's code met an operator's request on a run (``keys.stopped``; Redis outages waited
+    out as the queue's calls are)."""
+    record = {"run_id": exc.run_id, "action": exc.action, "instance": instance, "request_id": exc.request_id,
+              "requested_by": exc.requested_by, "error": type(exc).__name__}
+    _redis_waits(r.hset)(keys.stopped, f"{exc.run_id}|{exc.request_id}", json.dumps(record))
+    log.warning("run stopped by an operator: left", extra={"run_id": exc.run_id, "action": exc.action})
+
+
 def tool_for(step: Step, handle: RunHandle, provider_url: str) -> Any:
     """The tool of a script step: the provider (side effects, reconcile by key) or its recorded answer (read-only)."""
     if step.side_effect:
@@ -157,16 +203,20 @@ class TurnContexts:
 
 
 def execute(handle: RunHandle, script: RunScript, *, provider_url: str, inbox: ApprovalInbox,
-            approval_timeout_s: float = 120.0, contexts: TurnContexts | None = None) -> None:
+            approval_timeout_s: float = 120.0, contexts: TurnContexts | None = None, pace_s: float = 0.0) -> None:
     """Run ``script`` on ``handle`` to its recorded outcome (each step one node ``step<i>``); with ``contexts``,
-    each model turn (assistant message, tool call) first builds its context for the user's latest message.
+    each model turn (assistant message, tool call) first builds its context for the user's latest message; each
+    step first takes ``pace_s`` seconds (a model's pace; default 0).
 
     Raises:
+        RunStoppedError: an operator paused or cancelled the run (or it waits): leave it.
         ProducerFencedError: this instance was fenced (a zombie); the run is someone else's now.
         OutcomeUnknownError: a call's outcome is unknown and its tool cannot reconcile.
     """
     asked = script.instruction
     for i, step in enumerate(script.steps):
+        if pace_s:
+            time.sleep(pace_s)
         if step.kind == "message" and step.role == "user":
             asked = step.content or asked
         elif contexts is not None:
@@ -269,11 +319,17 @@ def main(argv: list[str] | None = None) -> None:
                     log.warning("run already started elsewhere", extra={"run_id": script.run_id})
                     _redis_waits(r.lrem)(claimed, 0, script.run_id)
                     continue
-            if runs is not None:
-                execute_graph(runs, handle, scripts[handle.run_id], provider_url=args.provider, inbox=inbox)
-            else:
-                execute(handle, scripts[handle.run_id], provider_url=args.provider, inbox=inbox, contexts=contexts)
+            script = script_for(scripts, handle.run_id, lineage_of(handle))
+            pace = PACE_S if _redis_waits(r.sismember)(keys.paced, handle.run_id) else 0.0
+            try:
+                if runs is not None:
+                    execute_graph(runs, handle, script, provider_url=args.provider, inbox=inbox, pace_s=pace)
+                else:
+                    execute(handle, script, provider_url=args.provider, inbox=inbox, contexts=contexts, pace_s=pace)
+            except RunStoppedError as exc:  # paused, cancelled, released: leave the run, go on with other work
+                note_stopped(r, keys, journal.producer_id, exc)
             _redis_waits(r.lrem)(claimed, 0, handle.run_id)
+
 
 def _operate(settings: Settings, args: argparse.Namespace, script: RunScript, inbox: ApprovalInbox,
              acks: Any) -> None:

@@ -4,7 +4,9 @@ agent calls again with the same arguments, as an application retrying a cancelle
 the call's key: it is reconciled with the provider (executed or not), never run blind.
 
 Run as ``python -m runjournal.demo.aio_agent --producer-id ID --workload FILE --provider URL [--acks FILE]
-[--cancel-every N]``; it exits when the queue is empty and ``rj:{P:demo}:done`` is set, or on SIGTERM.
+[--cancel-every N]``; it exits when the queue is empty and ``rj:{P:demo}:done`` is set, or on SIGTERM. Like the
+plain agent it leaves a run an operator paused or cancelled (``RunStoppedError``, noted in ``rj:{P:demo}:stopped``)
+and runs a fork with the script of its lineage's root.
 """
 
 from __future__ import annotations
@@ -21,9 +23,18 @@ from typing import Any
 from runjournal.core import redis_client
 from runjournal.core.logs import setup_logging
 from runjournal.core.settings import Settings
-from runjournal.demo.agent import AckLog, DemoKeys, load_scripts, tool_for
+from runjournal.demo.agent import (
+    PACE_S,
+    AckLog,
+    DemoKeys,
+    lineage_of,
+    load_scripts,
+    note_stopped,
+    script_for,
+    tool_for,
+)
 from runjournal.demo.workload import RunScript
-from runjournal.producers import RunExistsError
+from runjournal.producers import RunExistsError, RunStoppedError
 from runjournal.producers.aio import AsyncJournal, AsyncRunHandle
 from runjournal.producers.approvals import ApprovalInbox
 
@@ -57,9 +68,15 @@ class Canceller:
 
 
 async def aexecute(handle: AsyncRunHandle, script: RunScript, *, provider_url: str, inbox: ApprovalInbox,
-                   canceller: Canceller) -> None:
-    """``runjournal.demo.agent.execute`` from asyncio (no turn contexts)."""
+                   canceller: Canceller, pace_s: float = 0.0) -> None:
+    """``runjournal.demo.agent.execute`` from asyncio (no turn contexts; each step first takes ``pace_s`` s).
+
+    Raises:
+        RunStoppedError: an operator paused or cancelled the run: leave it.
+    """
     for i, step in enumerate(script.steps):
+        if pace_s:
+            await asyncio.sleep(pace_s)
         async with handle.node(f"step{i}") as path:
             if step.kind == "message":
                 await handle.message(step.role, step.content, user_id=script.user_id if step.role == "user" else None)
@@ -108,8 +125,13 @@ async def run(args: argparse.Namespace, settings: Settings) -> None:
                 except RunExistsError:
                     await asyncio.to_thread(r.lrem, claimed, 0, script.run_id)
                     continue
-            await aexecute(handle, scripts[handle.run_id], provider_url=args.provider, inbox=inbox,
-                           canceller=canceller)
+            script = script_for(scripts, handle.run_id, lineage_of(handle.sync))
+            pace = PACE_S if await asyncio.to_thread(r.sismember, keys.paced, handle.run_id) else 0.0
+            try:
+                await aexecute(handle, script, provider_url=args.provider, inbox=inbox, canceller=canceller,
+                               pace_s=pace)
+            except RunStoppedError as exc:  # paused, cancelled, released: leave the run, go on with other work
+                await asyncio.to_thread(note_stopped, r, keys, journal.producer_id, exc)
             await asyncio.to_thread(r.lrem, claimed, 0, handle.run_id)
     print(json.dumps({"producer_id": args.producer_id, "calls": canceller.calls, "cancelled": canceller.cancelled}))
 

@@ -18,6 +18,9 @@ Kinds (``--faults all`` takes every kind this stack allows; ``--faults agents,br
 ``qdrant``         Qdrant unavailable for a window: the embedded directory is held by another process
                    while the memory extractor (killed and restarted) must wait for it
 ``registry``       SIGKILL the schema registry, restart it after a window (only when one is used)
+``controls``       an operator pauses a run a live agent owns and resumes it, cancels another, and forks a
+                   finished run after a dry run (``runjournal.demo.controls``; its runs are held out of
+                   the queue until it starts)
 =================  ====================================================================================
 
 The schedule is drawn from the seed before the fleet starts (:func:`schedule`) and printed: each
@@ -48,6 +51,7 @@ from runjournal.core import redis_client
 from runjournal.core.errors import RunjournalError
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
+from runjournal.demo.agent import DemoKeys
 from runjournal.demo.fleet import RECOVERY_FAILPOINTS, Fleet
 from runjournal.demo.stackctl import StackControl
 from runjournal.demo.workload import RunScript
@@ -81,6 +85,7 @@ KINDS: dict[str, str] = {
     "memory": "SIGKILL the memory extractor, restart it",
     "qdrant": "Qdrant unavailable to the memory extractor for a window",
     "registry": "SIGKILL the schema registry, restart it after a window",
+    "controls": "an operator pauses a run a live agent owns and resumes it, cancels another, forks a finished run",
 }
 AGENT_LEASE_S = 3.0
 """The demo agents' lease TTL (``runjournal.demo.agent --lease-ttl-ms`` default), seconds."""
@@ -172,6 +177,10 @@ class Campaign:
         self.held = 0
         """Runs held out of the queue for the recovery fault's bait agents (``hold_bait``); progress counts them
         out until each is taken or released."""
+        self.held_controls: list[str] = []
+        """Runs held out of the queue for the controls faults (``hold_bait``), queued first when one starts."""
+        self.controls: list[dict[str, Any]] = []
+        """The controls faults' operator actions (``runjournal.demo.controls.ControlAction.as_dict``)."""
         self.injected: dict[str, int] = dict.fromkeys(sorted({s.kind for s in plan}), 0)
         self.errors: list[str] = []
         self._work: queue.Queue[Scheduled | None] = queue.Queue()
@@ -179,7 +188,7 @@ class Campaign:
         self._lock = threading.Lock()
         self._outstanding = 0  # faults queued or running (under _lock): counted before the put, after the run
         self._aborted = threading.Event()
-        self._queue_key = self._bait_key = ""  # set by hold_bait
+        self._queue_key = self._bait_key = self._controls_key = ""  # set by hold_bait
         self._worker = threading.Thread(target=self._run, name="fault-campaign", daemon=True)
         self._worker.start()
 
@@ -207,6 +216,13 @@ class Campaign:
         with self._lock:
             self._outstanding += 1
         self._work.put(item)
+
+    @property
+    def holding(self) -> int:
+        """Runs held out of the queue for a fault still to come (``recovery``, ``controls``): progress counts them
+        out until they are queued."""
+        with self._lock:
+            return self.held + len(self.held_controls)
 
     @property
     def settled(self) -> bool:
@@ -503,19 +519,37 @@ class Campaign:
         else:
             self.fleet.note("fault_end", "recovery", f"the armed recovery service died at {point}; restarted")
 
-    def hold_bait(self, scripts: Sequence[RunScript], queue_key: str, bait_key: str) -> list[str]:
-        """Hold one run out of the queue per planned ``recovery`` fault (never the last run): the run ids, pushed to
-        ``bait_key`` (the others are the caller's to queue). Runs with a side effect that no approval precedes,
-        from the end of the workload, so the bait agent reaches :data:`BAIT_FAILPOINT` without waiting for a
-        decision."""
+    def hold_bait(self, scripts: Sequence[RunScript], queue_key: str, bait_key: str,
+                  controls_key: str = "") -> list[str]:
+        """Hold runs out of the queue for the faults that need a run of their own (never the last run): the run ids
+        (the others are the caller's to queue).
+
+        * one per planned ``recovery`` fault, pushed to ``bait_key``: runs with a side effect that no approval
+          precedes, from the end of the workload, so the bait agent reaches :data:`BAIT_FAILPOINT` without waiting
+          for a decision;
+        * :data:`~runjournal.demo.controls.CONTROL_RUNS` per planned ``controls`` fault, pushed to ``controls_key``:
+          the longest runs with the most side effects, paced like a model's turns (``DemoKeys.paced``), so a pause
+          and a cancel meet them mid-way.
+        """
+        from runjournal.demo.controls import CONTROL_RUNS
+
+        r = redis_client.client(self.settings, socket_timeout=10)
         wanted = min(sum(1 for s in self.pending if s.kind == "recovery"), len(scripts) - 1)
         fit = [s.run_id for s in scripts if _effect_before_approval(s)]
         held = fit[len(fit) - wanted:] if wanted > 0 else []
         if held:
-            redis_client.client(self.settings, socket_timeout=10).rpush(bait_key, *held)
+            r.rpush(bait_key, *held)
         self.held = len(held)
-        self._queue_key, self._bait_key = queue_key, bait_key
-        return held
+        room = len(scripts) - 1 - len(held)
+        wanted = min(CONTROL_RUNS * sum(1 for s in self.pending if s.kind == "controls"), room)
+        if wanted > 0 and controls_key:
+            longest = sorted((s for s in scripts if s.run_id not in held),
+                             key=lambda s: (-s.side_effects, -len(s.steps), s.run_id))
+            self.held_controls = [s.run_id for s in longest[:wanted]]
+            r.rpush(controls_key, *self.held_controls)
+            r.sadd(DemoKeys(self.settings.topic_prefix).paced, *self.held_controls)  # a model's pace: met mid-way
+        self._queue_key, self._bait_key, self._controls_key = queue_key, bait_key, controls_key
+        return held + self.held_controls
 
     def _requeue_untaken(self, wait_s: float) -> None:
         """After a bait agent was started: wait up to ``wait_s`` for it to take its run from the bait list (Redis is
@@ -533,8 +567,8 @@ class Campaign:
             self.fleet.note("fault_end", "recovery", f"{moved} held run(s) queued: the bait agent did not take it")
 
     def release_held(self) -> None:
-        """Queue every run still held (the plan's recovery faults are done, or ended another way): every run
-        runs. Called by the chaos loop once the campaign is settled (no fault queued or running)."""
+        """Queue every run still held (the plan's recovery and controls faults are done, or ended another way):
+        every run runs. Called by the chaos loop once the campaign is settled (no fault queued or running)."""
         r = redis_client.client(self.settings, socket_timeout=10)
         moved = 0
         while r.lmove(self._bait_key, self._queue_key, "LEFT", "RIGHT") is not None:
@@ -543,6 +577,32 @@ class Campaign:
             self.held = 0
         if moved:
             self.fleet.note("fault_end", "recovery", f"{moved} held run(s) queued: no recovery fault took them")
+        if self._release_controls():
+            self.fleet.note("fault_end", "controls", "held run(s) queued: no controls fault took them")
+
+    def _release_controls(self) -> list[str]:
+        """Queue the runs held for the controls faults first (the head of the queue: the next runs agents take);
+        the run ids, in queue order."""
+        if not self._controls_key:
+            return []
+        r = redis_client.client(self.settings, socket_timeout=10)
+        moved = []
+        while (raw := r.lmove(self._controls_key, self._queue_key, "RIGHT", "LEFT")) is not None:
+            moved.append(raw.decode())
+        with self._lock:
+            self.held_controls = []
+        return moved[::-1]
+
+    def _controls(self) -> None:
+        """The ``controls`` fault (``runjournal.demo.controls``): the runs held for it are queued first, then an
+        operator pauses one a live agent owns, cancels another, resumes the first and forks a finished run."""
+        from runjournal.demo.agent import load_scripts
+        from runjournal.demo.controls import Controls
+
+        held = self._release_controls()
+        self.fleet.note("fault", "controls", f"fault controls: {len(held)} held run(s) queued first: {held}")
+        scripts = load_scripts(self.fleet.workload_path)
+        Controls(self.fleet, self.settings, scripts, self.rng, self._aborted).run(held, self.controls)
 
     def kill_agent(self, why: str = "fault agents: SIGKILL", *, busy_only: bool = False) -> bool:
         """SIGKILL an agent that owns a run now (a kill between runs tests nothing), else (unless ``busy_only``)
@@ -564,7 +624,7 @@ class Campaign:
         """A running agent that owns a run now (so recovery has work once it dies), else (``fallback``) any
         running agent."""
         with self.fleet.lock:
-            names = sorted(n for n in self.fleet.agents if n not in self.fleet.stalled)
+            names = sorted(n for n in self.fleet.agents if n not in self.fleet.stalled | self.fleet.protected)
         try:
             r = redis_client.client(self.settings, socket_timeout=2)
             keys = RedisKeys(self.settings.topic_prefix)

@@ -81,6 +81,10 @@ class Fleet:
     lock: threading.RLock = field(default_factory=threading.RLock)
     stalled: set[str] = field(default_factory=set)
     """Agents SIGSTOPped right now (never chosen for another fault until continued)."""
+    armed: set[str] = field(default_factory=set)
+    """Agents started armed to SIGKILL themselves at a failpoint (never the owner an operator's action waits on)."""
+    protected: set[str] = field(default_factory=set)
+    """Agents an operator's action waits on right now (the ``controls`` fault): no fault picks them until it is done."""
     operators: list[subprocess.Popen[bytes]] = field(default_factory=list)
     """Operator processes started (the ``operators`` fault); stopped with the rest."""
     closing: bool = False
@@ -119,6 +123,10 @@ class Fleet:
                 name = f"agent-{self.generation:03d}"
             env = dict(self.env)
             detail = why
+            if arm_failpoint or failpoint:
+                self.armed.add(name)
+            else:
+                self.armed.discard(name)  # a restart under the same name, unarmed
             if arm_failpoint:
                 point = self.rng.choice(CALL_FAILPOINTS)
                 env["RJ_FAILPOINTS"] = f"{point}={self.rng.randint(1, 6)}"
@@ -179,16 +187,18 @@ class Fleet:
         return gone
 
     def pick_agent(self) -> str | None:
-        """A live, running (not stalled) agent chosen at random, or None."""
+        """A live, running agent (not stalled, not protected) chosen at random, or None."""
         with self.lock:
-            live = sorted(p for p, proc in self.agents.items() if proc.poll() is None and p not in self.stalled)
+            live = sorted(p for p, proc in self.agents.items() if proc.poll() is None and p not in self.stalled
+                          and p not in self.protected)
             return self.rng.choice(live) if live else None
 
     def kill_agent(self, name: str, why: str = "SIGKILL by chaos") -> bool:
-        """SIGKILL agent ``name`` (if it still runs); True when it was killed."""
+        """SIGKILL agent ``name`` (if it still runs and no operator's action waits on it: :attr:`protected`); True
+        when it was killed."""
         with self.lock:
             proc = self.agents.get(name)
-            if proc is None or proc.poll() is not None:
+            if proc is None or proc.poll() is not None or name in self.protected:
                 return False
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()

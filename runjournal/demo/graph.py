@@ -18,6 +18,7 @@ steps' own (``runs.compile``: ``GraphNodeJournal``), without changing a key.
 from __future__ import annotations
 
 import json
+import time
 from typing import TYPE_CHECKING, Annotated, Any, TypedDict
 
 from runjournal.demo.tools import ProviderTool
@@ -36,10 +37,12 @@ def _args_key(tool: str, args: dict[str, Any]) -> str:
 
 
 def execute_graph(runs: JournalRuns, handle: RunHandle, script: RunScript, *, provider_url: str,
-                  inbox: ApprovalInbox, approval_timeout_s: float = 120.0) -> None:
-    """Run ``script`` on ``handle`` as a LangGraph agent to its recorded outcome (see the module docstring).
+                  inbox: ApprovalInbox, approval_timeout_s: float = 120.0, pace_s: float = 0.0) -> None:
+    """Run ``script`` on ``handle`` as a LangGraph agent to its recorded outcome (see the module docstring); each
+    model turn of the ``agent`` node first takes ``pace_s`` seconds (a model's pace; default 0).
 
     Raises:
+        RunStoppedError: an operator paused or cancelled the run: leave it.
         ProducerFencedError: this instance was fenced (a zombie); the run is someone else's now.
         OutcomeUnknownError: a call's outcome is unknown and its tool cannot reconcile.
     """
@@ -78,6 +81,8 @@ def execute_graph(runs: JournalRuns, handle: RunHandle, script: RunScript, *, pr
     def agent(state: dict[str, Any]) -> dict[str, Any]:
         pos = state.get("pos", 0)
         while pos < len(steps):
+            if pace_s:
+                time.sleep(pace_s)
             step = steps[pos]
             if step.kind == "message":
                 with handle.node(f"step{pos}"):

@@ -26,7 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LedgerServer", "ledger_stats", "serve"]
+__all__ = ["LedgerServer", "ledger_by_run", "ledger_stats", "serve"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS executions (
@@ -101,6 +101,16 @@ def ledger_stats(db: sqlite3.Connection) -> dict[str, Any]:
                            "HAVING COUNT(*) > 1").fetchall())
     per_tool = dict(db.execute("SELECT tool, COUNT(*) FROM executions GROUP BY tool").fetchall())
     return {"executions": total, "distinct_keys": distinct, "duplicates": dups, "per_tool": per_tool}
+
+
+def ledger_by_run(db: sqlite3.Connection) -> dict[str, dict[str, int]]:
+    """Executions by the run that requested them (the ``run_id`` each request carried: a fork's own id for the
+    effects it performed) and idempotency key: ``{run_id: {key: times executed}}``."""
+    out: dict[str, dict[str, int]] = {}
+    for run_id, key, count in db.execute("SELECT run_id, idempotency_key, COUNT(*) FROM executions "
+                                         "GROUP BY run_id, idempotency_key"):
+        out.setdefault(run_id, {})[key] = count
+    return out
 
 
 def _handler(ledger: LedgerServer) -> type[BaseHTTPRequestHandler]:

@@ -4,7 +4,8 @@ Every ``--interval`` seconds (0.5) it runs one stale pass of the :class:`Recover
 read, fold, classify, RUN_RESUMED, hand over), then the demo's queue bookkeeping:
 
 * a run recovery found with no fact at all (``no_facts``: it never durably started) goes back to the
-  work queue; any decided run leaves its dead owner's claimed list;
+  work queue unless an instance holds its id now (it is starting it); any decided run leaves its dead owner's
+  claimed list;
 * a run a dead instance took from the queue but never owned (it died between the queue and
   ``start_run``) is checked against the journal (its owner fenced first) and requeued only when the
   journal has no fact of it.
@@ -93,12 +94,15 @@ class DemoRecovery:
 
     def _settle(self, run_id: str, owner: str | None, action: str, detail: str | None = None, *,
                 run_owner: str | None = None) -> None:
-        """A run with no fact at all goes back to the queue — once: only the pass that freed its id requeues it, or
-        any pass when no instance ever claimed the id (``run_owner`` None; the requeue is check-and-set on the queue),
-        since two recovery services may decide it at once; any decided run leaves its dead owner's list."""
+        """A run with no fact at all goes back to the queue: when this pass freed its id, when no instance ever
+        claimed the id (``run_owner`` None), or when no instance holds its id now — a dead instance's owned set may
+        name a run whose id it never held (the pass reports "not claimed by this owner"), and no other pass would
+        queue it again. The requeue is check-and-set on the queue; a run queued twice is started once (its id's
+        claim: the second taker gets ``RunExistsError`` and drops it). Any decided run leaves its dead owner's list."""
         if action in {"deferred", "no_live_instance", "retry_later", "superseded"}:
             return  # undecided: the next pass takes it again
-        if action == "no_facts" and (detail == FREED or run_owner is None):
+        if action == "no_facts" and (detail == FREED or run_owner is None
+                                     or self.job.instances.runs_started_by([run_id]).get(run_id) is None):
             self.r.eval(_REQUEUE, 1, self.keys.queue, run_id)
         if owner:
             self.r.lrem(self.keys.claimed(owner), 0, run_id)

@@ -108,6 +108,27 @@ def _faults(summary: dict[str, Any]) -> str:
             "<table><tr><th>time</th><th>event</th><th>who</th><th>detail</th></tr>" + rows + "</table>")
 
 
+def _controls(summary: dict[str, Any]) -> str:
+    """The operator actions of the ``controls`` faults (pause, cancel, resume, fork): what was done to which run,
+    the Operator's outcome, and each rule checked with what was observed (green held, red not)."""
+    actions = summary.get("controls", [])
+    if not actions:
+        return "<p>no operator action (the controls fault was not requested)</p>"
+    rows = []
+    for a in actions:
+        target = a["run_id"] + (f" → {a['fork_run_id']} at seq {a['at_seq']}" if a.get("fork_run_id") else "")
+        extra = (f"<br><small>dry run: {_esc(a.get('dry_run'))}; may_repeat {len(a.get('may_repeat', []))}</small>"
+                 if a["action"] == "fork" else "")
+        checks = "".join(f"<div class='{'ok' if c['held'] else 'bad'}'>{'held' if c['held'] else 'FAILED'}: "
+                         f"<span style='font-weight:normal'>{_esc(c['check'])} — {_esc(c['observed'])}</span></div>"
+                         for c in a.get("checks", []))
+        rows.append(f"<tr><td>{a['t_s']:.1f} s</td><td>{_esc(a['action'])}</td><td>{_esc(target)}{extra}</td>"
+                    f"<td>{_esc(a['outcome'])}<br><small>{_esc(a.get('detail', ''))}</small></td>"
+                    f"<td>{_esc(a.get('owner') or '—')}</td><td>{checks}</td></tr>")
+    return ("<table><tr><th>time</th><th>action</th><th>run</th><th>outcome</th><th>owner / handed to</th>"
+            "<th>rules checked</th></tr>" + "".join(rows) + "</table>")
+
+
 def _runs(per_run: dict[str, Any], limit: int = 400) -> str:
     """One row per run: its status in its own colour (a FAILED run that the input says fails is not an error) and
     whether it ended as its input says with a projection equal to the topic's fold (the check, green or red)."""
@@ -118,6 +139,10 @@ def _runs(per_run: dict[str, Any], limit: int = 400) -> str:
         held = info["outcome_matches"] and info["projection_matches"]
         check = "as recorded" if held else ("outcome differs from the input" if not info["outcome_matches"]
                                              else "projection differs from the topic")
+        if held and info.get("expected"):
+            check = f"as expected: {info['expected']}"
+        if info.get("fork_of"):
+            check += f" (fork of {info['fork_of']})"
         rows.append(f"<tr><td>{_esc(run_id)}</td><td class='status-{_esc(info['status'])}'>{_esc(info['status'])}"
                     f"</td><td class='{'ok' if held else 'bad'}'>{check}</td><td>{info['epoch']}</td>"
                     f"<td>{info['events']}</td><td>{chips}</td></tr>")
@@ -187,6 +212,9 @@ def write_report(path: Path, summary: dict[str, Any]) -> None:
         "dark orange: fault injected · dark green: fault over · grey: exit · blue: recovery of a run</p>",
         _fleet_svg(summary.get("timeline", [])),
         "<h2>Faults</h2>", _faults(summary),
+        "<h2>Operator controls</h2><p>pause, cancel, resume and fork through the Operator while the fleet runs "
+        "(the controls fault), each checked against its rule from the topic and the provider's ledger</p>",
+        _controls(summary),
         "<h2>Throughput and projector lag</h2>",
         _series_svg([(float(t - t0), float(n)) for t, n in eps], "events/s (by occurred_at)", "events/s"),
         _series_svg(lag_pts, "projector lag per poll", "ms"),

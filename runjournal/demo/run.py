@@ -12,7 +12,8 @@ Numbered as in :func:`run_demo`:
    its seeded schedule by progress — agent SIGKILLs (``--kills``, or ``--kill-every`` by clock), zombies,
    restarts under the same producer_id, projector kills and stalls, the events leader broker, Redis,
    the recovery service at a step of a pass, the memory extractor, Qdrant and the registry away for a
-   window — and replacements start (some armed to die inside a tool call).
+   window, operators pausing, resuming, cancelling and forking runs — and replacements start (some armed to
+   die inside a tool call).
 6. Quiesce: agents finish, the projector and the memory extractor catch up.
 7. Verify from independent sources (topic, projection, ledger, the agents' ack logs, Qdrant) and report.
 8. Unless ``--keep``: remove what step 1 created (``runjournal.demo.cleanup``).
@@ -298,7 +299,7 @@ def _run(opts: DemoOptions, settings: Settings, faults_plan: tuple[list[Schedule
         r = redis_client.client(settings, socket_timeout=10)
         campaign = Campaign(fleet, settings, plan, rng, stack=stack,
                             restart_memory=fleet.start_memory if fleet.memory is not None else None)
-        held = set(campaign.hold_bait(scripts, keys.queue, keys.bait))
+        held = set(campaign.hold_bait(scripts, keys.queue, keys.bait, keys.controls))
         r.rpush(keys.queue, *[s.run_id for s in scripts if s.run_id not in held])  # 4
         for _ in range(opts.agents):
             fleet.spawn_agent(arm_failpoint=False)
@@ -319,7 +320,7 @@ def _run(opts: DemoOptions, settings: Settings, faults_plan: tuple[list[Schedule
         fleet.stop_all()
         provider.terminate()
         provider.wait(10)
-    summary = verify(settings, scripts, workdir, opts.partitions)  # 7
+    summary = verify(settings, scripts, workdir, opts.partitions, campaign.controls)  # 7
     recoveries, recovery_errors = services.read_recoveries(workdir / "recovery.jsonl", fleet, started_wall)
     summary.update(services.contexts_summary(r, keys, summary["per_run"]), knowledge_documents=knowledge)
     requested = {s.kind for s in plan}
@@ -333,7 +334,7 @@ def _run(opts: DemoOptions, settings: Settings, faults_plan: tuple[list[Schedule
         elapsed_s=round(time.monotonic() - started, 1), topic_prefix=prefix, finished_in_time=done,
         provider_idempotency="on" if opts.provider_idempotency else "off", workdir=str(workdir),
         outcome_commit=settings.outcome_commit, **memory_report)
-    summary["faults_ok"] = all(faults.get(k, 0) >= _wanted(k, opts) for k in requested)
+    summary["faults_ok"] = all(faults.get(k, 0) >= _wanted(k, opts) for k in requested) and summary["controls_ok"]
     summary["checks"] = _checks(summary, memory=fleet.memory is not None)
     summary["ok"] = all(c["held"] for c in summary["checks"])
     summary["timeline"] = fleet.timeline()
@@ -373,6 +374,9 @@ def _checks(summary: dict[str, Any], *, memory: bool) -> list[dict[str, Any]]:
          f"{summary['runs_orphaned']} orphaned"),
         ("every requested fault was injected", summary["faults_ok"],
          ", ".join(f"{k} {v}" for k, v in sorted(g("faults_injected", {}).items())) or "none requested"),
+        ("every operator action held its rule", g("controls_ok", True),
+         ", ".join(f"{c['action']} {c['run_id']}: {'held' if c['held'] else 'FAILED'}" for c in g("controls", []))
+         or "none requested"),
         ("memory items carry provenance", (not memory or g("memory_items_written", 0) > 0)
          and g("memory_items_without_provenance", 0) == 0,
          f"{g('memory_items_written', 0)} written, {g('memory_items_without_provenance', 0)} without"),
@@ -395,8 +399,9 @@ def _chaos_loop(opts: DemoOptions, settings: Settings, scripts: list[RunScript],
         done = done if now_done is None else now_done
         if progress:
             progress(done, total, fleet)
-        campaign.tick(min(1.0, done / max(1, total - campaign.held)))  # held runs wait for their fault
-        if done >= total - campaign.held and campaign.held and campaign.settled:
+        holding = campaign.holding
+        campaign.tick(min(1.0, done / max(1, total - holding)))  # held runs wait for their fault
+        if done >= total - holding and holding and campaign.settled:
             campaign.release_held()  # every fault ran and none took them
         if done >= total:
             campaign.drain()  # faults the runs outpaced still happen (and are checked)

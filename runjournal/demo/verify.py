@@ -10,6 +10,14 @@
   nobody's owned set, assignment list, claimed list or the queue: nobody would ever finish it);
 * the provider's SQLite ledger — how many times each side effect really ran;
 * Qdrant — memory items and their provenance (``runjournal.demo.memory_check``).
+
+With the ``controls`` fault (``runjournal.demo.controls``) each operator action is checked against its rule from the
+topic and the ledger (:func:`control_checks`): a cancelled run ends CANCELLED with no intent after its RUN_CANCELLED,
+none without an outcome, and exactly the side effects the journal records committed executed, once each; the paused
+and resumed run ends as its input says with each side effect once; a fork performs only the effects its dry run
+listed in ``may_repeat`` and ends as its source's input says. A cancelled run's expected outcome is CANCELLED after
+a prefix of its input's calls, and the expected side effects count what cancels and forks change; every other run
+is held to its input as before.
 """
 
 from __future__ import annotations
@@ -27,13 +35,14 @@ from runjournal.core import redis_client
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.demo.agent import DemoKeys
-from runjournal.demo.provider import ledger_stats
+from runjournal.demo.provider import ledger_by_run, ledger_stats
 from runjournal.demo.workload import RunScript, turns
 from runjournal.model.reducer import RunStatus, fold, state_digest
+from runjournal.producers import idempotency_key
 from runjournal.schemas import EventType
 from runjournal.schemas.keys import partition_for
 
-__all__ = ["verify"]
+__all__ = ["control_checks", "outcome_differs", "verify"]
 
 _TERMINAL = {RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED}
 
@@ -45,7 +54,8 @@ def _percentile(values: list[int], q: float) -> float | None:
     return float(ordered[min(len(ordered) - 1, int(q * len(ordered)))])
 
 
-def verify(settings: Settings, scripts: list[RunScript], workdir: Path, partitions: int) -> dict[str, Any]:
+def verify(settings: Settings, scripts: list[RunScript], workdir: Path, partitions: int,
+           controls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The demo's summary figures (keys as ``runjournal demo --json`` prints them, without fleet counts).
 
     Args:
@@ -53,35 +63,46 @@ def verify(settings: Settings, scripts: list[RunScript], workdir: Path, partitio
         scripts: the input runs.
         workdir: the demo's folder (``ledger.db``, ``acks/``).
         partitions: the events topic's partition count.
+        controls: the ``controls`` faults' operator actions (``ControlAction.as_dict``), each checked here against
+            its rule (:func:`control_checks`); returned as ``controls`` with ``checks`` and ``held``.
     """
+    controls = controls or []
+    cancelled = {a["run_id"] for a in controls if a["action"] == "cancel" and a["outcome"] == "cancelled"}
+    forks = {a["fork_run_id"]: a for a in controls if a["action"] == "fork" and a["outcome"] == "forked"}
+    by_script = {s.run_id: s for s in scripts}
     by_run = read_all_events(settings)
     client = redis_client.client(settings)
     store = ProjectionStore(client, settings.topic_prefix)
     completed = matches = mismatches = 0
     per_run: dict[str, dict[str, Any]] = {}
     states: dict[str, Any] = {}
-    for script in scripts:
-        events = by_run.get(script.run_id, [])
+    checked = [(s.run_id, s, None) for s in scripts] + [(fid, by_script[a["run_id"]], a["run_id"])
+                                                          for fid, a in sorted(forks.items())]
+    for run_id, script, fork_of in checked:
+        events = by_run.get(run_id, [])
         ref = fold(events)
-        state = states[script.run_id] = store.get(partition_for(script.run_id, partitions), script.run_id)
+        state = states[run_id] = store.get(partition_for(run_id, partitions), run_id)
         same = (ref is None and state is None) or (
             ref is not None and state is not None and state_digest(ref) == state_digest(state))
         mismatches += 0 if same else 1
-        done = state is not None and state.status in _TERMINAL
-        completed += done
-        why = outcome_differs(script, state)
-        matches += why is None
-        per_run[script.run_id] = {"status": state.status.value if state else None, "epoch": state.epoch if state else 0,
-                                  "events": len(events), "projection_matches": same, "outcome_matches": why is None,
-                                  "outcome_differs": why, "calls": _call_classes(events)}
+        why = outcome_differs(script, state, cancelled=run_id in cancelled)
+        if fork_of is None:
+            completed += state is not None and state.status in _TERMINAL
+            matches += why is None
+        per_run[run_id] = {"status": state.status.value if state else None, "epoch": state.epoch if state else 0,
+                           "events": len(events), "projection_matches": same, "outcome_matches": why is None,
+                           "outcome_differs": why, "calls": _call_classes(events),
+                           **({"expected": "CANCELLED (cancelled by an operator)"} if run_id in cancelled else {}),
+                           **({"fork_of": fork_of} if fork_of else {})}
     resumed = {rid for rid, evs in by_run.items() if any(e.type == EventType.RUN_RESUMED for e, _, _ in evs)}
     reconciled = sum(1 for evs in by_run.values() for e, _, _ in evs if e.type == EventType.TOOL_CALL_RECONCILED)
     db = sqlite3.connect(str(workdir / "ledger.db"))
-    ledger = ledger_stats(db)
+    ledger, executed = ledger_stats(db), ledger_by_run(db)
     db.close()
     samples = [tuple(int(v) for v in x.decode().split(":"))
                for x in client.lrange(RedisKeys(settings.topic_prefix).projector_lag(), 0, -1)]
     lags = [lag for _, lag in samples]
+    checked_controls = control_checks(controls, by_script, by_run, states, per_run, executed)
     return {
         "runs_total": len(scripts),
         "runs_completed": completed,
@@ -90,7 +111,7 @@ def verify(settings: Settings, scripts: list[RunScript], workdir: Path, partitio
         **acked_events(workdir / "acks", by_run),
         "events_published": sum(len(v) for v in by_run.values()),
         "runs_recovered": len(resumed),
-        "side_effects_expected": sum(s.side_effects for s in scripts),
+        "side_effects_expected": _expected_effects(scripts, cancelled, forks, by_run),
         "side_effects_executed": ledger["executions"],
         "side_effect_duplicates": sum(n - 1 for n in ledger["duplicates"].values()),
         "outcome_unknown_reconciled": reconciled,
@@ -98,9 +119,24 @@ def verify(settings: Settings, scripts: list[RunScript], workdir: Path, partitio
         "projector_lag_ms_p50": _percentile(lags, 0.5),
         "projector_lag_ms_p99": _percentile(lags, 0.99),
         "projector_lag_ms_mean": round(statistics.fmean(lags), 1) if lags else None,
+        "runs_cancelled": len(cancelled),
+        "runs_forked": len(forks),
+        "controls": checked_controls,
+        "controls_ok": all(c["held"] for c in checked_controls),
         "per_run": per_run,
         "series": {"events_per_s": _events_per_s(by_run), "lag_ms": sorted(samples)},
     }
+
+
+def _expected_effects(scripts: list[RunScript], cancelled: set[str], forks: dict[str, dict[str, Any]],
+                      by_run: dict[str, list[tuple[Any, int, int]]]) -> int:
+    """Side effects that must have executed: every input run's, from its input — but a cancelled run's are those
+    its journal records committed (its ledger rows are checked against them, :func:`control_checks`) — plus, for
+    each fork, the effects its dry run listed in ``may_repeat`` (it ends as its source's input says, so it reaches
+    each once under its own new key)."""
+    total = sum(s.side_effects for s in scripts if s.run_id not in cancelled)
+    total += sum(len(_effects(_in_order(by_run.get(rid, [])))[1]) for rid in cancelled)
+    return total + sum(len(a["may_repeat"]) for a in forks.values())
 
 
 def args_digest(args: Any) -> str:
@@ -110,26 +146,172 @@ def args_digest(args: Any) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def outcome_differs(script: RunScript, state: Any) -> str | None:
+def outcome_differs(script: RunScript, state: Any, *, cancelled: bool = False) -> str | None:
     """Why the projected run differs from the input trajectory, or None when it matches: the status (SUCCEEDED
     for reward 1, FAILED otherwise) and the committed calls — tool name and argument digest, in journal order
     — against the input's tool steps in order. Calls one model turn asks for at once (consecutive tool steps: the
     graph agent runs them in parallel, ``runjournal.demo.graph.turns``) may commit in any order among themselves;
-    every turn must follow the one before."""
+    every turn must follow the one before. A run an operator ``cancelled`` must be CANCELLED, its committed calls a
+    prefix of the input's (a turn cut short: any of its calls)."""
     if state is None:
         return "not in the projection"
-    want_status = "SUCCEEDED" if script.succeeded else "FAILED"
+    want_status = "CANCELLED" if cancelled else "SUCCEEDED" if script.succeeded else "FAILED"
     if str(state.status.value) != want_status:
-        return f"status {state.status.value}, input says {want_status}"
+        return f"status {state.status.value}, {'an operator cancelled it' if cancelled else 'input says'} " \
+               f"{want_status}"
     want = [(s.tool, args_digest(s.args)) for s in script.steps if s.kind == "tool"]
     got = [(rec.tool, rec.args_digest) for rec in sorted(state.records.values(), key=_journal_order)
            if _committed(rec)]
+    if cancelled and len(got) <= len(want):
+        return _prefix_differs(script, got, want)
     if len(got) == len(want):
         got, want = _by_turn(script, got), _by_turn(script, want)
     if got != want:
         first = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), min(len(got), len(want)))
         return f"committed calls differ at #{first}: {len(got)} committed, input has {len(want)}"
     return None
+
+
+def _prefix_differs(script: RunScript, got: list[tuple[str, str]], want: list[tuple[str, str]]) -> str | None:
+    """Why ``got`` (committed calls in journal order) is not a prefix of ``want`` (the input's), turn by turn: each
+    whole turn the same calls in any order, the last (cut) turn a part of its calls."""
+    at = 0
+    for turn in turns(script):
+        part = got[at:at + len(turn)]
+        if not part:
+            return None
+        expected = want[at:at + len(turn)]
+        if len(part) == len(turn) and sorted(part) != sorted(expected):
+            return f"committed calls differ in the turn at call #{at}"
+        if len(part) < len(turn):
+            rest = list(expected)
+            for call in part:
+                if call not in rest:
+                    return f"committed call #{at + part.index(call)} is not one of its turn's"
+                rest.remove(call)
+            return None  # a cut turn is the last: got ends inside it
+        at += len(turn)
+    return None if at >= len(got) else f"{len(got)} committed, input has {len(want)}"
+
+
+def control_checks(controls: list[dict[str, Any]], scripts: dict[str, RunScript],
+                   by_run: dict[str, list[tuple[Any, int, int]]], states: dict[str, Any],
+                   per_run: dict[str, dict[str, Any]], executed: dict[str, dict[str, int]]) -> list[dict[str, Any]]:
+    """Each operator action of the ``controls`` faults with the rule it must hold, checked from the topic
+    (``by_run``: a fresh read), the projection (``states``, ``per_run``) and the provider's ledger (``executed``:
+    run id -> key -> executions): the action's dict plus ``checks`` (``{check, held, observed}``: the live checks
+    made as it happened, then these) and ``held`` (every check held). See the module docstring for the rules."""
+    out = []
+    for action in controls:
+        checks = [{"check": name, "held": bool(ok), "observed": "as it happened"}
+                  for name, ok in action.get("live", {}).items()]
+        run_id = action["run_id"]
+        events = _in_order(by_run.get(run_id, []))
+        if action["action"] == "cancel" and action["outcome"] == "cancelled":
+            checks += _cancel_rules(events, per_run.get(run_id, {}), executed.get(run_id, {}))
+        elif action["action"] == "pause" and action["outcome"] == "paused":
+            paused = [e for e in events if e.type == EventType.RUN_RESUMED and e.payload.get("paused")]
+            checks.append(_check("the journal holds its pause (RUN_RESUMED paused, no owner)", bool(paused),
+                                 f"{len(paused)} RUN_RESUMED paused"))
+        elif action["action"] == "resume" and action["outcome"] == "resumed":
+            checks += _resume_rules(events, scripts[run_id], per_run.get(run_id, {}), executed.get(run_id, {}))
+        elif action["action"] == "fork" and action["outcome"] == "forked":
+            fork_id = action["fork_run_id"]
+            checks += _fork_rules(action, _in_order(by_run.get(fork_id, [])), scripts[run_id],
+                                  per_run.get(fork_id, {}), states.get(fork_id), executed.get(fork_id, {}))
+        out.append({**action, "checks": checks, "held": bool(checks) and all(c["held"] for c in checks)})
+    return out
+
+
+def _check(name: str, held: bool, observed: str) -> dict[str, Any]:
+    return {"check": name, "held": bool(held), "observed": observed}
+
+
+def _in_order(events: list[tuple[Any, int, int]]) -> list[Any]:
+    """A run's events in journal order (one partition: by offset)."""
+    return [e for e, _p, _o in sorted(events, key=lambda x: (x[1], x[2]))]
+
+
+def _effects(events: list[Any]) -> tuple[set[str], set[str]]:
+    """(keys of the run's side-effect intents, keys of those the journal records committed — COMMITTED or
+    RECONCILED with outcome COMMITTED)."""
+    intended = {e.payload["idempotency_key"] for e in events
+                if e.type == EventType.TOOL_CALL_INTENDED and e.payload.get("side_effect")}
+    committed = {e.payload["call_id"] for e in events if e.type == EventType.TOOL_CALL_COMMITTED
+                 or (e.type == EventType.TOOL_CALL_RECONCILED and e.payload.get("outcome") == "COMMITTED")}
+    return intended, intended & committed
+
+
+def _cancel_rules(events: list[Any], info: dict[str, Any], ran: dict[str, int]) -> list[dict[str, Any]]:
+    """A cancelled run: CANCELLED, no intent after RUN_CANCELLED, none without an outcome, each side effect executed
+    at most once and exactly when the journal records it committed (the ledger is the witness)."""
+    types = [e.type for e in events]
+    at = types.index(EventType.RUN_CANCELLED) if EventType.RUN_CANCELLED in types else None
+    late = [e.seq for e in events[at + 1:] if e.type == EventType.TOOL_CALL_INTENDED] if at is not None else []
+    open_calls: dict[str, int] = {}
+    for e in events:
+        if e.type == EventType.TOOL_CALL_INTENDED:
+            open_calls[e.payload["call_id"]] = e.seq
+        elif e.type in (EventType.TOOL_CALL_COMMITTED, EventType.TOOL_CALL_FAILED, EventType.TOOL_CALL_RECONCILED):
+            open_calls.pop(e.payload["call_id"], None)
+    _intended, committed = _effects(events)
+    twice = {k: n for k, n in ran.items() if n > 1}
+    return [
+        _check("ended CANCELLED after a prefix of its input's calls", info.get("outcome_matches", False)
+               and at is not None, f"status {info.get('status')}; {info.get('outcome_differs') or 'calls a prefix'}"),
+        _check("no intent after its RUN_CANCELLED", at is not None and not late,
+               f"RUN_CANCELLED at seq {events[at].seq if at is not None else None}; intents after: {late}"),
+        _check("no intent without an outcome", not open_calls, f"open: {sorted(open_calls.values())}"),
+        _check("each side effect executed at most once, exactly those the journal records committed",
+               not twice and set(ran) == committed,
+               f"ledger {len(ran)} key(s), journal {len(committed)} committed, executed twice: {len(twice)}, "
+               f"ledger only: {len(set(ran) - committed)}, journal only: {len(committed - set(ran))}"),
+    ]
+
+
+def _resume_rules(events: list[Any], script: RunScript, info: dict[str, Any],
+                  ran: dict[str, int]) -> list[dict[str, Any]]:
+    """The paused and resumed run: its resume in the journal after its pause, ended as its input says, each side
+    effect once."""
+    pauses = [i for i, e in enumerate(events) if e.type == EventType.RUN_RESUMED and e.payload.get("paused")]
+    resumes = [i for i, e in enumerate(events) if e.type == EventType.RUN_RESUMED and not e.payload.get("paused")
+               and e.payload.get("requested_by") and pauses and i > pauses[0]]
+    _intended, committed = _effects(events)
+    return [
+        _check("the journal holds its resume after its pause", bool(resumes),
+               f"pause at #{pauses[:1]}, resumes requested after it at #{resumes[:1]}"),
+        _check("ended as its input says", info.get("outcome_matches", False),
+               f"status {info.get('status')}; {info.get('outcome_differs') or 'as recorded'}"),
+        _check("each side effect executed once", set(ran) == committed and all(n == 1 for n in ran.values())
+               and len(ran) == script.side_effects,
+               f"ledger {sum(ran.values())} execution(s) of {len(ran)} key(s), input has {script.side_effects}"),
+    ]
+
+
+def _fork_rules(action: dict[str, Any], events: list[Any], script: RunScript, info: dict[str, Any], state: Any,
+                ran: dict[str, int]) -> list[dict[str, Any]]:
+    """A fork: its RUN_STARTED names its source and point, it ends as its source's input says, and the effects it
+    performed (the ledger's rows under its run id) are only those its dry run listed in ``may_repeat`` — a call
+    keyed by step ``step<i>`` (the demo agents' keys) runs under the fork's key of that step, so the listed source
+    keys name the fork's keys allowed."""
+    source, fork_id = action["run_id"], action["fork_run_id"]
+    listed = set(action["may_repeat"])
+    allowed = {idempotency_key(fork_id, f"#step{i}", 1) for i in range(len(script.steps))
+               if idempotency_key(source, f"#step{i}", 1) in listed}
+    started = events[0].payload if events and events[0].type == EventType.RUN_STARTED else {}
+    unlisted = sorted(set(ran) - allowed)
+    return [
+        _check("its RUN_STARTED names its source and fork point",
+               started.get("forked_from") == source and started.get("forked_at_seq") == action["at_seq"],
+               f"forked_from {started.get('forked_from')}, at seq {started.get('forked_at_seq')}"),
+        _check("ended as its source's input says", info.get("outcome_matches", False)
+               and info.get("projection_matches", False) and state is not None,
+               f"status {info.get('status')}; {info.get('outcome_differs') or 'as recorded'}"),
+        _check("performed only effects its dry run listed in may_repeat", not unlisted,
+               f"{len(ran)} executed under {fork_id}, {len(listed)} listed, not listed: {len(unlisted)}"),
+        _check("each of its effects executed once", all(n == 1 for n in ran.values()),
+               f"executed twice: {sum(1 for n in ran.values() if n > 1)}"),
+    ]
 
 
 def _by_turn(script: RunScript, calls: list[tuple[str, str]]) -> list[tuple[str, str]]:

@@ -31,7 +31,8 @@ POLICY = DATA / "knowledge" / "tau-bench-airline-policy.md"
 CELLS = [(*c.split(":"), "group")[:3] for c in os.environ.get("RJ_CAMPAIGN_MATRIX", "1:off").split(",") if c]
 """``(seed, idempotency, outcome mode)`` per cell; a cell written ``seed:idempotency`` runs the default mode."""
 KINDS = {"agents", "zombies", "same_id", "projector", "projector_stall", "broker", "redis", "recovery", "memory",
-         "qdrant", "registry", "recovery_pair", "operators", "cancels", "skew", "graph", "broker_stall", "partitions"}
+         "qdrant", "registry", "recovery_pair", "operators", "cancels", "skew", "graph", "broker_stall", "partitions",
+         "controls"}
 
 
 @pytest.fixture(scope="module")
@@ -83,9 +84,13 @@ def test_the_main_job_holds_under_every_fault(stack_env: dict[str, str], tmp_pat
     assert summary["projection_mismatches"] == 0
     assert summary["runs_unfinished"] == summary["runs_parked"] == summary["runs_orphaned"] == 0
     assert set(summary["faults_injected"]) == KINDS and all(n >= 1 for n in summary["faults_injected"].values())
+    # issue 31: operator actions, each checked against its rule (a cancel, a pause and resume, a fork)
+    assert summary["controls_ok"] is True and {c["action"] for c in summary["controls"]} == {
+        "pause", "resume", "cancel", "fork"}, summary["controls"]
     html = report.read_text()
     for marker in ("fault broker: SIGKILL", "fault redis: SIGKILL", "fault registry: SIGKILL", "fault qdrant",
                    "fault zombies", "fault same_id", "fault projector_stall", "fault recovery: SIGKILL at",
                    "fault memory: SIGKILL", "fault recovery_pair", "fault operators", "fault cancels", "fault skew",
-                   "fault graph", "fault broker_stall: SIGSTOP", "fault partitions"):
+                   "fault graph", "fault broker_stall: SIGSTOP", "fault partitions", "fault controls: pause requested",
+                   "fault controls: fork of"):
         assert marker in html, marker  # every fault is on the report's timeline

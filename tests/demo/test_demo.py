@@ -1,6 +1,7 @@
 """The main job end to end, small: generated workload with approvals, a small fault campaign (agents, the projector,
-zombies, a restart under the same producer_id, Redis, the recovery service) on a private stack, every check must
-hold. The full campaign (200 real runs, every fault kind, 3 brokers) is ``tests/campaign`` (``make test-campaign``)."""
+zombies, a restart under the same producer_id, Redis, the recovery service — and, in one case, operator actions:
+``controls``) on a private stack, every check must hold. The full campaign (200 real runs, every fault kind, 3
+brokers) is ``tests/campaign`` (``make test-campaign``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,6 +33,8 @@ REQUIRED = {"runs_total", "runs_completed", "runs_outcome_matches_input", "event
             "runs_parked", "runs_orphaned"}
 SMALL_CAMPAIGN = ("agents", "projector", "zombies", "same_id", "redis", "recovery", "recovery_pair", "operators",
                   "cancels")
+WITH_CONTROLS = (*SMALL_CAMPAIGN, "controls")
+"""Issue 31's acceptance in small: the campaign with operator actions (about 110 s on 2 cores)."""
 
 
 @pytest.fixture(scope="module")
@@ -48,13 +52,16 @@ def own_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, st
         stack.down()
 
 
-@pytest.mark.parametrize(("idempotency", "mode"), [("off", "group"), ("off", "strict")])
+@pytest.mark.parametrize(("idempotency", "mode", "kinds"), [("off", "group", SMALL_CAMPAIGN),
+                                                             ("off", "strict", SMALL_CAMPAIGN),
+                                                             ("off", "group", WITH_CONTROLS)],
+                         ids=["off-group", "off-strict", "off-group-controls"])
 def test_demo_generated_workload_under_chaos(own_stack: dict[str, str], tmp_path: Path, idempotency: str,
-                                             mode: str) -> None:
+                                             mode: str, kinds: tuple[str, ...]) -> None:
     report = tmp_path / "report.html"
     proc = subprocess.run(
         [sys.executable, "-m", "runjournal", "demo", "--runs", "16", "--agents", "3", "--kills", "4", "--seed", "3",
-         "--faults", ",".join(SMALL_CAMPAIGN), "--provider-idempotency", idempotency, "--json", "--report",
+         "--faults", ",".join(kinds), "--provider-idempotency", idempotency, "--json", "--report",
          str(report), "--knowledge", str(POLICY), "--outcome-commit", mode],
         env=own_stack, capture_output=True, text=True, timeout=600, check=False)
     summary = json.loads(proc.stdout)  # --json: stdout is one JSON document and nothing else
@@ -66,7 +73,7 @@ def test_demo_generated_workload_under_chaos(own_stack: dict[str, str], tmp_path
         print(json.dumps(summary, indent=1, default=str))  # shown with the failure
     assert summary["ok"] is True and proc.returncode == 0, {k: summary[k] for k in REQUIRED}
     assert summary["crashes_injected"] >= 4 and summary["projector_kills"] == 1
-    assert set(summary["faults_injected"]) == set(SMALL_CAMPAIGN), summary["faults_injected"]
+    assert set(summary["faults_injected"]) == set(kinds), summary["faults_injected"]
     assert summary["faults_injected"]["agents"] >= 4 and min(summary["faults_injected"].values()) >= 1
     assert summary["acked_events_missing"] == 0 < summary["acked_events"]
     assert summary["runs_unfinished"] == summary["runs_parked"] == summary["runs_orphaned"] == 0
@@ -79,6 +86,8 @@ def test_demo_generated_workload_under_chaos(own_stack: dict[str, str], tmp_path
         assert marker in html, marker  # each fault is on the timeline, with its time
     assert html.index("PASSED — all") < html.index("<h2>Summary</h2>")  # the verdict first
     assert all(c["held"] for c in summary["checks"]) and "<h2>Recovery passes</h2><table>" in html
+    if "controls" in kinds:
+        _check_controls(summary, html)
     # every model turn built its context: facts first, advice labelled; the report shows one run's
     contexts = {k: v for k, v in summary.items() if k.startswith("contexts_")}
     assert summary["contexts_built"] > 0 and summary["contexts_with_knowledge"] > 0, contexts
@@ -90,6 +99,22 @@ def test_demo_generated_workload_under_chaos(own_stack: dict[str, str], tmp_path
     assert summary["cleanup"]["cleanup_errors"] == [], summary["cleanup"]
     assert leftovers(own_stack, prefix) == ([], 0), "topics or Redis keys of the demo were left behind"
     assert summary["cleanup"]["qdrant_collections_deleted"] and not Path(summary["workdir"]).exists()
+
+
+def _check_controls(summary: dict[str, Any], html: str) -> None:
+    """Issue 31's acceptance: a pause, a cancel, a resume and a fork, each held against its rule (see
+    ``runjournal.demo.verify.control_checks``); 0 duplicates; the report shows them."""
+    actions = {c["action"]: c for c in summary["controls"]}
+    assert set(actions) == {"pause", "cancel", "resume", "fork"} and summary["controls_ok"] is True, actions
+    assert all(c["held"] and c["checks"] for c in summary["controls"]), summary["controls"]
+    assert summary["runs_cancelled"] == summary["runs_forked"] == 1 and summary["side_effect_duplicates"] == 0
+    checked = {c["check"] for a in summary["controls"] for c in a["checks"]}
+    assert {"no intent after its RUN_CANCELLED", "no intent without an outcome",
+            "performed only effects its dry run listed in may_repeat", "the owner's code got RunPausedError",
+            "each side effect executed once"} <= checked, checked
+    assert actions["resume"]["run_id"] == actions["pause"]["run_id"] != actions["cancel"]["run_id"]
+    assert actions["fork"]["fork_run_id"].startswith(f"{actions['fork']['run_id']}-fork-")
+    assert "<h2>Operator controls</h2>" in html and "fault controls: pause requested" in html
 
 
 def leftovers(env: dict[str, str], prefix: str) -> tuple[list[str], int]:

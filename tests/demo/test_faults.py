@@ -7,9 +7,11 @@ The campaign itself runs in ``tests/demo/test_demo.py`` (a small one, every faul
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
+from runjournal.core.settings import Settings
 from runjournal.demo.faults import KINDS, FaultSpecError, parse_faults, schedule
 from tests.cli.test_paths import json_error, rj
 
@@ -84,3 +86,69 @@ def test_the_recovery_faults_bait_runs_reach_a_side_effect_before_any_approval()
         Step(kind="tool", tool="cancel_reservation", side_effect=True, needs_approval=True),
         Step(kind="tool", tool="book_reservation", side_effect=True)))
     assert not _effect_before_approval(read_only) and not _effect_before_approval(approval_first)
+
+
+def test_controls_is_a_kind_of_its_own_scheduled_like_the_others() -> None:
+    """Issue 31: operator actions are a fault kind — named alone or with others, in ``all``, and scheduled by the
+    seed ``--fault-times`` times."""
+    allowed: dict[str, str | None] = dict.fromkeys(KINDS)
+    assert "controls" in KINDS and parse_faults("controls", allowed=allowed) == (["controls"], {})
+    assert "controls" in parse_faults("all", allowed=allowed)[0]
+    plan = schedule(["agents", "controls"], times=2, kills=3, rng=random.Random(1))
+    assert [s.kind for s in plan].count("controls") == 2 and all(0.05 <= s.at <= 0.75 for s in plan
+                                                                  if s.kind == "controls")
+
+
+def test_a_protected_agent_is_picked_by_no_fault_and_killed_by_none(tmp_path: Path) -> None:
+    """The owner of a run an operator's request waits on (the controls fault) is never SIGKILLed or picked meanwhile:
+    what its code saw is the request's doing."""
+    import subprocess
+
+    from runjournal.demo.fleet import Fleet
+
+    fleet = Fleet(env={}, workdir=tmp_path, workload_path=tmp_path / "w.json", provider_url="",
+                  rng=random.Random(1))
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        fleet.agents["agent-001"] = proc
+        fleet.protected.add("agent-001")
+        assert fleet.pick_agent() is None and fleet.kill_agent("agent-001") is False and proc.poll() is None
+        fleet.protected.discard("agent-001")
+        assert fleet.pick_agent() == "agent-001" and fleet.kill_agent("agent-001") is True
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.integration
+def test_the_controls_faults_runs_are_held_paced_and_queued_first(settings: Settings, tmp_path: Path) -> None:
+    """The runs a controls fault acts on are held out of the queue (the longest, the most side effects), paced like a
+    model's turns, and queued at the head when the fault starts — so it always has runs that just started, also
+    when the others are done."""
+    from runjournal.core import redis_client
+    from runjournal.demo.agent import DemoKeys
+    from runjournal.demo.controls import CONTROL_RUNS
+    from runjournal.demo.faults import Campaign
+    from runjournal.demo.fleet import Fleet
+    from runjournal.demo.workload import generated_workload
+
+    scripts = generated_workload(16, seed=3)
+    plan = schedule(["controls", "recovery"], times=1, kills=0, rng=random.Random(3))
+    fleet = Fleet(env={}, workdir=tmp_path, workload_path=tmp_path / "w.json", provider_url="",
+                  rng=random.Random(3))
+    campaign = Campaign(fleet, settings, plan, random.Random(3), stack=None, restart_memory=None)
+    keys = DemoKeys(settings.topic_prefix)
+    r = redis_client.client(settings)
+    try:
+        held = campaign.hold_bait(scripts, keys.queue, keys.bait, keys.controls)
+        controls = [x.decode() for x in r.lrange(keys.controls, 0, -1)]
+        longest = sorted(scripts, key=lambda s: (-s.side_effects, -len(s.steps), s.run_id))[:CONTROL_RUNS]
+        assert controls == [s.run_id for s in longest] and set(controls) < set(held) and len(held) == CONTROL_RUNS + 1
+        assert campaign.holding == CONTROL_RUNS + 1
+        assert {m.decode() for m in r.smembers(keys.paced)} == set(controls)
+        r.rpush(keys.queue, "gen-9999")
+        assert campaign._release_controls() == controls  # moved one by one to the head, the order kept
+        assert [x.decode() for x in r.lrange(keys.queue, 0, -1)] == [*controls, "gen-9999"]
+        assert campaign.holding == 1 and r.llen(keys.controls) == 0
+    finally:
+        campaign.abort()

@@ -9,6 +9,14 @@ from typing import Any
 from runjournal.demo.report import write_report
 from runjournal.demo.run import _checks
 
+CANCEL_FAILED = {"action": "cancel", "run_id": "gen-1", "outcome": "cancelled", "t_s": 9.5, "detail": "RUN_CANCELLED",
+                 "owner": "agent-002", "held": False, "checks": [
+                     {"check": "no intent after its RUN_CANCELLED", "held": False, "observed": "intents after: [14]"}]}
+FORK = {"action": "fork", "run_id": "gen-2", "outcome": "forked", "t_s": 12.0, "detail": "epoch 2",
+        "owner": "agent-003", "fork_run_id": "gen-2-fork-1", "at_seq": 7, "may_repeat": ["k"],
+        "dry_run": {"returned": 1, "reconciled": 0, "rerun": 0, "may_repeat": 1}, "held": True, "checks": [
+            {"check": "performed only effects its dry run listed in may_repeat", "held": True, "observed": "1 of 1"}]}
+
 
 def _summary(**changes: Any) -> dict[str, Any]:
     s: dict[str, Any] = {
@@ -44,7 +52,8 @@ def test_each_broken_figure_fails_its_own_check() -> None:
                           ({"runs_parked": 1}, "no run left unfinished, parked or orphaned"),
                           ({"faults_ok": False}, "every requested fault was injected"),
                           ({"memory_items_written": 0}, "memory items carry provenance"),
-                          ({"finished_in_time": False}, "every run ended within the timeout")]:
+                          ({"finished_in_time": False}, "every run ended within the timeout"),
+                          ({"controls_ok": False, "controls": [CANCEL_FAILED]}, "every operator action held its rule")]:
         failed = [c["check"] for c in _checks(_summary(**changes), memory=True) if not c["held"]]
         assert failed == [name], (changes, failed)
 
@@ -57,7 +66,7 @@ def test_the_verdict_comes_first_and_names_what_failed(tmp_path: Path) -> None:
     assert verdict < html.index("<h2>Summary</h2>") and "<script" not in html
     write_report(path, _summary())
     html = path.read_text()
-    assert html.index("PASSED — all 9 checks held") < html.index("<h2>Summary</h2>")
+    assert html.index("PASSED — all 10 checks held") < html.index("<h2>Summary</h2>")
 
 
 def test_a_failed_run_is_not_painted_green_and_a_mismatch_is_red(tmp_path: Path) -> None:
@@ -78,3 +87,18 @@ def test_recovery_passes_are_a_table_not_json(tmp_path: Path) -> None:
     assert "<td>gen-2</td><td>resumed</td><td>1 → 2</td><td>agent-003</td><td>COMMITTED 1, UNKNOWN 1</td>" \
            "<td>agent-002</td>" in section
     assert "<pre>" not in section and '"run_id"' not in section
+
+
+def test_operator_actions_are_a_table_with_each_rule_checked(tmp_path: Path) -> None:
+    """The controls fault's actions: what was done to which run, the outcome, and each rule held or FAILED (the
+    verdict names the failed check)."""
+    path = tmp_path / "r.html"
+    write_report(path, _summary(controls=[CANCEL_FAILED, FORK], controls_ok=False))
+    html = path.read_text()
+    assert "FAILED — every operator action held its rule (cancel gen-1: FAILED, fork gen-2: held)" in html
+    section = html[html.index("<h2>Operator controls</h2>"):html.index("<h2>Throughput")]
+    assert "<td>cancel</td><td>gen-1</td>" in section and "gen-2 → gen-2-fork-1 at seq 7" in section
+    assert "class='bad'>FAILED: " in section and "no intent after its RUN_CANCELLED — intents after: [14]" in section
+    assert "class='ok'>held: " in section and "may_repeat 1" in section
+    write_report(path, _summary())
+    assert "no operator action (the controls fault was not requested)" in path.read_text()
