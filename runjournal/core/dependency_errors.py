@@ -38,7 +38,7 @@ from runjournal.core import kafka, redis_client
 if TYPE_CHECKING:  # pragma: no cover
     from confluent_kafka import KafkaError
 
-__all__ = ["FATAL", "TRANSIENT", "Meaning", "kafka_meaning", "kafka_stops", "meaning", "redis_meaning"]
+__all__ = ["FATAL", "TRANSIENT", "Meaning", "kafka_meaning", "kafka_stops", "meaning", "not_permitted", "redis_meaning"]
 
 TRANSIENT, FATAL = "transient", "fatal"
 
@@ -333,3 +333,29 @@ def meaning(exc: BaseException) -> Meaning | None:
     if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
         return kafka_meaning(exc.args[0])
     return None
+
+
+#: librdkafka codes of a broker's authorizer refusing the principal (an ACL it lacks).
+_KAFKA_ACL_CODES = ("TOPIC_AUTHORIZATION_FAILED", "GROUP_AUTHORIZATION_FAILED", "CLUSTER_AUTHORIZATION_FAILED",
+                    "TRANSACTIONAL_ID_AUTHORIZATION_FAILED")
+
+
+def not_permitted(exc: BaseException) -> bool:
+    """True when ``exc`` or one of its causes is an ACL refusal: Redis's NOPERM (a key or command the user's rules
+    do not grant) or a Kafka ``*_AUTHORIZATION_FAILED``, also when a service wrapped it (``FatalDependencyError``
+    keeps the cause as ``__cause__``; a producer's background error keeps the code's name in its text). A
+    least-privilege user's work that another role does (an operator's recovery pass) tells the two apart with it:
+    docs/operations/cluster-and-least-privilege.md. Never raises."""
+    try:
+        from confluent_kafka import KafkaError, KafkaException
+        from redis import exceptions as rx
+    except ImportError:  # pragma: no cover - core dependencies
+        return False
+    for cause in _chain(exc):
+        if isinstance(cause, (rx.NoPermissionError, rx.AuthorizationError)) or "NOPERM" in str(cause):
+            return True
+        err = cause.args[0] if isinstance(cause, KafkaException) and cause.args else None
+        name = err.name() if isinstance(err, KafkaError) else ""
+        if name in _KAFKA_ACL_CODES or any(code in str(cause) for code in _KAFKA_ACL_CODES):
+            return True
+    return False

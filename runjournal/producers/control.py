@@ -39,6 +39,8 @@ from runjournal.core.redis_keys import RedisKeys
 
 __all__ = [
     "ACTIONS",
+    "RESUME",
+    "STOPS",
     "WAIT",
     "ControlRequest",
     "ControlStore",
@@ -53,10 +55,18 @@ ACTIONS = ("cancel", "pause")
 WAIT = "wait"
 """A run's own request to be held until a time or a signal (``RunHandle.sleep`` / ``wait_signal`` past
 ``hold_after_s``): carried out like a pause, with a wake-up time (``producers.waits``)."""
+RESUME = "resume"
+"""An operator's resume of a held (PAUSED) run, left for the recovery service when the operator's own credentials
+may not publish recovery events (least privilege: docs/operations/cluster-and-least-privilege.md). Stored with a
+timer armed at once, in one script, so the next sweep's wake pass hands the run over; never seen by an owner."""
+STOPS = (*ACTIONS, WAIT)
+"""The requests a run's owner carries out at its step boundaries (a :data:`RESUME` is the recovery job's alone)."""
 
 #: Store a request unless one stands: KEYS = requests hash, version; ARGV = run id, action, JSON without the stamp.
 #: A pending cancel stands; the same operator action pending stands (idempotent); a cancel replaces a pending pause
-#: or wait; a run's own wait replaces an earlier wait of it but never an operator's pause.
+#: or wait; a run's own wait replaces an earlier wait of it but never an operator's pause; a resume (of a held run)
+#: replaces a leftover pause or wait, a pause replaces a pending resume. KEYS[3] = timers, ARGV[4] = '1': arm the run's
+#: timer at Redis's now when stored (a resume: the next wake pass carries it out).
 #: Returns {1, json} when stored, {0, json of the standing request} otherwise. The stamp is Redis's clock.
 _REQUEST = """
 local cur = redis.call('HGET', KEYS[1], ARGV[1])
@@ -72,6 +82,9 @@ req['requested_at_ms'] = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 100
 local text = cjson.encode(req)
 redis.call('HSET', KEYS[1], ARGV[1], text)
 redis.call('INCR', KEYS[2])
+if ARGV[4] == '1' then
+  redis.call('ZADD', KEYS[3], 'LT', req['requested_at_ms'], ARGV[1])
+end
 return {1, text}
 """
 #: Remove a run's request when it is the one given (request_id ARGV[2]) or, with ARGV[2] = '', when its action is
@@ -161,15 +174,18 @@ class ControlStore:
         Returns:
             (stored, the request now pending): ``stored`` False when an earlier request stands (it is returned).
 
+        A :data:`RESUME` arms the run's timer at Redis's now in the same script (the next wake pass takes it).
+
         Raises:
-            ValueError: ``action`` is not one of :data:`ACTIONS` or :data:`WAIT`.
+            ValueError: ``action`` is not one of :data:`STOPS` or :data:`RESUME`.
         """
-        if action not in (*ACTIONS, WAIT):
-            raise ValueError(f"action must be one of {(*ACTIONS, WAIT)}, got {action!r}")
+        if action not in (*STOPS, RESUME):
+            raise ValueError(f"action must be one of {(*STOPS, RESUME)}, got {action!r}")
         body = json.dumps({"action": action, "request_id": uuid.uuid4().hex, "requested_by": requested_by,
                            "reason": reason, **({"until_ms": until_ms} if until_ms is not None else {}),
                            **({"signal": signal} if signal is not None else {})})
-        stored, text = self._request(keys=[self.requests_key, self.version_key], args=[run_id, action, body])
+        stored, text = self._request(keys=[self.requests_key, self.version_key, self.timers_key],
+                                     args=[run_id, action, body, "1" if action == RESUME else "0"])
         return bool(int(stored)), ControlRequest.from_json(run_id, text)
 
     def get(self, run_id: str) -> ControlRequest | None:

@@ -72,7 +72,7 @@ from runjournal.producers._digest import canonical_value
 from runjournal.producers._lease import InstanceLease
 from runjournal.producers._port import OutcomeCommit
 from runjournal.producers._txn import Item, TxnPublisher
-from runjournal.producers.control import ControlRequest, ControlStore
+from runjournal.producers.control import STOPS, ControlRequest, ControlStore
 from runjournal.producers.errors import (
     DeliveryError,
     JournalError,
@@ -569,8 +569,11 @@ class Journal:
     def request_for(self, run_id: str) -> ControlRequest | None:
         """The operator's cancel or pause request pending on ``run_id`` as this instance last read it (its heartbeat
         reads them every ``lease_ttl_ms / 3`` when the control version changed; :meth:`resume` reads the run's at
-        once), or None. ``RunHandle`` checks it at every step boundary (docs/design/decisions/0047)."""
-        return self._requests.get(run_id)
+        once), or None. ``RunHandle`` checks it at every step boundary (docs/design/decisions/0047). Only the
+        requests an owner carries out (``control.STOPS``) are returned: a pending resume is the recovery job's, and an
+        action this version does not know is not taken for a stop."""
+        request = self._requests.get(run_id)
+        return request if request is not None and request.action in STOPS else None
 
     def _refresh_requests(self) -> None:
         """Heartbeat: when the control version moved, read the requests of the runs this instance holds, then record

@@ -11,6 +11,13 @@ One function per action, the same semantics from every front end; each returns a
 waits (up to ``wait_s``) until the request was carried out: ``cancelled`` / ``paused`` / ``resumed`` — or
 ``requested`` when the owner has not reached a step boundary yet (it will; the request is stored and every live
 instance has read it, ``seen``).
+
+Least privilege (docs/operations/cluster-and-least-privilege.md): an operator whose credentials may not run a
+recovery pass (its Kafka user has no transactional id; its Redis user may not write what a pass writes) does not
+fail — the request is durable, and the recovery service (``runjournal recover --stale --watch``, as its own user)
+carries it out at its next sweep: a cancel or pause as any request on a run nobody live owns, a resume as a
+``resume`` request whose timer is armed at once (the sweep's wake pass hands the run over), a signal's wake-up
+likewise. The result says so (``outcome`` ``requested``, ``detail`` naming the service).
 """
 
 from __future__ import annotations
@@ -29,12 +36,13 @@ from runjournal.consumers.recovery.instances import Instances
 from runjournal.consumers.recovery.job import RecoveryError, RecoveryJob
 from runjournal.consumers.runtime.partitions import events_partition_count
 from runjournal.core import redis_client as redis_clients
+from runjournal.core.dependency_errors import not_permitted
 from runjournal.core.errors import RunjournalError
 from runjournal.core.ids import RUN_ID
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.model.reducer import RunState, RunStatus
-from runjournal.producers.control import ControlRequest, ControlStore
+from runjournal.producers.control import RESUME, ControlRequest, ControlStore
 from runjournal.schemas.keys import partition_for
 
 __all__ = ["ControlRefusedError", "ControlResult", "ForkResult", "Operator", "RunFilter", "applies",
@@ -162,6 +170,9 @@ class Operator:
     wait_s: float = 30.0
     poll_s: float = 0.2
     _job: RecoveryJob | None = field(default=None, init=False, repr=False)
+    refused: str | None = field(default=None, init=False)
+    """Why this operator's own recovery pass was refused (an ACL it lacks), once it was: requests are then left to
+    the recovery service (module docstring). None while its passes work."""
 
     def __post_init__(self) -> None:
         self.redis = redis_clients.client(self.settings)
@@ -189,6 +200,23 @@ class Operator:
         if self._job is None:
             self._job = RecoveryJob(self.settings, max_wait_s=min(self.wait_s, 30.0) or 1.0)
         return self._job
+
+    def _pass(self, act: Callable[[RecoveryJob], Any]) -> Any:
+        """Run ``act`` (a recovery pass) unless this operator's credentials were refused one; on an ACL refusal note
+        it in :attr:`refused` and return None (the recovery service carries the request out). Other errors raise."""
+        if self.refused is not None:
+            return None
+        try:
+            return act(self.job)
+        except Exception as exc:
+            if not not_permitted(exc):
+                raise
+            self.refused = f"{type(exc).__name__}: {exc}"
+            return None
+
+    def _left_to_service(self, what: str) -> str:
+        return (f"{what}: the recovery service carries it out at its next sweep (`runjournal recover --stale "
+                f"--watch`, as the recovery user) — these credentials may not run a recovery pass ({self.refused})")
 
     # -- reading -------------------------------------------------------------------------------------------------
     def state(self, run_id: str) -> RunState | None:
@@ -270,13 +298,37 @@ class Operator:
         if dry_run:
             return ControlResult(run_id, "resume", "would_resume", f"paused by {state.requested_by}; it would be "
                                  "handed to a live instance under a new epoch", status=state.status.value)
-        report = self.job.recover(runs=[run_id], resume_paused=True, requested_by=who, reason=reason or None)
+        report = self._pass(lambda job: job.recover(runs=[run_id], resume_paused=True, requested_by=who,
+                                                    reason=reason or None))
+        if report is None:  # refused: a resume request, carried out by the recovery service's wake pass
+            return self._resume_by_service(run_id, who, reason, state, started)
         (outcome,) = [o for o in report.runs if o.run_id == run_id]
         result = ControlResult(run_id, "resume", outcome.action, outcome.detail or "", status=state.status.value,
                                owner=outcome.assigned_to, waited_ms=_ms(started))
         if outcome.action == "resumed":
             result.detail = f"epoch {outcome.epoch}, handed to {outcome.assigned_to}"
             result.status = RunStatus.RUNNING.value
+        return result
+
+    def _resume_by_service(self, run_id: str, who: str, reason: str, state: RunState,
+                           started: float) -> ControlResult:
+        """Leave a resume of the paused ``run_id`` to the recovery service (a ``resume`` request and its timer, one
+        script) and wait up to ``wait_s`` for its wake pass to carry it out."""
+        stored, request = self.controls.request(run_id, RESUME, requested_by=who, reason=reason)
+        result = ControlResult(run_id, "resume", "requested", status=state.status.value, request=request.as_dict())
+        if not stored and request.action != RESUME:
+            raise ControlRefusedError(f"a {request.action} requested by {request.requested_by} is pending on run "
+                                      f"{run_id} and stands; the resume was not stored")
+        deadline = started + self.wait_s
+        while self.controls.get(run_id) == request and time.monotonic() < deadline:
+            time.sleep(self.poll_s)
+        now = self._fold(run_id)
+        if self.controls.get(run_id) != request and now is not None and now.status is not RunStatus.PAUSED:
+            result.outcome, result.status, result.owner = "resumed", now.status.value, now.owner
+            result.detail = f"by the recovery service: epoch {now.epoch}, handed to {now.owner}"
+        else:
+            result.detail = self._left_to_service("stored")
+        result.waited_ms = _ms(started)
         return result
 
     def signal(self, run_id: str, name: str, payload: Any = None, *, requested_by: str | None = None) -> ControlResult:
@@ -310,9 +362,11 @@ class Operator:
         result = ControlResult(run_id, "signal", "delivered", status=_status(state),
                                owner=state.owner if state else None)
         if state is not None and state.status is RunStatus.PAUSED and state.waiting_for == name:
-            report = self.job.wake([run_id])
-            outcome = next((o for o in report.runs if o.run_id == run_id), None)
-            if outcome is not None and outcome.action == "resumed":
+            report = self._pass(lambda job: job.wake([run_id]))
+            outcome = next((o for o in report.runs if o.run_id == run_id), None) if report is not None else None
+            if report is None:
+                result.detail = self._left_to_service("the run waits for it; its timer is armed")
+            elif outcome is not None and outcome.action == "resumed":
                 result.detail = f"the run waited for it: woken, epoch {outcome.epoch}, handed to {outcome.assigned_to}"
                 result.status, result.owner = RunStatus.RUNNING.value, outcome.assigned_to
             elif outcome is not None:
@@ -439,9 +493,12 @@ class Operator:
                 self._finish(request, result)
                 break
             try:
-                report = self.job.recover(runs=[run_id])  # refused while a live instance owns the run
+                report = self._pass(lambda job: job.recover(runs=[run_id]))  # refused while a live owner has it
             except RecoveryError:
                 report = None
+            if report is None and self.refused is not None:
+                result.detail = self._left_to_service("stored; the owner carries it out at its next step, or, if "
+                                                      "nobody live owns the run")
             if report is not None:
                 outcome = next((o for o in report.runs if o.run_id == run_id), None)
                 if outcome is not None and outcome.action in ("cancelled", "paused", "finished"):
@@ -453,6 +510,8 @@ class Operator:
                 break
             time.sleep(self.poll_s)
         result.waited_ms = _ms(started)
+        if result.outcome == "requested" and self.refused is not None and result.detail.startswith("recovery pass"):
+            result.detail = self._left_to_service("stored")
         if result.outcome == "requested" and not result.detail:
             result.detail = (f"stored; the owner {result.owner or '(none yet)'} carries it out at its next step "
                              "(a tool call, a node, an approval wait)")

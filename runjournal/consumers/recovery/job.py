@@ -84,7 +84,7 @@ from runjournal.core.ids import PRODUCER_ID, RUN_ID
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.model.reducer import RunState, RunStatus
-from runjournal.producers.control import WAIT, ControlRequest, ControlStore
+from runjournal.producers.control import RESUME, WAIT, ControlRequest, ControlStore
 from runjournal.producers.fencing import fence_producer
 from runjournal.producers.plan import PlanStore, RecoveryPlan
 from runjournal.schemas import Event, codec_from_settings
@@ -324,8 +324,9 @@ class RecoveryJob:
     def wake(self, runs: list[str] | None = None, *, assign_to: str | None = None) -> RecoveryReport:
         """Resume the held runs whose wake-up time came (``rj:{P:ctl}:timers`` by Redis's clock), or ``runs``: a run
         held by a durable wait (``run.sleep``, ``run.wait_signal``) is resumed when its time came or it waits for a
-        signal (a delivered signal arms its timer now); a run an operator paused is left held. ``recover(stale=True)``
-        does this after every sweep. docs/design/decisions/0050-durable-waits.md.
+        signal (a delivered signal arms its timer now); a run an operator paused is left held — unless an operator's
+        resume was left for this service (``control.RESUME``: its timer is armed at once; the RUN_RESUMED records
+        who asked). ``recover(stale=True)`` does this after every sweep. docs/design/decisions/0050-durable-waits.md.
 
         Raises:
             As :meth:`recover`.
@@ -486,7 +487,8 @@ class RecoveryJob:
             elif state.status is RunStatus.PAUSED and not self._resume_paused and (
                     (req := self._requests.get(run_id)) is None or req.action != "cancel"):
                 self._disown(owner, run_id)
-                if req is not None:  # paused already (a pass that died after its commit): the request is done
+                if req is not None and req.action != RESUME:  # paused already (a pass that died after its
+                    # commit): the request is done; a resume stays for the wake pass (its timer is armed)
                     self._requests.pop(run_id, None)
                     self._request_done(req)
                 report.runs.append(with_changes(base, action="paused", detail=(
@@ -568,11 +570,15 @@ class RecoveryJob:
             if target is None:
                 report.runs.append(with_changes(outcome, action="no_live_instance", detail=NO_LIVE_INSTANCE))
                 continue
-            event = resumed_event(state, classified, target, offsets, requested_by=self._asked[0],
-                                  reason=self._asked[1])
+            request = self._requests.get(run_id)
+            asked = (request.requested_by, request.reason or None) if request and request.action == RESUME \
+                else self._asked  # an operator's resume left for this service: its who and why
+            event = resumed_event(state, classified, target, offsets, requested_by=asked[0], reason=asked[1])
             plan = build_plan(state, classified, new_epoch=event.epoch, resumed_seq=event.seq, assigned_to=target,
                               now_ms=now_ms)
-            if (request := self._requests.get(run_id)) is not None:
+            if request is not None and request.action == RESUME:
+                outcome = with_changes(outcome, detail=f"resume requested by {request.requested_by}")
+            elif request is not None:
                 outcome = with_changes(outcome, detail=f"{request.action} requested by {request.requested_by}: the "
                                        f"new owner reconciles the unknown call(s) first, then carries it out")
             elif self._spares(run_id, chosen[run_id]):
@@ -610,6 +616,9 @@ class RecoveryJob:
             self._request_done(request)
         if batch:
             self._disarm([p.run_id for _e, p, _o, _d in batch])  # resumed: no timer of theirs is pending any more
+            for _e, plan, _o, _d in batch:  # an operator's resume carried out (its RUN_RESUMED is durable)
+                if (request := self._requests.get(plan.run_id)) is not None and request.action == RESUME:
+                    self._request_done(request)
             self._hand_over([HandOver(plan, dead_owner) for _e, plan, _o, dead_owner in batch])  # 7
 
     def _held(self, resumable: dict[str, Classified], chosen: dict[str, str | None],
@@ -623,7 +632,8 @@ class RecoveryJob:
         for run_id, classified in resumable.items():
             request = self._requests.get(run_id)
             state = states[run_id]
-            if request is None or state is None or (request.action == "cancel" and classified.has_unknown):
+            if request is None or request.action == RESUME or state is None or (
+                    request.action == "cancel" and classified.has_unknown):
                 continue
             event = control_event(state, classified, request, offsets)
             outcome = RunOutcome(run_id=run_id, owner=chosen[run_id] or state.owner, partition=self._partition(run_id),
@@ -636,10 +646,12 @@ class RecoveryJob:
 
     def _wakes(self, state: RunState) -> bool:
         """In a wake pass: a held run resumes when it waits for a signal (a delivery armed its timer) or its wake-up
-        time came by Redis's clock; an operator's pause (neither) stands."""
+        time came by Redis's clock, or an operator's resume was left for this service (``control.RESUME``); an
+        operator's pause (none of these) stands."""
         assert self._waking is not None
-        return state.waiting_for is not None or (state.resume_at_ms is not None
-                                                 and state.resume_at_ms <= self._waking)
+        request = self._requests.get(state.run_id)
+        return state.waiting_for is not None or (request is not None and request.action == RESUME) or (
+            state.resume_at_ms is not None and state.resume_at_ms <= self._waking)
 
     def _wait_pending(self, run_id: str) -> bool:
         request = self._requests.get(run_id)
