@@ -82,8 +82,9 @@ _OUTCOMES = {
     "resumed": "the run was handed to a live instance under a new epoch and goes on.",
     "withdrawn": "the pause had not been carried out yet; it is withdrawn and the run goes on.",
     "requested": "requested, not carried out yet — the request pending on the run (below) is carried out by the "
-                 "run's owner at its next step (a tool call, a node, an approval wait), or by the next recovery pass "
-                 "when nobody live owns the run.",
+                 "run's owner at its next step (a tool call, a node, an approval wait), or by the recovery service's "
+                 "next sweep when nobody live owns the run (a resume the console may not carry out itself: always "
+                 "the sweep's).",
     "no_live_instance": "no live instance to take the run: the next recovery pass hands it over.",
     "succeeded": "not carried out: the run ended SUCCEEDED first.",
     "failed": "not carried out: the run ended FAILED first.",
