@@ -34,6 +34,7 @@ from runjournal.consumers.projector.index import read_entries
 from runjournal.consumers.projector.store import ProjectionStore
 from runjournal.consumers.recovery.instances import Instances
 from runjournal.consumers.recovery.job import RecoveryError, RecoveryJob
+from runjournal.consumers.recovery.resumed import SUPERSEDED
 from runjournal.consumers.runtime.partitions import events_partition_count
 from runjournal.core import redis_client as redis_clients
 from runjournal.core.dependency_errors import not_permitted
@@ -298,11 +299,15 @@ class Operator:
         if dry_run:
             return ControlResult(run_id, "resume", "would_resume", f"paused by {state.requested_by}; it would be "
                                  "handed to a live instance under a new epoch", status=state.status.value)
-        report = self._pass(lambda job: job.recover(runs=[run_id], resume_paused=True, requested_by=who,
-                                                    reason=reason or None))
-        if report is None:  # refused: a resume request, carried out by the recovery service's wake pass
-            return self._resume_by_service(run_id, who, reason, state, started)
-        (outcome,) = [o for o in report.runs if o.run_id == run_id]
+        for _attempt in range(3):  # another recovery actor's producer fenced this pass's: the next pass fences it
+            report = self._pass(lambda job: job.recover(runs=[run_id], resume_paused=True, requested_by=who,
+                                                        reason=reason or None))
+            if report is None:  # refused: a resume request, carried out by the recovery service's wake pass
+                return self._resume_by_service(run_id, who, reason, state, started)
+            (outcome,) = [o for o in report.runs if o.run_id == run_id]
+            if outcome.action not in (SUPERSEDED, "retry_later") or time.monotonic() >= started + self.wait_s:
+                break
+            time.sleep(self.poll_s)
         result = ControlResult(run_id, "resume", outcome.action, outcome.detail or "", status=state.status.value,
                                owner=outcome.assigned_to, waited_ms=_ms(started))
         if outcome.action == "resumed":

@@ -477,6 +477,9 @@ class RecoveryJob:
                 # asked to resume a paused run (nobody fenced): the journal says it is not paused — left alone
                 if self._waking is not None and not self._wait_pending(run_id):
                     self._disarm([run_id])  # no wait of it is on the way: a stray wake-up (a signal) is forgotten
+                if (moot := self._requests.get(run_id)) is not None and moot.action == RESUME:
+                    self._requests.pop(run_id, None)  # resumed by someone else first: the resume is moot
+                    self._request_done(moot)
                 report.runs.append(with_changes(base, action="not_paused", detail=(
                     f"{state.status.value}, owned by {state.owner}: only a paused run is resumed")))
             elif self._waking is not None and state.status is RunStatus.PAUSED and not self._wakes(state):
@@ -571,8 +574,10 @@ class RecoveryJob:
                 report.runs.append(with_changes(outcome, action="no_live_instance", detail=NO_LIVE_INSTANCE))
                 continue
             request = self._requests.get(run_id)
-            asked = (request.requested_by, request.reason or None) if request and request.action == RESUME \
-                else self._asked  # an operator's resume left for this service: its who and why
+            asked = (request.requested_by, request.reason or None) if (
+                request and request.action == RESUME and self._asked[0] is None) \
+                else self._asked  # an operator's resume left for this service: its who and why (unless this pass
+            # was itself asked by an operator: that one resumes it, and the pending request is moot)
             event = resumed_event(state, classified, target, offsets, requested_by=asked[0], reason=asked[1])
             plan = build_plan(state, classified, new_epoch=event.epoch, resumed_seq=event.seq, assigned_to=target,
                               now_ms=now_ms)

@@ -109,3 +109,34 @@ def test_a_resume_request_stands_against_a_second_and_yields_to_a_pause_or_cance
     assert stored and store.request(run_id, RESUME, requested_by="e", reason="") == (False, cancel)
     store.disarm([run_id])
     assert store.done(cancel)
+
+
+def test_a_resume_left_to_the_service_is_moot_once_another_operator_resumed_the_run(
+        topics: Settings, requester: Operator) -> None:
+    """Two operators at once: one with recovery rights resumes the run itself while the other's resume request is
+    pending; the service's wake pass finds the run running, resumes nothing and removes the moot request."""
+    service = RecoveryJob(topics)
+    with Journal(topics, producer_id=f"a-{uuid.uuid4().hex[:8]}", lease_ttl_ms=LEASE_MS) as journal, \
+            Operator(topics, wait_s=10, poll_s=0.1) as full:
+        run = journal.start_run("t", "payer", {})
+        run.call(Ledger(), {"amount": 1})
+        asked: list[Any] = []
+        asking = threading.Thread(target=lambda: asked.append(full.pause(run.run_id)))
+        asking.start()
+        with pytest.raises(RunPausedError):
+            for _ in range(200):
+                run.call(Ledger(), {"amount": 2})
+                time.sleep(0.05)
+        asking.join(30)
+        assert asked[0].outcome == "paused", asked
+        left = requester.resume(run.run_id, requested_by="slow@test")
+        assert left.outcome == "requested"
+        # the other operator's own pass resumes the run (it reads the pending resume and removes it with its commit)
+        done = full.resume(run.run_id, requested_by="fast@test")
+        assert done.outcome == "resumed", done
+        assert requester.controls.get(run.run_id) is None
+        woken = service.wake()
+        assert all(r.action != "resumed" for r in woken.runs if r.run_id == run.run_id), woken
+        events = events_of(read_committed(topics), run.run_id)
+        resumed = [e.payload for e in events if e.type is EventType.RUN_RESUMED and not e.payload.get("paused")]
+        assert [p["requested_by"] for p in resumed] == ["fast@test"]  # one hand-over, not two
