@@ -14,6 +14,14 @@
   inside a subgraph), so the run's projected state lists the graph's nodes. :meth:`JournalRuns.compile` compiles
   a graph with the checkpointer and this handler.
 
+Durable waits and operator controls (docs/design/decisions/0047-operator-controls.md, 0050-durable-waits.md): a node
+waits for an external event with :meth:`JournalRuns.wait_signal` (its payload is the answer: ``runjournal signal
+RUN_ID NAME --payload JSON``, ``Operator.signal``) or sleeps with :meth:`JournalRuns.sleep` — recorded steps keyed
+by name (or by the graph task), so a node re-run from its checkpoint or after an ``interrupt()`` does not wait
+again. An operator's cancel or pause is carried out at every graph node's entry and after every journaled tool
+call; a tool sees it while it runs through ``runjournal.producers.stop_requested()``; ``graph.invoke`` raises
+``RunCancelledError`` / ``RunPausedError`` (a long wait: ``RunWaitingError``) and the stopped node keeps no outcome.
+
 Crash resume: ``recover`` hands the run to a live instance, which does ``runs.attach(journal.resume(run_id))``
 and ``graph.invoke(None, {"configurable": {"thread_id": run_id}})``.
 """
@@ -22,6 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextvars
+import hashlib
 import json
 import logging
 import threading
@@ -58,13 +68,18 @@ from runjournal.adapters.tools import JournaledTool, Reconciler
 from runjournal.core.ids import NODE_NAME, NODE_PATH, THREAD_ID
 from runjournal.producers import Journal, RunHandle
 from runjournal.producers.aio import AsyncJournal, AsyncRunHandle
-from runjournal.producers.errors import JournalError, RunExistsError
+from runjournal.producers.errors import JournalError, RunExistsError, RunStoppedError
 from runjournal.producers.handle import error_text
 from runjournal.schemas import EventType
 
 __all__ = ["GraphNodeJournal", "JournalCheckpointSaver", "JournalRuns", "ThreadNotOwnedError", "journaled_tool_node"]
 
 log = logging.getLogger("runjournal.adapters.langgraph")
+
+_SLEEPS: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar("runjournal_graph_sleeps",
+                                                                             default=None)
+"""Sleeps of the graph task running in this context so far, by its checkpoint namespace (LangGraph runs every
+execution of a task in a fresh copy of its caller's context, so a re-executed task counts from 0 again)."""
 
 
 class ThreadNotOwnedError(RunExistsError):
@@ -155,6 +170,98 @@ class JournalRuns:
             if isinstance(handle, AsyncRunHandle):
                 self._async[sync.run_id] = handle
 
+    # -- durable waits in a graph node (docs/design/decisions/0050-durable-waits.md) ------------------------------
+    def wait_signal(self, config: RunnableConfig | str, name: str, *, timeout_s: float | None = None,
+                    poll_s: float = 0.2, step: str | None = None) -> Any:
+        """Wait, inside a graph node, for the signal ``name`` of the node's run and return its payload — how a node
+        waits for a human or a webhook: ``runjournal signal THREAD_ID NAME --payload JSON`` or
+        ``Operator(settings).signal(thread_id, name, payload)`` delivers it, exactly once, also before the node waits.
+        The payload is journaled (a ``runjournal.signal`` step keyed by ``step``): a node re-run from its checkpoint,
+        after an ``interrupt()``, on a resumed run or in a loop gets the recorded payload at once, without waiting.
+
+        Args:
+            config: the node's ``RunnableConfig`` (its ``configurable.thread_id`` is the run id), or the thread id.
+            name: the signal's name (the call-id rules: no ``|`` or ``/``).
+            timeout_s: give up after this many seconds, by Redis's clock, from the first wait (its end time is
+                journaled too); None (default) waits without end.
+            poll_s: how often the inbox is read while the node waits in this process, s (default 0.2).
+            step: the wait's stable name in the run (default ``runjournal.signal:<name>``: every wait for ``name`` in
+                the run is one step, as the signal is delivered once).
+
+        Returns:
+            The signal's payload (a JSON value, as recorded).
+
+        Raises:
+            SignalTimeoutError: ``timeout_s`` passed without the signal (the same after a resume).
+            RunWaitingError: the wait outlasted the Journal's ``hold_after_s``: the run was released (the node keeps
+                no outcome); the recovery sweep hands it to a live instance when the signal arrives, which
+                ``attach``-es it and continues the graph with ``invoke(None, config)``.
+            RunCancelledError, RunPausedError: an operator's request met while the node waited.
+            InvalidIdError: a bad ``name``, ``step`` or thread id. ThreadNotOwnedError: as :meth:`handle`.
+        """
+        return self.handle(_thread_of(config)).wait_signal(name, timeout_s=timeout_s, poll_s=poll_s,
+                                                           step=_signal_step(name, step))
+
+    async def await_signal(self, config: RunnableConfig | str, name: str, *, timeout_s: float | None = None,
+                           poll_s: float = 0.2, step: str | None = None) -> Any:
+        """:meth:`wait_signal` in an async node (needs an AsyncJournal; the polls are ``asyncio.sleep``)."""
+        return await self.async_handle(_thread_of(config)).wait_signal(name, timeout_s=timeout_s, poll_s=poll_s,
+                                                                       step=_signal_step(name, step))
+
+    def sleep(self, config: RunnableConfig | str, seconds: float | None = None, *, until_ms: int | None = None,
+              step: str | None = None) -> None:
+        """Sleep, inside a graph node, ``seconds`` (or until ``until_ms``, ms since the Unix epoch) by Redis's clock,
+        durably: the end time is journaled (a ``runjournal.timer`` step), so a node re-run from its checkpoint or
+        after an ``interrupt()`` passes a sleep that is over at once (and waits only for what is left of one that is
+        not). A loop's next visit of the node is a new task: it sleeps again.
+
+        Args:
+            config: the node's ``RunnableConfig``, or the thread id (then, without ``step``, the sleep is keyed like
+                any call of the handle: by its order among the run's top-level calls).
+            seconds: how long, s (>= 0); or ``until_ms``, not both.
+            step: the sleep's stable name in the run (default: the graph task — its checkpoint namespace, which a
+                re-execution of the task keeps — and the count of sleeps before it in this execution of the task).
+
+        Raises:
+            RunWaitingError: the sleep outlasts the Journal's ``hold_after_s``: the run was released; the recovery
+                sweep resumes it on a live instance when it is due (``attach``, then ``invoke(None, config)``).
+            RunCancelledError, RunPausedError: an operator's request met while the node slept.
+            ValueError: neither or both of ``seconds`` and ``until_ms``, or a negative ``seconds``.
+            InvalidIdError: a bad ``step`` or thread id. ThreadNotOwnedError: as :meth:`handle`.
+        """
+        self.handle(_thread_of(config)).sleep(seconds, until_ms=until_ms, step=_sleep_step(config, step))
+
+    async def asleep(self, config: RunnableConfig | str, seconds: float | None = None, *,
+                     until_ms: int | None = None, step: str | None = None) -> None:
+        """:meth:`sleep` in an async node (needs an AsyncJournal; the wait is ``asyncio.sleep``)."""
+        await self.async_handle(_thread_of(config)).sleep(seconds, until_ms=until_ms, step=_sleep_step(config, step))
+
+
+def _thread_of(config: RunnableConfig | str) -> str:
+    return THREAD_ID.check(config) if isinstance(config, str) else _thread(config)
+
+
+def _signal_step(name: str, step: str | None) -> str:
+    return step if step is not None else f"runjournal.signal:{name}"
+
+
+def _sleep_step(config: RunnableConfig | str, step: str | None) -> str | None:
+    """The default step of a sleep in a graph task: its checkpoint namespace (``node:<task id>``, the same when the
+    task is re-executed) and the number of the sleep in this execution of the task; None outside a task."""
+    if step is not None or isinstance(config, str):
+        return step
+    task = str((config.get("configurable") or {}).get("checkpoint_ns") or "")
+    if not task:
+        return None
+    counts = _SLEEPS.get()
+    if counts is None:
+        counts = {}
+        _SLEEPS.set(counts)
+    counts[task] = n = counts.get(task, 0) + 1
+    if len(task.encode("utf-8")) > 200:  # a deep subgraph's namespace: its digest (STEP allows 256 bytes)
+        task = hashlib.sha256(task.encode("utf-8")).hexdigest()
+    return f"runjournal.timer:{task}#{n}"
+
 
 @dataclass
 class _NodeRun:
@@ -194,8 +301,11 @@ class GraphNodeJournal(BaseCallbackHandler):
       the node it crashed in is its next attempt, never a second node).
     * Parallel branches are separate nodes. Tasks of one path running at once (a subgraph's node inside two
       pushed tasks) are one execution: started with the first, ended with the last (failed if any failed).
-    * A node stopped by ``interrupt()`` (or cancelled) publishes no outcome: it stays RUNNING until the graph
-      resumes it. ``Command(graph=PARENT)`` is a normal end.
+    * A node stopped by ``interrupt()`` (or cancelled, or stopped by an operator's request or a long wait:
+      ``RunStoppedError``) publishes no outcome: it stays RUNNING until the graph resumes it.
+      ``Command(graph=PARENT)`` is a normal end.
+    * Every node's entry is a step boundary (``RunHandle.step_boundary``): an operator's cancel or pause pending on
+      the run is carried out there, before NODE_STARTED.
     * The events ride beside the handle's node stack (``RunHandle.node``), not on it: the node path that derives
       a call's idempotency key is unchanged, so every call keeps the key it had without this journal
       (docs/design/decisions/0048-graph-nodes-beside-the-key-path.md).
@@ -224,6 +334,8 @@ class GraphNodeJournal(BaseCallbackHandler):
         Raises:
             InvalidIdError: the node's name (or the thread id) breaks its rule; the node does not run.
             ThreadNotOwnedError: the thread's run is not attached to this instance.
+            RunCancelledError, RunPausedError: an operator's request pending on the run was carried out here (a
+                step boundary, ``RunHandle.step_boundary``); the node does not run.
             Publishing errors as ``RunHandle.emit``.
         """
         path = _task_path(kwargs.get("name"), tags, metadata)
@@ -231,6 +343,7 @@ class GraphNodeJournal(BaseCallbackHandler):
             return
         self.seen = True
         handle = self.runs.handle(_thread({"configurable": metadata}))
+        handle.step_boundary()  # an operator's cancel / pause stops the run before the node (as RunHandle.node)
         with self.runs.journal.run_lock(handle.run_id):
             nodes = self._nodes(handle)
             node = nodes.open.get(path)
@@ -274,8 +387,9 @@ class GraphNodeJournal(BaseCallbackHandler):
             nodes = self._nodes(handle)
             node = nodes.open[path]
             node.tasks -= 1
-            if isinstance(error, GraphInterrupt) or (error is not None and not isinstance(error, Exception)):
-                node.paused = True
+            if isinstance(error, GraphInterrupt | RunStoppedError) or (
+                    error is not None and not isinstance(error, Exception)):
+                node.paused = True  # interrupted, or the run stopped (cancel, pause, a long wait): no outcome
             elif error is not None and not isinstance(error, GraphBubbleUp) and node.error is None:
                 node.error = error
             if node.tasks:
@@ -524,6 +638,11 @@ def journaled_tool_node(tools: Sequence[Any], runs: JournalRuns, *, side_effects
     ToolMessage's content recorded as the result. Tool errors propagate (``handle_tool_errors=False``), so a
     failure is journaled as FAILED or, when the request may have left, stays unknown and is reconciled.
 
+    Operator controls: while a tool runs, ``runjournal.producers.stop_requested()`` shows it an operator's cancel or
+    pause pending on the run (a long tool may check it and return early; what it returns is recorded as usual).
+    After each call the node is a step boundary: the request is carried out and ``RunCancelledError`` /
+    ``RunPausedError`` leaves the node (and ``graph.invoke``); no intent follows a RUN_CANCELLED.
+
     Args:
         tools: LangChain tools (or functions), as for ``ToolNode``.
         runs: the registry shared with the checkpointer.
@@ -543,6 +662,7 @@ def journaled_tool_node(tools: Sequence[Any], runs: JournalRuns, *, side_effects
         handle = runs.handle(_thread(request.runtime.config))
         content = handle.call(journaled(request, lambda **_: _content(execute(request))),
                               dict(request.tool_call["args"]), step=request.tool_call["id"])
+        handle.step_boundary()  # the tool may have returned early on a request: the run stops here
         return _message(request, content)
 
     async def awrap(request: Any, execute: Callable[[Any], Any]) -> Any:
@@ -553,6 +673,7 @@ def journaled_tool_node(tools: Sequence[Any], runs: JournalRuns, *, side_effects
 
         content = await handle.call(journaled(request, run), dict(request.tool_call["args"]),
                                     step=request.tool_call["id"])
+        await handle.step_boundary()
         return _message(request, content)
 
     return ToolNode(tools, wrap_tool_call=wrap, awrap_tool_call=awrap, handle_tool_errors=False,

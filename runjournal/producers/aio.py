@@ -297,13 +297,15 @@ class AsyncRunHandle:
             if not ended:  # abandoned mid-call (cancelled): an intended call stays open, as in the sync API
                 await self.journal.run_sync(self.sync.close_steps, steps)
 
-    async def sleep(self, seconds: float | None = None, *, until_ms: int | None = None) -> None:
+    async def sleep(self, seconds: float | None = None, *, until_ms: int | None = None,
+                    step: str | None = None) -> None:
         """As :meth:`RunHandle.sleep` (the same steps; an in-process wait is ``asyncio.sleep``)."""
-        await self._drive(self.sync.sleep_steps(seconds, until_ms=until_ms))
+        await self._drive(self.sync.sleep_steps(seconds, until_ms=until_ms, step=step))
 
-    async def wait_signal(self, name: str, *, timeout_s: float | None = None, poll_s: float = 0.2) -> Any:
+    async def wait_signal(self, name: str, *, timeout_s: float | None = None, poll_s: float = 0.2,
+                          step: str | None = None) -> Any:
         """As :meth:`RunHandle.wait_signal` (the same steps; the polls are ``asyncio.sleep``)."""
-        return await self._drive(self.sync.wait_signal_steps(name, timeout_s=timeout_s, poll_s=poll_s))
+        return await self._drive(self.sync.wait_signal_steps(name, timeout_s=timeout_s, poll_s=poll_s, step=step))
 
     def pending_request(self) -> ControlRequest | None:
         """As :meth:`RunHandle.pending_request` (no I/O: the instance's last read)."""
@@ -312,6 +314,10 @@ class AsyncRunHandle:
     async def stop_if_requested(self) -> None:
         """As :meth:`RunHandle.stop_if_requested` (raises ``RunCancelledError`` / ``RunPausedError``)."""
         await self._op(self.sync.stop_if_requested)
+
+    async def step_boundary(self) -> None:
+        """As :meth:`RunHandle.step_boundary` (raises ``RunCancelledError`` / ``RunPausedError``)."""
+        await self._op(self.sync.step_boundary)
 
     async def __aenter__(self) -> AsyncRunHandle:
         return self

@@ -700,6 +700,19 @@ class RunHandle:
         if request is not None:
             self._carry_out(request)
 
+    def step_boundary(self) -> None:
+        """The step boundary :meth:`node` marks on entry, for code whose nodes are not this handle's (a framework's
+        graph nodes: ``runjournal.adapters.langgraph``): :meth:`stop_if_requested` — unless a call of the run still
+        has an unknown outcome, which the code must reach and settle first (the request is then carried out at the
+        next boundary after it).
+
+        Raises:
+            RunCancelledError, RunPausedError: the request was carried out (or was, earlier, on this handle).
+        """
+        with self._lock:
+            if not self._unknown_left():
+                self._stop_if_requested()
+
     def _stop_before_send(self, tool: str, common: dict[str, Any], attempt: int) -> None:
         """After a side effect's intent was acknowledged, before its request: a request that arrived meanwhile (or a
         stop on another thread) stops the run here. The intent is answered at once with TOOL_CALL_RECONCILED
@@ -750,25 +763,32 @@ class RunHandle:
         raise err
 
     # -- durable waits (runjournal.producers.waits; docs/design/decisions/0050-durable-waits.md) ------------------
-    def sleep(self, seconds: float | None = None, *, until_ms: int | None = None) -> None:
+    def sleep(self, seconds: float | None = None, *, until_ms: int | None = None, step: str | None = None) -> None:
         """Wait ``seconds`` (or until ``until_ms``, ms since the Unix epoch) by Redis's clock, durably: the end time is
         journaled (a step, like a call), so a resumed run's re-executed code passes a sleep that is over at once. A
         sleep longer than the Journal's ``hold_after_s`` releases the run (``RunWaitingError``): no process holds it,
         and the recovery service resumes it on a live instance when the time comes.
 
+        Args:
+            step: a stable name of this sleep within the run (as ``call(step=…)``): its end time is keyed by the name
+                instead of the open node path and call index — for code that is not re-executed from its start on
+                resume (a LangGraph node resumed from its checkpoint). Default: keyed like any call.
+
         Raises:
             RunWaitingError: the run was released until the sleep ends.
             RunCancelledError, RunPausedError: an operator's request met at this step.
             ValueError: neither or both of ``seconds`` and ``until_ms``, or a negative ``seconds``.
+            InvalidIdError: a bad ``step``.
         """
-        drive(self.sleep_steps(seconds, until_ms=until_ms), self.advance)
+        drive(self.sleep_steps(seconds, until_ms=until_ms, step=step), self.advance)
 
-    def sleep_steps(self, seconds: float | None = None, *, until_ms: int | None = None) -> CallSteps:
+    def sleep_steps(self, seconds: float | None = None, *, until_ms: int | None = None,
+                    step: str | None = None) -> CallSteps:
         """:meth:`sleep` as steps (the asyncio handle drives them)."""
         if (seconds is None) == (until_ms is None) or (seconds is not None and seconds < 0):
             raise ValueError("give seconds (>= 0) or until_ms, not both")
         args: dict[str, Any] = {"seconds": seconds} if seconds is not None else {"until_ms": until_ms}
-        timer = yield from self.call_steps(TimerStart(self._controls()), args)
+        timer = yield from self.call_steps(TimerStart(self._controls()), args, step=step)
         due = int(timer["due_ms"])
         while (left_ms := due - self._controls().now_ms()) > 0:
             self._stop_if_requested()
@@ -776,27 +796,43 @@ class RunHandle:
                 self._hold(until_ms=due, signal=None, reason=f"sleeping until {due} (Redis's clock, ms)")
             yield Sleep(min(left_ms / 1000, 1.0))
 
-    def wait_signal(self, name: str, *, timeout_s: float | None = None, poll_s: float = 0.2) -> Any:
+    def wait_signal(self, name: str, *, timeout_s: float | None = None, poll_s: float = 0.2,
+                    step: str | None = None) -> Any:
         """Wait for the signal ``name`` (``runjournal signal RUN_ID NAME --payload JSON``) and return its payload —
         delivered exactly once, also when it was sent before the run waits for it; the payload is journaled, so a
         resumed run gets the same value. A wait longer than the Journal's ``hold_after_s`` releases the run until the
         signal arrives or the timeout ends (``RunWaitingError``).
 
+        Args:
+            timeout_s: give up after this many seconds (Redis's clock, from the first wait; the end time is
+                journaled); None waits without end.
+            poll_s: how often the signal inbox is read while the wait is in the process (s).
+            step: a stable name of this wait within the run (as ``call(step=…)``): the payload is keyed by it (the
+                timeout's end time by ``step + "/timeout"``) instead of the open node path and call index, and a
+                wait whose step already has its payload recorded returns it at once, without reading the inbox or
+                setting a timer — for code that is not re-executed from its start on resume (a LangGraph node).
+
         Raises:
             SignalTimeoutError: ``timeout_s`` passed (by Redis's clock, from the first wait) without the signal.
             RunWaitingError: the run was released until the signal (or the timeout).
             RunCancelledError, RunPausedError: an operator's request met while it waited.
-            InvalidIdError: ``name`` breaks the call-id rules.
+            InvalidIdError: ``name`` breaks the call-id rules, or a bad ``step``.
         """
-        return drive(self.wait_signal_steps(name, timeout_s=timeout_s, poll_s=poll_s), self.advance)
+        return drive(self.wait_signal_steps(name, timeout_s=timeout_s, poll_s=poll_s, step=step), self.advance)
 
-    def wait_signal_steps(self, name: str, *, timeout_s: float | None = None, poll_s: float = 0.2) -> CallSteps:
+    def wait_signal_steps(self, name: str, *, timeout_s: float | None = None, poll_s: float = 0.2,
+                          step: str | None = None) -> CallSteps:
         """:meth:`wait_signal` as steps (the asyncio handle drives them)."""
         CALL_ID.check(name)
+        if step is not None:
+            planned = self._calls.get(self._key(_step_path(step), 1))
+            if planned is not None and planned.status in _DONE:  # recorded: the journal answers, nothing waits
+                return (yield from self.call_steps(SignalReceive({}), {"signal": name}, step=step))
         due: int | None = None
         if timeout_s is not None:
             timer = yield from self.call_steps(TimerStart(self._controls()), {"seconds": timeout_s,
-                                                                             "signal": name})
+                                                                             "signal": name},
+                                               step=None if step is None else f"{step}/timeout")
             due = int(timer["due_ms"])
         inbox = SignalInbox(self._controls().r, self._prefix())
         waited_ms = 0.0
@@ -810,7 +846,7 @@ class RunHandle:
                 self._hold(until_ms=due, signal=name, reason=f"waiting for signal {name!r}")
             yield Sleep(poll_s)
             waited_ms += poll_s * 1000
-        return (yield from self.call_steps(SignalReceive(delivered), {"signal": name}))
+        return (yield from self.call_steps(SignalReceive(delivered), {"signal": name}, step=step))
 
     def _controls(self) -> ControlStore:
         controls = getattr(self.journal, "controls", None)
