@@ -9,6 +9,9 @@
   the model's ``tool_call_id`` (``call(step=…)``): a graph resumed from its checkpoint re-runs the tool node,
   and the journal — not the graph — decides: a committed call returns its recorded result, an unknown one is
   reconciled by key, a new one runs once. LangGraph nodes are at-least-once; the effects inside them are not.
+* :meth:`JournalRuns.call` (async :meth:`JournalRuns.acall`) — a call a node makes itself, keyed by its graph task
+  and its number in the task (not by the handle's count of the run's calls, which a graph resumed from its
+  checkpoint does not replay: an earlier node's key would answer a later node's call).
 * :class:`GraphNodeJournal` — a LangChain callback handler (``runs.graph_nodes``) that journals every node the
   graph runs: NODE_STARTED / NODE_SUCCEEDED / NODE_FAILED with the node's name as ``node_id`` (``outer/inner``
   inside a subgraph), so the run's projected state lists the graph's nodes. :meth:`JournalRuns.compile` compiles
@@ -66,20 +69,36 @@ except ModuleNotFoundError as exc:  # pragma: no cover - the core install
 from runjournal.adapters._checkpoints import SEP, FrameworkRecordStore, Record, join_field
 from runjournal.adapters.tools import JournaledTool, Reconciler
 from runjournal.core.ids import NODE_NAME, NODE_PATH, THREAD_ID
-from runjournal.producers import Journal, RunHandle
+from runjournal.producers import Journal, RunHandle, canonical_value, digest
 from runjournal.producers.aio import AsyncJournal, AsyncRunHandle
 from runjournal.producers.errors import JournalError, RunExistsError, RunStoppedError
 from runjournal.producers.handle import error_text
+from runjournal.producers.tools import Tool
 from runjournal.schemas import EventType
 
 __all__ = ["GraphNodeJournal", "JournalCheckpointSaver", "JournalRuns", "ThreadNotOwnedError", "journaled_tool_node"]
 
 log = logging.getLogger("runjournal.adapters.langgraph")
 
-_SLEEPS: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar("runjournal_graph_sleeps",
-                                                                             default=None)
-"""Sleeps of the graph task running in this context so far, by its checkpoint namespace (LangGraph runs every
-execution of a task in a fresh copy of its caller's context, so a re-executed task counts from 0 again)."""
+
+@dataclass
+class _TaskSteps:
+    """One execution of a graph task: the steps of one kind it has taken so far."""
+
+    n: int = 0
+    """How many (the latest one's number)."""
+    open: str | None = None
+    """The latest call's tool and args digest while it has not answered (it raised): the same call made again is
+    its next attempt, under the same step."""
+
+
+_TASK_STEPS: contextvars.ContextVar[dict[tuple[str, str], _TaskSteps] | None] = contextvars.ContextVar(
+    "runjournal_graph_task_steps", default=None)
+"""The default-keyed steps (calls, sleeps) of the graph tasks running in this context so far, by (kind, checkpoint
+namespace). LangGraph runs every execution of a task — a re-run after a crash or an ``interrupt()``, each attempt
+of its retry policy — in a fresh copy of its runner's context, so a re-executed task counts from 0 again; an entry
+is added copy-on-write (a task executed inside another task's code never leaves its count behind), its counter is
+shared by everything that runs in the task's own context and copies of it made later (``asyncio.create_task``)."""
 
 
 class ThreadNotOwnedError(RunExistsError):
@@ -170,6 +189,85 @@ class JournalRuns:
             if isinstance(handle, AsyncRunHandle):
                 self._async[sync.run_id] = handle
 
+    # -- calls a graph node makes itself ---------------------------------------------------------------------------
+    def call(self, config: RunnableConfig | str, tool: Tool, args: dict[str, Any], *, step: str | None = None,
+             side_effect: bool | None = None) -> Any:
+        """Make a journaled call from inside a graph node: ``tool(args, idempotency_key)`` under the side-effect
+        protocol on the node's run (``RunHandle.call``), keyed by the graph task it runs in, and return its recorded
+        result. Use it, not ``runs.handle(thread_id).call(...)``, for every call a node of a checkpointed graph makes
+        itself (:func:`journaled_tool_node` keys the model's tool calls by ``tool_call_id``).
+
+        Why: the handle's own key is the call's order among the run's top-level calls, counted by the handle. A graph
+        resumed from its checkpoint (``runs.attach(journal.resume(run_id))``, ``graph.invoke(None, config)``) does not
+        execute again the nodes that finished before it, so the resumed handle counts from 0 and a later node's first
+        call gets the key of an earlier node's recorded call: a different tool or args raises ``PlanMismatchError``;
+        the same tool and args is answered with the earlier node's result and never runs — a dropped side effect.
+
+        The default step is ``runjournal.call:<task>#<n>``: ``<task>`` the graph task's checkpoint namespace
+        (``node:<task id>``, ``outer:<id>|inner:<id>`` in a subgraph, digested past 200 bytes), which LangGraph keeps
+        when it executes the task again from its checkpoint (after a crash, an ``interrupt()``, a retry) and changes
+        on a loop's next visit of the node, for each parallel branch and each ``Send``; ``<n>`` counts the calls made
+        so far in this execution of the task. So a task re-executed after a crash inside it gets its calls' recorded
+        outcomes (a committed call is not run again, an unknown one is reconciled by key), and a loop's visits, two
+        nodes or two calls of one node are distinct calls, even with the same tool and args. A call made again after
+        it raised (same tool and args, nothing between) is its next attempt under the same step, as with
+        ``RunHandle.call``. Calls and :meth:`sleep` count separately: a call's key depends only on the calls before
+        it in the task, and the sleep keys journaled before calls were counted stay as they were.
+
+        Calls a node makes concurrently (threads, ``asyncio.gather``) each count in their own context: give them
+        ``step=`` names. Outside a task (``config`` a thread id, or a config without ``checkpoint_ns``) the call is
+        ``runs.handle(thread_id).call(tool, args, step=step)``: keyed by its order among the run's top-level calls.
+
+        After the call, in a node, the node is a step boundary (as after a :func:`journaled_tool_node` call): an
+        operator's cancel or pause pending on the run is carried out; the tool saw it through ``stop_requested()``
+        while it ran.
+
+        Args:
+            config: the node's ``RunnableConfig`` (its ``configurable.thread_id`` is the run id), or the thread id.
+            tool: a ``runjournal.producers.Tool`` (``JournaledTool`` wraps a function).
+            args: JSON values (``RunHandle.call``).
+            step: the call's stable name in the run (``RunHandle.call(step=…)``) instead of the task's.
+            side_effect: overrides ``tool.side_effect``.
+
+        Returns:
+            The result as recorded (``RunHandle.call``).
+
+        Raises:
+            The tool's own exception (a definite failure, recorded).
+            OutcomeUnknownError: the tool failed after its request may have left, or an unknown outcome could not be
+                settled (call again: the same step reconciles it).
+            PlanMismatchError: the run's record of this step is another tool's or other args (the node's code
+                changed between the crash and the resume, or its calls depend on something that is not replayed).
+            RecordedFailureError, ApprovalDeniedError, UnrecordableResultError, OutcomeNotDurableError,
+            ResultUnavailableError: as ``RunHandle.call``.
+            RunCancelledError, RunPausedError: an operator's request, carried out after the call.
+            InvalidIdError: a bad ``step`` or thread id. NonCanonicalValueError: ``args`` without a canonical JSON
+                form (nothing published). ThreadNotOwnedError: as :meth:`handle`.
+            DeliveryError, ProducerFencedError, LeaseLapsedError, RunClosedError: publishing failed
+                (``RunHandle.call``).
+        """
+        handle = self.handle(_thread_of(config))
+        key, counter = _call_step(config, tool, args, step)
+        result = handle.call(tool, args, side_effect=side_effect, step=key)
+        if counter is not None:
+            counter.open = None  # answered: the same call again is a new one
+        if not isinstance(config, str):
+            handle.step_boundary()
+        return result
+
+    async def acall(self, config: RunnableConfig | str, tool: Tool, args: dict[str, Any], *,
+                    step: str | None = None, side_effect: bool | None = None) -> Any:
+        """:meth:`call` in an async node (needs an AsyncJournal; the call is ``AsyncRunHandle.call``). Raises as
+        :meth:`call`."""
+        handle = self.async_handle(_thread_of(config))
+        key, counter = _call_step(config, tool, args, step)
+        result = await handle.call(tool, args, side_effect=side_effect, step=key)
+        if counter is not None:
+            counter.open = None
+        if not isinstance(config, str):
+            await handle.step_boundary()
+        return result
+
     # -- durable waits in a graph node (docs/design/decisions/0050-durable-waits.md) ------------------------------
     def wait_signal(self, config: RunnableConfig | str, name: str, *, timeout_s: float | None = None,
                     poll_s: float = 0.2, step: str | None = None) -> Any:
@@ -245,22 +343,49 @@ def _signal_step(name: str, step: str | None) -> str:
     return step if step is not None else f"runjournal.signal:{name}"
 
 
-def _sleep_step(config: RunnableConfig | str, step: str | None) -> str | None:
-    """The default step of a sleep in a graph task: its checkpoint namespace (``node:<task id>``, the same when the
-    task is re-executed) and the number of the sleep in this execution of the task; None outside a task."""
+def _task_step(config: RunnableConfig | str, step: str | None, kind: str,
+               call: str | None = None) -> tuple[str | None, _TaskSteps | None]:
+    """The default step of a ``kind`` step (``call``, ``timer``) in a graph task, and the task's counter of them.
+
+    The step is ``runjournal.<kind>:<task>#<n>``: ``<task>`` the task's checkpoint namespace (``node:<task id>``;
+    ``outer:<id>|inner:<id>`` in a subgraph; its sha256 when longer than 200 bytes) — the same when LangGraph
+    executes the task again from its checkpoint, and another one on a loop's next visit of the node or for a
+    parallel branch or ``Send`` — and ``<n>`` the number of the step among this kind's in this execution of the task.
+    A ``call`` (tool name and args digest) equal to the latest one of the task while that one has not answered is
+    its next attempt: the same ``n``. ``(step, None)`` when ``step`` is given, and ``(None, None)`` outside a task
+    (a thread id, or a config without a checkpoint namespace): the handle's own keying applies."""
     if step is not None or isinstance(config, str):
-        return step
+        return step, None
     task = str((config.get("configurable") or {}).get("checkpoint_ns") or "")
     if not task:
-        return None
-    counts = _SLEEPS.get()
-    if counts is None:
-        counts = {}
-        _SLEEPS.set(counts)
-    counts[task] = n = counts.get(task, 0) + 1
+        return None, None
+    steps = _TASK_STEPS.get()
+    counter = steps.get((kind, task)) if steps is not None else None
+    if counter is None:
+        counter = _TaskSteps()
+        _TASK_STEPS.set({**(steps or {}), (kind, task): counter})
+    if call is None or counter.open != call:
+        counter.n += 1
+    counter.open = call
     if len(task.encode("utf-8")) > 200:  # a deep subgraph's namespace: its digest (STEP allows 256 bytes)
         task = hashlib.sha256(task.encode("utf-8")).hexdigest()
-    return f"runjournal.timer:{task}#{n}"
+    return f"runjournal.{kind}:{task}#{counter.n}", counter
+
+
+def _sleep_step(config: RunnableConfig | str, step: str | None) -> str | None:
+    """The default step of a sleep in a graph task (:func:`_task_step`, kind ``timer``); None outside a task."""
+    return _task_step(config, step, "timer")[0]
+
+
+def _call_step(config: RunnableConfig | str, tool: Tool, args: dict[str, Any],
+               step: str | None) -> tuple[str | None, _TaskSteps | None]:
+    """The default step of a node's own call in a graph task (:func:`_task_step`, kind ``call``).
+
+    Raises:
+        NonCanonicalValueError: ``args`` has no canonical JSON form (as ``RunHandle.call``; nothing counted)."""
+    if step is not None or isinstance(config, str):
+        return step, None
+    return _task_step(config, None, "call", f"{tool.name}\x00{digest(canonical_value(args, 'args'))}")
 
 
 @dataclass

@@ -12,6 +12,7 @@ import redis
 
 pytest.importorskip("langgraph")
 
+from langchain_core.runnables import RunnableConfig  # noqa: E402
 from langgraph.checkpoint.base import empty_checkpoint  # noqa: E402
 from langgraph.graph.message import add_messages  # noqa: E402
 
@@ -163,7 +164,7 @@ def test_the_runs_state_lists_every_graph_node_with_its_status(topics: Settings,
     """A graph compiled with ``runs.compile``: the model node twice (a loop), the journaled tool node, parallel
     branches, a subgraph's node (``right/inner``) and the tasks ``Send`` fans out (``worker#1`` …) each appear in the
     run's state with status and attempt. The keys of calls are those the code derived without the node journal: the
-    tool node's by ``tool_call_id``, a node's own ``call`` at the top level."""
+    tool node's by ``tool_call_id``, a node's own ``runs.call`` by its graph task (``report:<task id>``, call 1)."""
     import asyncio
 
     from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
@@ -187,6 +188,20 @@ def test_the_runs_state_lists_every_graph_node_with_its_status(topics: Settings,
     run_id = f"lg-nodes-{mode}"
     lookup = JournaledTool(lambda q: {"rows": 3}, name="lookup", side_effect=False)
 
+    tasks: list[str] = []
+
+    def report(runs: JournalRuns) -> Any:
+        if mode == "sync":
+            def node(state: Notes, config: RunnableConfig) -> Notes:
+                tasks.append(config["configurable"]["checkpoint_ns"])
+                return {"notes": [str(runs.call(config, lookup, {"q": "x"}))]}
+            return node
+
+        async def anode(state: Notes, config: RunnableConfig) -> Notes:
+            tasks.append(config["configurable"]["checkpoint_ns"])
+            return {"notes": [str(await runs.acall(config, lookup, {"q": "x"}))]}
+        return anode
+
     def build(runs: JournalRuns) -> Any:
         model = GenericFakeChatModel(messages=iter([
             AIMessage(content="", tool_calls=[{"name": "send_email", "id": "call-1", "args": {"to": "bob"}}]),
@@ -197,8 +212,8 @@ def test_the_runs_state_lists_every_graph_node_with_its_status(topics: Settings,
         graph = StateGraph(Notes)
         graph.add_node("agent", lambda state: {"messages": [model.invoke(state["messages"])]})
         graph.add_node("tools", journaled_tool_node([send_email], runs))
-        # a node calling the journal itself, outside any RunHandle.node: its key stays at the top level
-        graph.add_node("report", lambda state: {"notes": [str(runs.handle(run_id).call(lookup, {"q": "x"}))]})
+        # a node calling the journal itself (outside any RunHandle.node): keyed by its graph task
+        graph.add_node("report", report(runs))
         graph.add_node("left", lambda state: {"notes": ["left"]})
         graph.add_node("right", inner.compile())
         graph.add_node("worker", lambda item: {"notes": [f"w{item['i']}"]})
@@ -232,7 +247,9 @@ def test_the_runs_state_lists_every_graph_node_with_its_status(topics: Settings,
                                       "worker#3": done}
     events = events_of(read_committed(topics), run_id)
     keys = {e.payload["tool"]: e.payload["idempotency_key"] for e in events if e.type is EventType.TOOL_CALL_INTENDED}
-    assert keys == {"send_email": idempotency_key(run_id, "#call-1", 1), "lookup": idempotency_key(run_id, "", 1)}
+    (task,) = tasks
+    assert keys == {"send_email": idempotency_key(run_id, "#call-1", 1),
+                    "lookup": idempotency_key(run_id, f"#runjournal.call:{task}#1", 1)}
     started = [e for e in events if e.type is EventType.NODE_STARTED]
     assert all(e.node_id == e.payload["node_path"] for e in started)
     assert [e.payload["node_path"] for e in started][:3] == ["agent", "tools", "agent"]
