@@ -33,12 +33,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextvars
+import contextlib
 import hashlib
 import json
 import logging
 import threading
 import weakref
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
@@ -76,7 +77,8 @@ from runjournal.producers.handle import error_text
 from runjournal.producers.tools import Tool
 from runjournal.schemas import EventType
 
-__all__ = ["GraphNodeJournal", "JournalCheckpointSaver", "JournalRuns", "ThreadNotOwnedError", "journaled_tool_node"]
+__all__ = ["GraphNodeJournal", "JournalCheckpointSaver", "JournalRuns", "TaskStepError", "ThreadNotOwnedError",
+           "journaled_tool_node"]
 
 log = logging.getLogger("runjournal.adapters.langgraph")
 
@@ -87,18 +89,21 @@ class _TaskSteps:
 
     n: int = 0
     """How many (the latest one's number)."""
-    open: str | None = None
-    """The latest call's tool and args digest while it has not answered (it raised): the same call made again is
-    its next attempt, under the same step."""
+    failed: str | None = None
+    """The tool and args digest of the latest call when it raised: the same call made next is its next attempt,
+    under the same step. Set only once a call raised — two calls in flight at once never share a step."""
 
 
-_TASK_STEPS: contextvars.ContextVar[dict[tuple[str, str], _TaskSteps] | None] = contextvars.ContextVar(
-    "runjournal_graph_task_steps", default=None)
-"""The default-keyed steps (calls, sleeps) of the graph tasks running in this context so far, by (kind, checkpoint
-namespace). LangGraph runs every execution of a task — a re-run after a crash or an ``interrupt()``, each attempt
-of its retry policy — in a fresh copy of its runner's context, so a re-executed task counts from 0 again; an entry
-is added copy-on-write (a task executed inside another task's code never leaves its count behind), its counter is
-shared by everything that runs in the task's own context and copies of it made later (``asyncio.create_task``)."""
+_TASK_STEPS_KEPT = 4096
+"""How many task executions' counts a :class:`JournalRuns` keeps (least recently used first out): an execution's
+count is needed while it runs; thousands of executions later it is long over."""
+
+
+class TaskStepError(JournalError):
+    """A node's default-keyed call or sleep could not be given a step that is safe: its config names a graph task but
+    is not a node's own (no callback run id to count in), or the same step is in flight in this process already. Give
+    it ``step=`` (a name unique in the run): otherwise a second call could be answered with the first one's record
+    and its effect silently dropped."""
 
 
 class ThreadNotOwnedError(RunExistsError):
@@ -126,6 +131,8 @@ class JournalRuns:
         self._handles: dict[str, RunHandle] = {}
         self._async: dict[str, AsyncRunHandle] = {}
         self._lock = threading.Lock()
+        self._steps_in_flight: set[tuple[str, str]] = set()
+        self._task_steps: OrderedDict[tuple[Any, str, str], _TaskSteps] = OrderedDict()
         self.store = FrameworkRecordStore(self.journal)
         self.graph_nodes = GraphNodeJournal(self)
 
@@ -247,10 +254,14 @@ class JournalRuns:
                 (``RunHandle.call``).
         """
         handle = self.handle(_thread_of(config))
-        key, counter = _call_step(config, tool, args, step)
-        result = handle.call(tool, args, side_effect=side_effect, step=key)
-        if counter is not None:
-            counter.open = None  # answered: the same call again is a new one
+        key, counter, made = _call_step(self, config, tool, args, step)
+        with self._in_flight(handle.run_id, key if counter is not None else None):
+            try:
+                result = handle.call(tool, args, side_effect=side_effect, step=key)
+            except BaseException:
+                if counter is not None:
+                    counter.failed = made  # the same call made next is its next attempt
+                raise
         if not isinstance(config, str):
             handle.step_boundary()
         return result
@@ -260,13 +271,35 @@ class JournalRuns:
         """:meth:`call` in an async node (needs an AsyncJournal; the call is ``AsyncRunHandle.call``). Raises as
         :meth:`call`."""
         handle = self.async_handle(_thread_of(config))
-        key, counter = _call_step(config, tool, args, step)
-        result = await handle.call(tool, args, side_effect=side_effect, step=key)
-        if counter is not None:
-            counter.open = None
+        key, counter, made = _call_step(self, config, tool, args, step)
+        with self._in_flight(handle.run_id, key if counter is not None else None):
+            try:
+                result = await handle.call(tool, args, side_effect=side_effect, step=key)
+            except BaseException:
+                if counter is not None:
+                    counter.failed = made
+                raise
         if not isinstance(config, str):
             await handle.step_boundary()
         return result
+
+    @contextlib.contextmanager
+    def _in_flight(self, run_id: str, key: str | None) -> Iterator[None]:
+        """Hold the default-keyed step ``key`` of ``run_id`` while its call runs; a second call of the same step at
+        once (two calls of one node that counted alike in copies of its context) is :class:`TaskStepError`."""
+        if key is None:
+            yield
+            return
+        with self._lock:
+            if (run_id, key) in self._steps_in_flight:
+                raise TaskStepError(f"step {key!r} of run {run_id} is in flight already: calls made at once in one "
+                                    "node (asyncio.gather, threads) need their own step= names")
+            self._steps_in_flight.add((run_id, key))
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._steps_in_flight.discard((run_id, key))
 
     # -- durable waits in a graph node (docs/design/decisions/0050-durable-waits.md) ------------------------------
     def wait_signal(self, config: RunnableConfig | str, name: str, *, timeout_s: float | None = None,
@@ -327,12 +360,13 @@ class JournalRuns:
             ValueError: neither or both of ``seconds`` and ``until_ms``, or a negative ``seconds``.
             InvalidIdError: a bad ``step`` or thread id. ThreadNotOwnedError: as :meth:`handle`.
         """
-        self.handle(_thread_of(config)).sleep(seconds, until_ms=until_ms, step=_sleep_step(config, step))
+        self.handle(_thread_of(config)).sleep(seconds, until_ms=until_ms, step=_sleep_step(self, config, step))
 
     async def asleep(self, config: RunnableConfig | str, seconds: float | None = None, *,
                      until_ms: int | None = None, step: str | None = None) -> None:
         """:meth:`sleep` in an async node (needs an AsyncJournal; the wait is ``asyncio.sleep``)."""
-        await self.async_handle(_thread_of(config)).sleep(seconds, until_ms=until_ms, step=_sleep_step(config, step))
+        key = _sleep_step(self, config, step)
+        await self.async_handle(_thread_of(config)).sleep(seconds, until_ms=until_ms, step=key)
 
 
 def _thread_of(config: RunnableConfig | str) -> str:
@@ -343,7 +377,7 @@ def _signal_step(name: str, step: str | None) -> str:
     return step if step is not None else f"runjournal.signal:{name}"
 
 
-def _task_step(config: RunnableConfig | str, step: str | None, kind: str,
+def _task_step(runs: JournalRuns, config: RunnableConfig | str, step: str | None, kind: str,
                call: str | None = None) -> tuple[str | None, _TaskSteps | None]:
     """The default step of a ``kind`` step (``call``, ``timer``) in a graph task, and the task's counter of them.
 
@@ -351,41 +385,60 @@ def _task_step(config: RunnableConfig | str, step: str | None, kind: str,
     ``outer:<id>|inner:<id>`` in a subgraph; its sha256 when longer than 200 bytes) — the same when LangGraph
     executes the task again from its checkpoint, and another one on a loop's next visit of the node or for a
     parallel branch or ``Send`` — and ``<n>`` the number of the step among this kind's in this execution of the task.
-    A ``call`` (tool name and args digest) equal to the latest one of the task while that one has not answered is
-    its next attempt: the same ``n``. ``(step, None)`` when ``step`` is given, and ``(None, None)`` outside a task
-    (a thread id, or a config without a checkpoint namespace): the handle's own keying applies."""
+    An execution is the node's callback run id (``config["callbacks"].parent_run_id``: a new one for every execution
+    and every retry attempt, the same for everything the node passes its config to — coroutines it gathers, threads
+    it starts), so the count is shared by all of them, under :class:`JournalRuns`' lock: two calls never count alike.
+    A ``call`` (tool name and args digest) equal to the latest one of the execution when that one raised is its next
+    attempt: the same ``n``. ``(step, None)`` when ``step`` is given; ``(None, None)`` outside a task (a thread id,
+    or a config without a checkpoint namespace): the handle's own keying applies.
+
+    Raises:
+        TaskStepError: a config with a checkpoint namespace but no callback run id (not a node's config): give
+            ``step=``."""
     if step is not None or isinstance(config, str):
         return step, None
     task = str((config.get("configurable") or {}).get("checkpoint_ns") or "")
     if not task:
         return None, None
-    steps = _TASK_STEPS.get()
-    counter = steps.get((kind, task)) if steps is not None else None
-    if counter is None:
-        counter = _TaskSteps()
-        _TASK_STEPS.set({**(steps or {}), (kind, task): counter})
-    if call is None or counter.open != call:
-        counter.n += 1
-    counter.open = call
+    execution = getattr(config.get("callbacks"), "parent_run_id", None)
+    if execution is None:
+        raise TaskStepError(f"a {kind} with a config that names a graph task ({task}) but is not a node's own (no "
+                            "callback run id): pass the node's config, or give it step= (a name unique in the run)")
+    with runs._lock:  # noqa: SLF001 - the registry's own lock, shared with this module's helpers
+        counters = runs._task_steps  # noqa: SLF001
+        counter = counters.get((execution, kind, task))
+        if counter is None:
+            counter = counters[(execution, kind, task)] = _TaskSteps()
+            while len(counters) > _TASK_STEPS_KEPT:
+                counters.popitem(last=False)  # the oldest executions' counts: long over
+        else:
+            counters.move_to_end((execution, kind, task))
+        if call is None or counter.failed != call:
+            counter.n += 1
+        counter.failed = None
+        n = counter.n
     if len(task.encode("utf-8")) > 200:  # a deep subgraph's namespace: its digest (STEP allows 256 bytes)
         task = hashlib.sha256(task.encode("utf-8")).hexdigest()
-    return f"runjournal.{kind}:{task}#{counter.n}", counter
+    return f"runjournal.{kind}:{task}#{n}", counter
 
 
-def _sleep_step(config: RunnableConfig | str, step: str | None) -> str | None:
+def _sleep_step(runs: JournalRuns, config: RunnableConfig | str, step: str | None) -> str | None:
     """The default step of a sleep in a graph task (:func:`_task_step`, kind ``timer``); None outside a task."""
-    return _task_step(config, step, "timer")[0]
+    return _task_step(runs, config, step, "timer")[0]
 
 
-def _call_step(config: RunnableConfig | str, tool: Tool, args: dict[str, Any],
-               step: str | None) -> tuple[str | None, _TaskSteps | None]:
-    """The default step of a node's own call in a graph task (:func:`_task_step`, kind ``call``).
+def _call_step(runs: JournalRuns, config: RunnableConfig | str, tool: Tool, args: dict[str, Any],
+               step: str | None) -> tuple[str | None, _TaskSteps | None, str | None]:
+    """The default step of a node's own call in a graph task (:func:`_task_step`, kind ``call``), the task's
+    counter, and the call's tool and args digest.
 
     Raises:
-        NonCanonicalValueError: ``args`` has no canonical JSON form (as ``RunHandle.call``; nothing counted)."""
+        NonCanonicalValueError: ``args`` has no canonical JSON form (as ``RunHandle.call``; nothing counted).
+        TaskStepError: as :func:`_task_step`."""
     if step is not None or isinstance(config, str):
-        return step, None
-    return _task_step(config, None, "call", f"{tool.name}\x00{digest(canonical_value(args, 'args'))}")
+        return step, None, None
+    made = f"{tool.name}\x00{digest(canonical_value(args, 'args'))}"
+    return (*_task_step(runs, config, None, "call", made), made)
 
 
 @dataclass

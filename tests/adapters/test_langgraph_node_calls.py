@@ -286,3 +286,61 @@ def test_a_call_made_again_after_it_raised_is_its_next_attempt(topics: Settings,
     assert booked == [f"booked under {key}" for key in _intents(events)]
     reconciled = [e for e in events if e.type is EventType.TOOL_CALL_RECONCILED]
     assert [e.payload["outcome"] for e in reconciled] == ["COMMITTED"]
+
+
+def test_calls_made_at_once_in_one_node_count_apart(topics: Settings, ledger: Ledger) -> None:
+    """Two of everything: a node's first two calls gathered at once (each coroutine in its own copy of the node's
+    context) and two more from threads the node starts with its config — four bookings of the same seat, four keys,
+    each run once, none answered with another's record. The count is the node execution's (its callback run id),
+    shared under the registry's lock, not a context's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from langgraph.graph import START, StateGraph
+
+    run_id = f"lgnc-once-{uuid.uuid4().hex[:6]}"
+    config: RunnableConfig = {"configurable": {"thread_id": run_id}}
+    book = Booking(ledger)
+
+    async def main() -> list[str]:
+        async with await AsyncJournal.open(topics, producer_id=f"lgnc-once-{uuid.uuid4().hex[:6]}") as journal:
+            runs = JournalRuns(journal)
+
+            async def gathered(state: Trip, config: RunnableConfig) -> Trip:
+                both = await asyncio.gather(runs.acall(config, book, dict(SEAT)), runs.acall(config, book, dict(SEAT)))
+                return {"booked": list(both)}
+
+            def threaded(state: Trip, config: RunnableConfig) -> Trip:
+                with ThreadPoolExecutor(2) as pool:
+                    both = list(pool.map(lambda _: runs.call(config, book, dict(SEAT)), range(2)))
+                return {"booked": both}
+
+            graph = StateGraph(Trip)
+            graph.add_node("gathered", gathered)
+            graph.add_node("threaded", threaded)
+            graph.add_edge(START, "gathered")
+            graph.add_edge("gathered", "threaded")
+            out = await runs.compile(graph).ainvoke({"booked": []}, config)
+            await runs.async_handle(run_id).succeed()
+            return list(out["booked"])
+
+    booked = asyncio.run(main())
+    executed = ledger.executed_keys()
+    assert len(executed) == 4 and set(executed.values()) == {1}, executed
+    assert len(set(booked)) == 4, booked  # four answers, each its own booking
+    assert sorted(_intents(_events(topics, run_id))) == sorted(executed)
+
+
+def test_a_config_naming_a_task_that_is_not_a_nodes_own_is_refused(topics: Settings, ledger: Ledger) -> None:
+    """A hand-built config with a checkpoint namespace but no node execution to count in: a named error before
+    anything is published, naming step=; with step= it is an ordinary call."""
+    from runjournal.adapters.langgraph import TaskStepError
+
+    run_id = f"lgnc-bare-{uuid.uuid4().hex[:6]}"
+    bare: RunnableConfig = {"configurable": {"thread_id": run_id, "checkpoint_ns": "book:1234"}}
+    with Journal(topics, producer_id=f"lgnc-bare-{uuid.uuid4().hex[:6]}") as journal:
+        runs = JournalRuns(journal)
+        with pytest.raises(TaskStepError, match="step="):
+            runs.call(bare, Booking(ledger), dict(SEAT))
+        assert runs.call(bare, Booking(ledger), dict(SEAT), step="seat-12a").startswith("booked under")
+        runs.handle(run_id).succeed()
+    assert len(ledger.executed_keys()) == 1
