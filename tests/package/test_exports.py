@@ -34,7 +34,7 @@ PINNED: dict[str, list[str]] = {
         "JournalSession", "JournaledTool", "ThreadNotOwnedError", "current_idempotency_key", "journal_function_tool",
         "journaled", "journaled_tool_node", "resume_agent", "run_agent",
     ],
-    "runjournal.adapters.langgraph": ["GraphNodeJournal", "JournalCheckpointSaver", "JournalRuns",
+    "runjournal.adapters.langgraph": ["GraphNodeJournal", "JournalCheckpointSaver", "JournalRuns", "TaskStepError",
                                       "ThreadNotOwnedError", "journaled_tool_node"],
     "runjournal.adapters.openai_agents": ["JournalRunHooks", "JournalSession", "journal_function_tool",
                                           "resume_agent", "run_agent"],
