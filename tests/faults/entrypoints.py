@@ -208,6 +208,18 @@ WRITERS: dict[str, Writer] = {
                                           covered_by="tests/consumers/ops/test_control.py"),
     "AsyncRunHandle.stop_if_requested": Writer((), "as RunHandle.stop_if_requested", _CONTROL_KILL,
                                                covered_by="tests/consumers/ops/test_control.py"),
+    **{name: Writer((), "as RunHandle.stop_if_requested, after every unknown outcome is settled (a framework's node "
+                    "entry)", _CONTROL_KILL, covered_by="tests/adapters/test_langgraph_controls.py")
+       for name in ("RunHandle.step_boundary", "AsyncRunHandle.step_boundary")},
+    **{name: Writer((), _HANDLE_RACE + "; the default step is the node execution's (its callback run id), counted "
+                    "under the registry's lock: calls at once in one node never share a key, a step in flight twice "
+                    "is TaskStepError", "as RunHandle.call: a node re-executed after the kill meets its recorded "
+                    "calls under the same task keys", covered_by="tests/adapters/test_langgraph_node_calls.py")
+       for name in ("JournalRuns.call", "JournalRuns.acall")},
+    **{name: Writer((), "as RunHandle.sleep / wait_signal, keyed by the graph task (a sleep) or the signal's name",
+                    "as RunHandle.sleep / wait_signal: a node re-run from its checkpoint meets the recorded answer",
+                    covered_by="tests/adapters/test_langgraph_controls.py")
+       for name in ("JournalRuns.wait_signal", "JournalRuns.await_signal", "JournalRuns.sleep", "JournalRuns.asleep")},
 }
 
 READERS: frozenset[str] = frozenset({
