@@ -61,7 +61,7 @@ from runjournal.consumers.runtime.failures import (
     stops_consumer,
 )
 from runjournal.consumers.runtime.group import LagExport, commit_pending, partition_lags
-from runjournal.consumers.runtime.topic_identity import TopicMismatchError, check_projection, describe_events_topic
+from runjournal.consumers.runtime.topic_identity import TopicMismatchError, check_topic
 from runjournal.core import failpoints, kafka, redis_client
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
@@ -267,10 +267,8 @@ class Projector:
 
     def _check_topic(self) -> None:
         """Step 0: the topic exists, is the one the projection was built from, and holds its offsets."""
-        shape = self.policy.call("describe topic", lambda: describe_events_topic(self.settings))
-        applied = self.policy.call("read offsets", lambda: {p: self.store.applied_offset(p)
-                                                            for p in range(shape.partitions)})
-        check_projection(self.redis, self.settings.topic_prefix, shape, applied, adopt=True)
+        check_topic(self.settings, self.redis, self.settings.topic_prefix,
+                    lambda n: {p: self.store.applied_offset(p) for p in range(n)}, adopt=True, call=self.policy.call)
 
     def _raise_if_fatal(self) -> None:
         if self._mismatch is not None:

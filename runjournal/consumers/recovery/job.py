@@ -77,7 +77,7 @@ from runjournal.consumers.recovery.resumed import (
 )
 from runjournal.consumers.recovery.tail import Snapshot, end_offsets, fold_tails, read_snapshots
 from runjournal.consumers.runtime.failures import FailurePolicy
-from runjournal.consumers.runtime.topic_identity import check_projection, describe_events_topic
+from runjournal.consumers.runtime.topic_identity import check_topic
 from runjournal.core import failpoints, redis_client
 from runjournal.core.errors import RunjournalError
 from runjournal.core.ids import PRODUCER_ID, RUN_ID
@@ -260,10 +260,9 @@ class RecoveryJob:
 
     def _check_topic(self) -> None:
         """Step 0, every pass: the topic exists and is the one the projection describes (count, id, offsets)."""
-        shape = self.policy.call("describe topic", lambda: describe_events_topic(self.settings))
-        applied = self.policy.call("read offsets", lambda: {p: self.store.applied_offset(p)
-                                                            for p in range(shape.partitions)})
-        check_projection(self.redis, self.settings.topic_prefix, shape, applied, adopt=True)
+        shape = check_topic(self.settings, self.redis, self.settings.topic_prefix,
+                            lambda n: {p: self.store.applied_offset(p) for p in range(n)}, adopt=True,
+                            call=self.policy.call)
         self._partitions = shape.partitions
 
     # -- the pass ----------------------------------------------------------------------------------

@@ -19,8 +19,9 @@ A mismatch is :class:`TopicMismatchError`, whose message names the repair
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 from confluent_kafka import KafkaError, KafkaException, TopicCollection
@@ -33,7 +34,8 @@ from runjournal.core.settings import Settings
 from runjournal.producers.errors import PARTITIONS_REPAIR, TopicNotFoundError
 
 __all__ = ["REBUILD", "StackUnavailableError", "TopicMismatchError", "TopicShape", "check_projection",
-           "check_rebuild", "describe_events_topic", "identity_key", "preflight", "stored_partition_count"]
+           "check_rebuild", "check_topic", "describe_events_topic", "identity_key", "preflight",
+           "stored_partition_count"]
 
 #: The repair of a projection that does not belong to the topic.
 REBUILD = "runjournal projector --rebuild"
@@ -137,6 +139,32 @@ def check_projection(client: redis.Redis, prefix: str, shape: TopicShape, applie
             client.set(identity_key(prefix), json.dumps({"topic_id": shape.topic_id, "partitions": shape.partitions}))
         except redis.exceptions.NoPermissionError:
             pass  # a read-only user of the key: checked; a projector or the recovery job stores it
+
+
+def check_topic(settings: Settings, client: redis.Redis, prefix: str, read_applied: Callable[[int], dict[int, int]],
+                *, adopt: bool, call: Callable[[str, Callable[[], Any]], Any] | None = None) -> TopicShape:
+    """Describe the events topic and check the projection of ``prefix`` against it (:func:`check_projection`), the
+    applied offsets read *before* the log ends they are checked against: a projector applying meanwhile (another
+    member of the group, a caught-up one) only moves the ends further, so an offset read first can never pass an end
+    read after it — read the other way round, a busy partition looked truncated (a false ``TopicMismatchError``
+    telling the operator to rebuild).
+
+    Args:
+        read_applied: partition count → partition → stored applied offset (-1: none).
+        call: runs each read (``FailurePolicy.call``: what, function); default: directly.
+
+    Returns:
+        The topic as described after the offsets were read.
+
+    Raises:
+        As :func:`describe_events_topic` and :func:`check_projection`.
+    """
+    run = call or (lambda _what, fn: fn())
+    first = run("describe topic", lambda: describe_events_topic(settings))
+    applied = run("read offsets", lambda: read_applied(first.partitions))
+    shape: TopicShape = run("describe topic", lambda: describe_events_topic(settings))  # the ends, after the offsets
+    check_projection(client, prefix, shape, applied, adopt=adopt)
+    return shape
 
 
 def check_rebuild(client: redis.Redis, prefix: str, shape: TopicShape) -> None:
