@@ -16,7 +16,18 @@ import typer
 
 from runjournal.core.errors import RunjournalError
 
-__all__ = ["cli_errors", "fail"]
+__all__ = ["cli_errors", "fail", "printable"]
+
+
+def printable(text: object) -> str:
+    """``text`` for a terminal: control characters (a newline, ESC of a colour sequence, C1 codes) as Python escapes
+    (``\\n``, ``\\x1b``) — ids are any text (``runjournal.core.ids``), so an error naming one stays one line and
+    cannot drive the terminal. Everything else, unicode included, unchanged."""
+    out = str(text)
+    if not any(ord(c) < 32 or 127 <= ord(c) < 160 for c in out):
+        return out
+    return "".join(c.encode("unicode_escape").decode("ascii") if ord(c) < 32 or 127 <= ord(c) < 160 else c
+                   for c in out)
 
 
 def fail(error: BaseException | str, *, as_json: bool, code: int = 1, kind: str | None = None) -> typer.Exit:
@@ -25,7 +36,7 @@ def fail(error: BaseException | str, *, as_json: bool, code: int = 1, kind: str 
     if as_json:
         print(json.dumps({"error": name, "message": str(error)}), file=sys.stderr)
     else:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {printable(error)}", file=sys.stderr)
     return typer.Exit(code=code)
 
 

@@ -62,10 +62,11 @@ AsJson = Annotated[bool, typer.Option("--json", help="Print the results as JSON 
 def _act(action: str, run_id: str | None, *, reason: str, by: str | None, wait: float, dry_run: bool,
          tenant: str | None, agent: str | None, status: list[str] | None, older_than: str | None, limit: int,
          as_json: bool) -> None:
-    from runjournal.cli._errors import cli_errors, fail
+    from runjournal.cli._errors import cli_errors, fail, printable
     from runjournal.consumers.ops.control import ControlRefusedError, Operator, RunFilter, default_operator
     from runjournal.consumers.runtime.topic_identity import preflight
     from runjournal.core.settings import Settings
+    from runjournal.model.reducer import RunStatus
 
     filtered = any(v for v in (tenant, agent, status, older_than))
     if run_id is None and not filtered:
@@ -73,6 +74,10 @@ def _act(action: str, run_id: str | None, *, reason: str, by: str | None, wait: 
                    f"(runjournal {action} --help)", as_json=as_json, code=2, kind="UsageError")
     if run_id is not None and filtered:
         raise fail("give a run id or filters, not both", as_json=as_json, code=2, kind="UsageError")
+    known = [s.value for s in RunStatus]
+    if bad := [s for s in status or () if s.upper() not in known]:
+        raise fail(f"--status {bad[0]}: not a run status (one of {', '.join(known)}; any case)", as_json=as_json,
+                   code=2, kind="UsageError")
     age_s = _duration(older_than)
     settings = Settings.load()
     who = by or default_operator()
@@ -110,7 +115,7 @@ def _act(action: str, run_id: str | None, *, reason: str, by: str | None, wait: 
         for r in results:
             seen = "" if r.seen is None else (" · every live instance has seen it" if r.seen else
                                               " · not yet seen by every live instance")
-            console.print(f"{r.run_id}: {r.outcome} ({r.status or '-'}) — {r.detail}{seen}", markup=False,
+            console.print(printable(f"{r.run_id}: {r.outcome} ({r.status or '-'}) — {r.detail}{seen}"), markup=False,
                           highlight=False)
     if refused:
         raise typer.Exit(code=1)
@@ -162,7 +167,7 @@ def fork_command(
     point and is handed to a live instance. Calls recorded there return their results, calls unknown there are
     reconciled first, and calls after it run under new keys — --dry-run lists exactly those effects. Exits 1 (nothing
     written) for an unknown run, a point outside its history, or a run id that exists."""
-    from runjournal.cli._errors import cli_errors
+    from runjournal.cli._errors import cli_errors, printable
     from runjournal.consumers.ops.control import Operator
     from runjournal.consumers.runtime.topic_identity import preflight
     from runjournal.core.settings import Settings
@@ -177,7 +182,8 @@ def fork_command(
     if as_json:
         print(json.dumps(result.as_dict()))
         return
-    console.print(f"{run_id} at seq {result.at_seq} → {result.fork_run_id}: {result.outcome} — {result.detail}",
+    console.print(printable(f"{run_id} at seq {result.at_seq} → {result.fork_run_id}: {result.outcome} — "
+                            f"{result.detail}"),
                   markup=False, highlight=False)
     labels = {"returned": "returned from the record (not run)", "reconciled": "unknown: reconciled first",
               "rerun": "failed there: run again under the source's key",
@@ -199,7 +205,7 @@ def signal_command(
     """Deliver a signal to a run, exactly once: a second delivery of the same name is refused (the first stands). A
     run waiting for it takes it; a run held waiting for it is woken and handed to a live instance; a signal sent
     before the run waits is there when it does. Exits 1 for an unknown or ended run, 2 when --payload is not JSON."""
-    from runjournal.cli._errors import cli_errors
+    from runjournal.cli._errors import cli_errors, printable
     from runjournal.consumers.ops.control import Operator
     from runjournal.consumers.runtime.topic_identity import preflight
     from runjournal.core.settings import Settings
@@ -217,4 +223,5 @@ def signal_command(
     if as_json:
         print(json.dumps(result.as_dict()))
     else:
-        console.print(f"{run_id}: signal {name} {result.outcome} — {result.detail}", markup=False, highlight=False)
+        console.print(printable(f"{run_id}: signal {name} {result.outcome} — {result.detail}"), markup=False,
+                      highlight=False)

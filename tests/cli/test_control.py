@@ -164,3 +164,24 @@ def test_inspect_says_what_operators_and_waits_did() -> None:
     assert _control_lines("r", {"status": "CANCELLED", "requested_by": "ops"}) == ["cancelled by ops"]
     assert _control_lines("f", {"status": "RUNNING", "forked_from": "s", "forked_at_seq": 4,
                                 "requested_by": "ops"})[-1] == "forked from s at seq 4"
+
+
+def test_bad_values_are_refused_before_anything_changes(topics: Settings, service_env: dict[str, str]) -> None:
+    """Found by a user trying to break the commands: a --status typo selected nothing with exit 0; a fork's dry run
+    said would_fork for an id that exists (the source's own) and for an instance that does not exist (the real fork
+    then handed the run to nobody); an id with a newline or ESC reached the terminal raw, over two lines."""
+    from runjournal.producers import Journal
+
+    proc, _ = rj(service_env, "cancel", "--status", "BOGUS", "--dry-run", "--json", timeout=60)
+    assert proc.returncode == 2 and "not a run status" in json_error(proc)["message"]
+    proc, _ = rj(service_env, "cancel", "--status", "running", "--dry-run", "--json", timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]  # any case
+    proc, _ = rj(service_env, "cancel", "a\nb\x1b[31m", timeout=60)
+    assert proc.returncode == 1 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "a\\nb\\x1b[31m" in proc.stderr and "\x1b" not in proc.stderr
+    source = f"cli-src-{uuid.uuid4().hex[:6]}"
+    with Journal(topics, producer_id=f"ag-{uuid.uuid4().hex[:6]}") as journal:
+        journal.start_run("t", "a", {}, run_id=source).succeed("done")
+    for args, said in ((["--run-id", source], "exists"), (["--assign-to", "nobody-here"], "no live instance")):
+        proc, _ = rj(service_env, "fork", source, *args, "--dry-run", "--json", timeout=60)
+        assert proc.returncode == 1 and said in json_error(proc)["message"], proc.stderr[-2000:]

@@ -313,6 +313,10 @@ class Operator:
         if outcome.action == "resumed":
             result.detail = f"epoch {outcome.epoch}, handed to {outcome.assigned_to}"
             result.status = RunStatus.RUNNING.value
+        elif outcome.action == "finished":  # it ended first (a cancel won the race): as the stops say it
+            result.outcome = (outcome.detail or "finished").lower()
+            result.status = outcome.detail or result.status
+            result.detail = f"the run ended {outcome.detail} before the resume was carried out"
         return result
 
     def _resume_by_service(self, run_id: str, who: str, reason: str, state: RunState,
@@ -411,7 +415,8 @@ class Operator:
         partition = partition_for(run_id, self._partitions)
         rows = [r for r in read_run_events(self.settings, run_id, partition=partition) if "event" in r]
         if not rows:
-            raise ControlRefusedError(f"no run {run_id} in the journal (prefix {self.settings.topic_prefix})")
+            raise ControlRefusedError(f"no run {run_id} in the journal (prefix {self.settings.topic_prefix}): check "
+                                      "the id (runjournal inspect) and RUNJOURNAL_TOPIC_PREFIX")
         positioned = [(r["event"], partition, r["offset"]) for r in rows]
         if at_event is not None:
             seqs = [r["event"].seq for r in rows if r["event"].event_id == at_event]
@@ -430,6 +435,13 @@ class Operator:
             raise ControlRefusedError(f"run {run_id} is parked ({now.status.value}); repair it before forking")
         fork_id = new_run_id or _fork_id(run_id)
         RUN_ID.check(fork_id)
+        if fork_id == run_id or self.instances.runs_started_by([fork_id]).get(fork_id) is not None \
+                or self.state(fork_id) is not None:  # checked in a dry run too (the fork's claim is SET NX)
+            raise ControlRefusedError(f"run {fork_id} exists: a fork needs a new run id (--run-id, or none for "
+                                      f"{run_id}-fork-<hex>)")
+        if assign_to is not None and assign_to not in (live := self.instances.live()):
+            raise ControlRefusedError(f"--assign-to {assign_to}: no live instance holds that lease (live: "
+                                      f"{', '.join(sorted(live)) or 'none'})")
         seen = preview(at, now)
         result = ForkResult(run_id=run_id, fork_run_id=fork_id, at_seq=at_seq, outcome="would_fork",
                             preview=seen.as_dict())
@@ -474,7 +486,8 @@ class Operator:
             raise ControlRefusedError(f"run {run_id} is paused already (by {state.requested_by}); "
                                       f"runjournal resume {run_id} continues it")
         if dry_run:
-            return ControlResult(run_id, action, f"would_{action}", f"owned by {state.owner if state else 'nobody'}",
+            owner = (state.owner if state else None) or "nobody"
+            return ControlResult(run_id, action, f"would_{action}", f"owned by {owner}",
                                  status=_status(state), owner=state.owner if state else None)
         stored, request = self.controls.request(run_id, action, requested_by=who, reason=reason)
         result = ControlResult(run_id, action, "requested", status=_status(state),
@@ -536,8 +549,9 @@ class Operator:
         elif state is not None and state.status in _ENDED:
             result.outcome = state.status.value.lower()
             result.detail = f"the run ended {state.status.value} before the {request.action} was carried out"
-        else:
-            result.detail = "the request was replaced or withdrawn by another operator"
+        else:  # not pending any more, not carried out: another operator replaced or withdrew it
+            result.outcome = "withdrawn"
+            result.detail = "the request was replaced or withdrawn by another operator before it was carried out"
 
     def _fold(self, run_id: str) -> RunState | None:
         """The run's state folded from the journal to its end (the projection may lag behind what was just

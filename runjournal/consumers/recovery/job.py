@@ -692,8 +692,8 @@ class RecoveryJob:
             The outcome: ``forked`` (epoch 2, assigned), or ``no_live_instance`` (nothing written, the id freed).
 
         Raises:
-            RecoveryError: the fork's run id exists, or the transaction was refused three times (another recovery
-                actor kept fencing this one); nothing of the fork landed.
+            RecoveryError: the fork's run id exists, ``assign_to`` holds no live lease, or the transaction was refused
+                three times (another recovery actor kept fencing this one); nothing of the fork landed.
             FatalDependencyError, DependencyUnavailableError: as :meth:`recover`.
         """
         from runjournal.model.reducer import fold
@@ -705,6 +705,9 @@ class RecoveryJob:
         assert state is not None
         classified = classify(state)
         outcome = RunOutcome(run_id=fork_id, partition=partition, previous_epoch=1, calls=classified.counts)
+        if assign_to and assign_to not in self.instances.live():
+            raise RecoveryError(f"assign_to {assign_to}: no live instance holds that lease "
+                                f"(live: {sorted(self.instances.live()) or 'none'})")
         target = assign_to or self.instances.least_loaded()
         if target is None:
             return with_changes(outcome, action="no_live_instance", detail=NO_LIVE_INSTANCE)
