@@ -160,6 +160,7 @@ class _Console:
         self.templates.env.globals["fmt_num"] = _num
         self.templates.env.globals["fmt_lag"] = lambda v: "—" if v is None else f"{v:.2f} s"
         self.templates.env.globals["prefix"] = config.settings.topic_prefix
+        self.templates.env.globals["event_budget"] = config.settings.run_events_warn  # README § Limits
 
     def _page(self, request: Request, name: str, context: dict[str, Any], status_code: int = 200) -> Response:
         operator = self.auth.is_operator(request)

@@ -145,6 +145,14 @@ class Settings(BaseSettings):
     the TOOL_CALL_COMMITTED of a tool with ``reconcile()`` rides the next commit (one broker round trip per call;
     a crash before that commit leaves the call OUTCOME_UNKNOWN, reconciled by key); ``strict`` — every outcome is
     committed before ``call`` returns (two round trips). Tools without ``reconcile()`` are strict either way."""
+    run_events_warn: int = Field(default=10_000, ge=0, le=2**62)
+    """A run's event budget (events, counted by seq): an agent publishing the event that reaches it logs a warning
+    once and counts ``runjournal_journal_runs_over_event_budget_total``; the console marks the run. 0: no warning.
+    A warning only: the projection's cost per event does not grow with the run (README § Limits)."""
+    run_events_max: int = Field(default=0, ge=0, le=2**62)
+    """Hard limit of a run's events: past it the agent's ``RunHandle`` refuses to start new work (a node, a tool
+    call's intent, a message, an approval request) with ``RunTooLongError`` before anything is published;
+    outcomes, node ends and the run's end still go through, so no effect is left unrecorded. 0: no limit."""
     memory_nice: int = Field(default=19, ge=0, le=19)
     """CPU niceness ``runjournal memory-extractor`` gives its process after its preflight (0 … 19, 19 = lowest priority;
     0 leaves it as started): memory may lag, the projector, recovery and agents on the same host must not

@@ -38,6 +38,10 @@ class JournalPort(Protocol):
     outcome_commit: OutcomeCommit
     """``group``: a reconcilable tool's TOOL_CALL_COMMITTED rides the next commit; ``strict``: committed before
     ``call`` returns (``Journal``'s docstring)."""
+    run_events_warn: int
+    """A run's event budget (``Settings.run_events_warn``; 0: none): reported once per handle when reached."""
+    run_events_max: int
+    """A run's hard event limit (``Settings.run_events_max``; 0: none): new work past it is refused."""
 
     @property
     def fence_count(self) -> int:
@@ -47,6 +51,10 @@ class JournalPort(Protocol):
     @property
     def lapsed(self) -> bool:
         """True once the instance's lease lapsed (it is fenced for good)."""
+        ...
+
+    def event_budget_reached(self, run_id: str, seq: int) -> None:
+        """A handle of ``run_id`` reached the run's event budget (``Settings.run_events_warn``) at ``seq``."""
         ...
 
     def publish(self, event: Event, *, durable: bool,

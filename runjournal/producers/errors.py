@@ -20,6 +20,7 @@ Hierarchy::
         ├── TopicNotFoundError            the events topic does not exist
         ├── RunClosedError                the run already succeeded / failed on this handle
         ├── RunExistsError                start_run was given the id of an existing run
+        ├── RunTooLongError               new work past the run's hard event limit (run_events_max)
         ├── NonCanonicalValueError        call arguments / a run's input have no exact canonical JSON form
         ├── NoRecoveryPlanError           resume() found no plan
         ├── PlanMismatchError             the resumed code reached a step recorded for another tool
@@ -54,6 +55,7 @@ __all__ = [
     "RunCancelledError",
     "RunClosedError",
     "RunExistsError",
+    "RunTooLongError",
     "RunPausedError",
     "RunStoppedError",
     "RunWaitingError",
@@ -249,6 +251,28 @@ class RunExistsError(JournalError):
         super().__init__(
             f"run {run_id} already exists (started by {started_by or 'an unknown instance'}); "
             "continue a failed run with runjournal.consumers.recovery.continue_run, or start a new run_id")
+
+
+class RunTooLongError(JournalError):
+    """The run reached its hard event limit (``Settings.run_events_max``) and the agent tried to start new work —
+    a node, a tool call's intent, a message, an approval request. Raised before anything is published: no intent
+    exists, so no effect can be left unrecorded. Outcomes, node ends and the run's end are never refused (the
+    run may pass the limit by the calls it has in flight). End the run (``succeed``/``fail``) or raise the limit;
+    README § Limits.
+
+    Attributes:
+        run_id: the run.
+        events: the seq the refused event would have taken.
+        limit: ``run_events_max``.
+    """
+
+    def __init__(self, run_id: str, events: int, limit: int) -> None:
+        self.run_id = run_id
+        self.events = events
+        self.limit = limit
+        super().__init__(
+            f"run {run_id} reached its limit of {limit} events (RUNJOURNAL_RUN_EVENTS_MAX); new work is refused "
+            f"before it is published — end the run (succeed/fail) or raise the limit")
 
 
 class NonCanonicalValueError(JournalError, ValueError):

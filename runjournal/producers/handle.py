@@ -104,6 +104,7 @@ from runjournal.producers.errors import (
     RunClosedError,
     RunPausedError,
     RunStoppedError,
+    RunTooLongError,
     RunWaitingError,
     SignalTimeoutError,
     UnrecordableResultError,
@@ -126,6 +127,10 @@ _NOT_EMITTABLE = frozenset(
     {EventType.RUN_STARTED, EventType.RUN_RESUMED, EventType.RUN_SUCCEEDED, EventType.RUN_FAILED}
 )
 _TERMINAL = frozenset({EventType.RUN_SUCCEEDED, EventType.RUN_FAILED, EventType.RUN_CANCELLED})
+#: What a run past its hard event limit (``Settings.run_events_max``) may no longer publish: what starts work. An
+#: outcome, a node's end, an approval's decision and the run's end always go through (README § Limits).
+_NEW_WORK = frozenset({EventType.PLAN_COMPILED, EventType.NODE_STARTED, EventType.TOOL_CALL_INTENDED,
+                       EventType.APPROVAL_REQUESTED, EventType.MESSAGE, EventType.USER_CORRECTION})
 _APPROVAL = {EventType.APPROVAL_REQUESTED: ApprovalStatus.PENDING, EventType.APPROVAL_GRANTED: ApprovalStatus.GRANTED,
              EventType.APPROVAL_DENIED: ApprovalStatus.DENIED}
 _MAX_ERROR_CHARS = 4000
@@ -237,6 +242,10 @@ class RunHandle:
         self.producer_id = journal.producer_id
         self.plan = plan
         self._next_seq = next_seq
+        warn, limit = journal.run_events_warn, journal.run_events_max
+        self._budget_from = min(b for b in (warn, limit + 1 if limit else 0, 2**63) if b)
+        """The first seq checked against the run's event budget (:meth:`_event_budget`)."""
+        self._budget_warned = False
         self._traceparent = traceparent
         self._fence_mark = journal.fence_count
         self._finished: EventType | None = None
@@ -392,10 +401,27 @@ class RunHandle:
     # -- publishing -------------------------------------------------------------------------------
     def _event(self, etype: EventType, payload: dict[str, Any], node_id: str | None) -> Event:
         """A new event of this run with the next seq (not yet published)."""
+        if self._next_seq >= self._budget_from:
+            self._event_budget(etype)
         return Event(  # positional, in the fields' order (event_id … traceparent): the cheapest call on this path
             new_event_id(), self.run_id, self.tenant_id, self._next_seq, self.epoch, self.producer_id, etype, utcnow(),
             payload, node_id, self._traceparent or current_traceparent.get(),
         )
+
+    def _event_budget(self, etype: EventType) -> None:
+        """The run's event budget, for the event about to take ``self._next_seq`` (README § Limits): past
+        ``Settings.run_events_max`` new work (``_NEW_WORK``) is refused; at ``run_events_warn`` the journal is told
+        once per handle (a warning and ``runjournal_journal_runs_over_event_budget_total``).
+
+        Raises:
+            RunTooLongError: new work past ``run_events_max``; nothing was published.
+        """
+        seq, limit, warn = self._next_seq, self.journal.run_events_max, self.journal.run_events_warn
+        if limit and seq > limit and etype in _NEW_WORK:
+            raise RunTooLongError(self.run_id, seq, limit)
+        if warn and seq >= warn and not self._budget_warned:
+            self._budget_warned = True
+            self.journal.event_budget_reached(self.run_id, seq)
 
     def advance(self, steps: CallSteps, value: Any = None, error: BaseException | None = None) -> tuple[bool, Any]:
         """Run the next step of ``steps`` (a :meth:`call_steps` or approval generator of this handle) under the run's

@@ -242,6 +242,12 @@ class Journal:
             self.hold_after_s = hold_after_s
             """A durable wait (``RunHandle.sleep`` / ``wait_signal``) longer than this (s) releases the run."""
             self.outcome_retries = outcome_retries
+            self.run_events_warn = settings.run_events_warn
+            """Events of a run past which it is reported once (``Settings.run_events_warn``; 0: never)."""
+            self.run_events_max = settings.run_events_max
+            """Events of a run past which new work is refused (``Settings.run_events_max``; 0: no limit)."""
+            self._over_budget = 0
+            self._over_budget_lock = threading.Lock()
             self.outcome_commit: OutcomeCommit = mode
             """``group`` or ``strict``: how a reconcilable tool's outcome is acknowledged (see the class docstring)."""
             self._outcome_linger_s = outcome_linger_ms / 1000
@@ -329,7 +335,8 @@ class Journal:
     @property
     def stats(self) -> dict[str, int]:
         """Counters: ``commits``, ``aborts``, ``rebuilds``, ``fences``, ``lease_lapses``, ``surrendered`` (runs handed
-        to the recovery job by :meth:`surrender`)."""
+        to the recovery job by :meth:`surrender`), ``runs_over_event_budget`` (runs that reached
+        ``Settings.run_events_warn`` here: :meth:`event_budget_reached`)."""
         return {
             "commits": self._txn.commits,
             "aborts": self._txn.aborts,
@@ -337,7 +344,18 @@ class Journal:
             "fences": self._fence_count,
             "lease_lapses": self._lease.lapses,
             "surrendered": self._surrenders,
+            "runs_over_event_budget": self._over_budget,
         }
+
+    def event_budget_reached(self, run_id: str, seq: int) -> None:
+        """A handle of ``run_id`` is about to publish its event ``seq``, at or past ``Settings.run_events_warn``
+        (once per handle): log a warning and count ``runs_over_event_budget`` (README § Limits). Thread-safe."""
+        with self._over_budget_lock:
+            self._over_budget += 1
+        log.warning("run %s reached its event budget: event %d, budget %d (RUNJOURNAL_RUN_EVENTS_WARN)%s", run_id,
+                    seq, self.run_events_warn,
+                    f"; new work is refused past {self.run_events_max} (RUNJOURNAL_RUN_EVENTS_MAX)"
+                    if self.run_events_max else "")
 
     # -- runs ------------------------------------------------------------------------------------
     def start_run(

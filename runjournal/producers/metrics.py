@@ -15,7 +15,8 @@ acknowledgement of its transaction), ``runjournal_journal_tool_call_outcomes_tot
 (committed, failed, reconciled_committed, reconciled_not_executed, reconciled_failed) and, read from each
 journal's counters at scrape time, ``runjournal_journal_transactions_committed_total``, ``…_aborted_total``,
 ``runjournal_journal_producer_rebuilds_total``, ``runjournal_journal_fences_total`` and
-``runjournal_journal_lease_lapses_total``.
+``runjournal_journal_lease_lapses_total``, ``runjournal_journal_runs_surrendered_total`` and
+``runjournal_journal_runs_over_event_budget_total`` (README § Limits).
 """
 
 from __future__ import annotations
@@ -42,7 +43,9 @@ _STATS = (("commits", "runjournal_journal_transactions_committed", "Transactions
           ("fences", "runjournal_journal_fences", "Times the instance was found fenced"),
           ("lease_lapses", "runjournal_journal_lease_lapses", "Lease renewals that found the lease lapsed"),
           ("surrendered", "runjournal_journal_runs_surrendered",
-           "Runs handed to the recovery job after a handle lost an event (Journal.surrender)"))
+           "Runs handed to the recovery job after a handle lost an event (Journal.surrender)"),
+          ("runs_over_event_budget", "runjournal_journal_runs_over_event_budget",
+           "Runs that reached their event budget (Settings.run_events_warn) in this journal"))
 _collectors: weakref.WeakKeyDictionary[Any, _StatsCollector] = weakref.WeakKeyDictionary()
 _collectors_lock = threading.Lock()
 

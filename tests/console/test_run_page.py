@@ -172,3 +172,13 @@ def test_the_controls_that_apply_and_the_notice_after_one() -> None:
     api = client.get(f"/api/runs/{path_segment(RUN)}").json()
     assert (api["status"], api["requested_by"], api["request_reason"], api["actions"], api["pending_request"]) == (
         "PAUSED", "bob (console)", "budget review", ["cancel", "resume"], None)
+
+
+def test_a_run_over_its_event_budget_is_marked() -> None:
+    """README § Limits: a run that reached ``run_events_warn`` says so on its page; one below it does not."""
+    reads = Reads(_events(), projected=7)
+    for budget, marked in ((7, True), (8, False), (0, False)):
+        settings = Settings.load(topic_prefix="page", run_events_warn=budget)
+        app = build_app(ConsoleConfig(settings), data=reads)  # type: ignore[arg-type]
+        html = TestClient(app).get(f"/runs/{path_segment(RUN)}").text
+        assert ("over the event budget of 7" in html) is marked, budget
