@@ -33,6 +33,9 @@ def _sizes(quick: bool, rounds: int | None) -> dict[str, Any]:
         "console_requests": 10 if quick else 20,
         "aio_rounds": min(r, 2 if quick else 3),
         "startup_runs": 10 if quick else 30,  # one process start per side a round: cheap, and noisy here
+        "long_runs": 400 if quick else 2_000,  # 1 % of them 5,000 events long on the mixed topic
+        "long_recover_events": 10_000 if quick else 50_000,
+        "long_rounds": min(r, 2 if quick else 3),
     }
 
 
@@ -71,6 +74,11 @@ def _run_pair(name: str, env: BenchEnv, shared: dict[str, Any], sizes: dict[str,
         from bench.aio import AioConfig, run_aio
 
         return run_aio(env, AioConfig(100, 10, sizes["aio_rounds"]))
+    if name == "long":
+        from bench.long_runs import LongRunsConfig, run_long_runs
+
+        return run_long_runs(env, LongRunsConfig(sizes["long_runs"], 5_000, sizes["long_recover_events"],
+                                                 sizes["long_rounds"]))
     from bench.footprint import run_footprint
 
     return run_footprint(env, shared, sizes["footprint_seconds"], sizes["footprint_rounds"])
