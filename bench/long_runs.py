@@ -6,7 +6,8 @@ Two figures, each beside its anchor in the same run:
   number of runs, 1 % of them ``long_events`` events long (≥ 5,000), the rest of 50; the long runs are first in
   the interleaving, so their events spread over the whole topic (every batch touches them, as live long runs do).
   ``Projector.run(until_caught_up=True)`` from nothing over each in batches of 100 records, as when following
-  live agents (pair 3's ``projector_rate``: Redis prefix wiped, fresh group), rounds interleaved; figure = records/s, goal B / A ≥ 0.9.
+  live agents (pair 3's ``projector_rate``: Redis prefix wiped, fresh group), rounds interleaved; figure =
+  records/s, goal B / A ≥ 0.9.
 * **Recovery and resume of a 50,000-event run.** One in-flight run of ``recover_events`` events (ends on a
   TOOL_CALL_INTENDED without outcome, as after a crash), projected by the real projector; then per round a full
   ``RecoveryJob.recover(runs=[run], assign_to=<a live Journal>)`` (fence, snapshot, tail, classify, plan,

@@ -18,10 +18,21 @@ Agents SDK adapter ``item`` (a session item, field = its 12-digit index) and ``s
 A tombstone (``delete_thread``, ``pop_item``) removes its key. Thread ids are checked
 (``runjournal.core.ids.THREAD_ID``) and fields built with :func:`join_field` (each part checked: no U+001F), so keys
 and fields split back into their parts (docs/design/protocol.md § Identifiers and keys).
+
+Large records. A thread's state may outgrow one Kafka record (a long conversation in one channel blob; the broker
+refuses records over ``message.max.bytes``, 1 MB by default). A record whose value is over :data:`PART_BYTES` is
+written as parts in the same transaction, before it: kind ``part``, field ``<i><SEP><kind><SEP><field>``
+(``checkpoint_records.part_field``), each value a slice of the record's value; the record itself then carries
+``{"kind", "field", "parts": n, "bytes", "sha256"}`` instead of ``data``. Rebuild reassembles the slices, checks
+the length and the digest (``RecordPartsError`` otherwise), and never reads a part of an aborted transaction
+(``read_committed``). The Redis projection keeps the whole data, and in the ``part`` hash each large record's
+part count, so ``delete_thread`` and a tombstone remove its parts too; parts left by a record rewritten with fewer
+of them are never read (the record's ``parts`` bounds them) and ``runjournal erase`` removes them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import threading
@@ -29,17 +40,37 @@ from dataclasses import dataclass
 from typing import Any
 
 from runjournal.core import kafka
-from runjournal.core.checkpoint_records import KINDS, SEP, join_field, of_thread, record_key
+from runjournal.core.checkpoint_records import (
+    KINDS,
+    PART,
+    SEP,
+    join_field,
+    of_thread,
+    part_field,
+    record_key,
+    split_part_field,
+)
 from runjournal.core.ids import THREAD_ID
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.producers import Journal
 from runjournal.schemas.keys import partition_for
 
-__all__ = ["KINDS", "SEP", "FrameworkRecordStore", "Record", "checkpoints_topic", "join_field"]
+__all__ = ["KINDS", "PART_BYTES", "SEP", "FrameworkRecordStore", "Record", "RecordPartsError", "checkpoints_topic",
+           "join_field"]
 
 log = logging.getLogger("runjournal.adapters.checkpoints")
 
+
+
+PART_BYTES = 512 * 1024
+"""A record value over this many bytes is written as parts of at most this many (module docstring, *Large records*):
+half the broker's default ``message.max.bytes``, room for the key and headers."""
+
+
+class RecordPartsError(RuntimeError):
+    """A large record's parts do not rebuild it: a part is missing, or the reassembled bytes differ in length or
+    SHA-256 from what the record states. Names the thread, kind and field; nothing is projected for the thread."""
 
 
 def checkpoints_topic(settings: Settings) -> str:
@@ -83,6 +114,8 @@ class FrameworkRecordStore:
         self._r = redis_client
         self._prefix = journal.settings.topic_prefix
         self._keys = RedisKeys(self._prefix)
+        self.part_bytes = PART_BYTES
+        """Record values over this many bytes are written as parts (:data:`PART_BYTES`; tests set it smaller)."""
         ensure_topic(journal.settings, self.topic, journal.partitions)
 
     # -- keys -------------------------------------------------------------------------------------------------
@@ -114,12 +147,34 @@ class FrameworkRecordStore:
             self._write(thread_id, records)
 
     def _write(self, thread_id: str, records: list[Record]) -> None:
-        for i, rec in enumerate(records):
-            value = None if rec.data is None else json.dumps(
-                {"kind": rec.kind, "field": rec.field, "data": rec.data}).encode()
-            self.journal.publish_record(self.topic, record_key(thread_id, rec.kind, rec.field), value,
-                                        run_id=thread_id, durable=i == len(records) - 1)
-        self.project(thread_id, records)
+        produced: list[tuple[str, bytes | None]] = []
+        projected: list[Record] = []
+        gone = [rec for rec in records if rec.data is None and rec.kind != PART]
+        counts = self.get(thread_id, PART, [join_field_raw(r.kind, r.field) for r in gone]) if gone else []
+        for rec, count in zip(gone, counts, strict=True):  # a large record's parts go with it
+            if count is not None:
+                produced += [(record_key(thread_id, PART, part_field(i, rec.kind, rec.field)), None)
+                             for i in range(int(count))]
+                projected.append(Record(PART, join_field_raw(rec.kind, rec.field), None))
+        for rec in records:
+            key = record_key(thread_id, rec.kind, rec.field)
+            if rec.data is None:
+                produced.append((key, None))
+                projected.append(rec)
+                continue
+            value = json.dumps({"kind": rec.kind, "field": rec.field, "data": rec.data}).encode()
+            if len(value) > self.part_bytes:
+                n = -(-len(value) // self.part_bytes)
+                produced += [(record_key(thread_id, PART, part_field(i, rec.kind, rec.field)),
+                              value[i * self.part_bytes:(i + 1) * self.part_bytes]) for i in range(n)]
+                value = json.dumps({"kind": rec.kind, "field": rec.field, "parts": n, "bytes": len(value),
+                                    "sha256": hashlib.sha256(value).hexdigest()}).encode()
+                projected.append(Record(PART, join_field_raw(rec.kind, rec.field), str(n)))
+            produced.append((key, value))
+            projected.append(rec)
+        for i, (key, value) in enumerate(produced):
+            self.journal.publish_record(self.topic, key, value, run_id=thread_id, durable=i == len(produced) - 1)
+        self.project(thread_id, projected)
 
     def project(self, thread_id: str, records: list[Record]) -> None:
         """Apply ``records`` to the Redis projection: the thread listed first, then its kinds in one MULTI (one
@@ -139,7 +194,8 @@ class FrameworkRecordStore:
         thread id)."""
         THREAD_ID.check(thread_id)
         with self.lock(thread_id):
-            records = [Record(kind, field, None) for kind in KINDS for field in self.fields(thread_id, kind)]
+            records = [Record(kind, field, None) for kind in KINDS if kind != PART
+                       for field in self.fields(thread_id, kind)]
             if records:
                 self._write(thread_id, records)
             pipe = self._r.pipeline(transaction=True)  # the thread's keys (one slot), then the list
@@ -169,10 +225,15 @@ class FrameworkRecordStore:
 
     # -- rebuild ------------------------------------------------------------------------------------------------
     def rebuild(self, thread_id: str, *, timeout_s: float = 60.0) -> int:
-        """Rebuild ``thread_id``'s projection from the topic (its partition, start to end); returns records applied.
+        """Rebuild ``thread_id``'s projection from the topic (its partition, start to end); returns records applied
+        (a large record counts once, whatever its parts).
 
         The journal's open transaction is committed first. Cost grows with the partition's size (a resume or
-        a repair, not a hot path). Raises ``TimeoutError`` when the partition cannot be read to its end.
+        a repair, not a hot path).
+
+        Raises:
+            TimeoutError: the partition cannot be read to its end.
+            RecordPartsError: a large record's parts are missing or do not match it; nothing is projected.
         """
         from confluent_kafka import TopicPartition
 
@@ -194,18 +255,55 @@ class FrameworkRecordStore:
                 raise TimeoutError(f"could not read {self.topic}[{partition}] to offset {high}")
         finally:
             consumer.close()
-        records = []
-        for value in latest.values():
-            if value is not None:
-                doc = json.loads(value)
-                records.append(Record(doc["kind"], doc["field"], doc["data"]))
+        records = _reassemble(thread_id, latest)
         pipe = self._r.pipeline(transaction=True)
         for kind in KINDS:
             pipe.delete(self.key(thread_id, kind))
         pipe.execute()
         if records:
             self.project(thread_id, records)
-        return len(records)
+        return sum(1 for r in records if r.kind != PART)
+
+
+def join_field_raw(kind: str, field: str) -> str:
+    """The ``part`` hash's field of the record ``(kind, field)``: ``<kind><SEP><field>`` (the field whole)."""
+    return f"{kind}{SEP}{field}"
+
+
+def _reassemble(thread_id: str, latest: dict[bytes, bytes | None]) -> list[Record]:
+    """The records of ``latest`` (record key -> its last value in the topic): a large record rebuilt from its
+    parts (with a ``part`` entry of its count), parts themselves consumed; tombstones dropped.
+
+    Raises:
+        RecordPartsError: a part is missing, or the bytes differ from the record's length or digest.
+    """
+    parts: dict[tuple[str, str], dict[int, bytes]] = {}
+    docs: list[dict[str, Any]] = []
+    head = f"{thread_id}{SEP}{PART}{SEP}".encode()
+    for key, value in latest.items():
+        if value is None:
+            continue
+        if key.startswith(head):
+            index, kind, field = split_part_field(key[len(head):].decode())
+            parts.setdefault((kind, field), {})[index] = value
+        else:
+            docs.append(json.loads(value))
+    records = []
+    for doc in docs:
+        if "parts" in doc:
+            kind, field, n = doc["kind"], doc["field"], int(doc["parts"])
+            have = parts.get((kind, field), {})
+            missing = [i for i in range(n) if i not in have]
+            value = b"".join(have[i] for i in range(n)) if not missing else b""
+            if missing or len(value) != doc["bytes"] or hashlib.sha256(value).hexdigest() != doc["sha256"]:
+                raise RecordPartsError(
+                    f"thread {thread_id}: record {kind} {field!r} does not rebuild from its {n} parts "
+                    f"({f'missing {missing[:5]}' if missing else 'length or sha256 differ'}); its transaction "
+                    "committed them together, so the topic lost records: restore it or erase the thread")
+            doc = json.loads(value)
+            records.append(Record(PART, join_field_raw(kind, field), str(n)))
+        records.append(Record(doc["kind"], doc["field"], doc["data"]))
+    return records
 
 
 def ensure_topic(settings: Settings, topic: str, partitions: int) -> None:

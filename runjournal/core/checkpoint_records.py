@@ -19,12 +19,16 @@ from __future__ import annotations
 
 from runjournal.core.ids import KEY_PART, THREAD_ID
 
-__all__ = ["KINDS", "SEP", "join_field", "of_thread", "record_key", "thread_key_prefix"]
+__all__ = ["KINDS", "PART", "SEP", "join_field", "of_thread", "part_field", "record_key", "split_part_field",
+           "thread_key_prefix"]
 
 SEP = "\x1f"
 """Separator of a record key's parts and of a field's parts (ASCII unit separator: never in an id)."""
-KINDS = ("cp", "blob", "w", "item", "state")
-"""Record kinds: a checkpoint, a channel blob, a pending write, a session item, a paused ``RunState``."""
+KINDS = ("cp", "blob", "w", "item", "state", "part")
+"""Record kinds: a checkpoint, a channel blob, a pending write, a session item, a paused ``RunState``, and a part
+of a record too large for one Kafka record (:func:`part_field`; its projection in Redis: the record's part count)."""
+PART = "part"
+"""The kind of a large record's parts (``runjournal.adapters._checkpoints``, *Large records*)."""
 _KIND_BYTES = frozenset(k.encode() for k in KINDS)
 
 
@@ -38,6 +42,21 @@ def record_key(thread_id: str, kind: str, field: str) -> str:
     if kind not in KINDS:
         raise ValueError(f"record kind must be one of {KINDS}, got {kind!r}")
     return f"{THREAD_ID.check(thread_id)}{SEP}{kind}{SEP}{field}"
+
+
+def part_field(index: int, kind: str, field: str) -> str:
+    """The field of part ``index`` of the record ``(kind, field)``: ``<index><SEP><kind><SEP><field>`` —
+    unambiguous: the index and the kind hold no ``SEP``, the rest is the record's field whole."""
+    return f"{index}{SEP}{kind}{SEP}{field}"
+
+
+def split_part_field(field: str) -> tuple[int, str, str]:
+    """``(index, kind, field)`` of a :func:`part_field`. Raises ValueError when ``field`` is not one."""
+    index, sep1, rest = field.partition(SEP)
+    kind, sep2, whole = rest.partition(SEP)
+    if not (sep1 and sep2 and index.isdigit() and kind in KINDS and kind != PART):
+        raise ValueError(f"not a record part's field: {field!r}")
+    return int(index), kind, whole
 
 
 def join_field(*parts: str) -> str:

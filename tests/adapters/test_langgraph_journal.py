@@ -311,3 +311,71 @@ def test_a_graph_without_the_node_journal_is_named_once(topics: Settings, caplog
     warned = [r.getMessage() for r in caplog.records if "node journal" in r.getMessage()]
     assert len(warned) == 1 and "runs.compile(graph)" in warned[0]
     assert _nodes(topics, "lg-bare-1") == {}
+
+
+def test_a_thread_state_past_one_kafka_record_is_written_in_parts_and_rebuilt(topics: Settings) -> None:
+    """Issue 29: a checkpoint blob of 3 MB — three times the broker's default record limit — is written as parts in
+    the journal's transaction and rebuilt from them after Redis lost the thread; delete_thread tombstones every
+    part too."""
+    from runjournal.consumers.runtime.partitions import range_consumer, read_ranges
+    from runjournal.core.checkpoint_records import PART, of_thread
+    from runjournal.schemas.keys import partition_for
+
+    big = "x" * 3_000_000
+    config = {"configurable": {"thread_id": "thread-big", "checkpoint_ns": ""}}
+    with Journal(topics, producer_id="lg-big") as journal:
+        runs = JournalRuns(journal)
+        saver = JournalCheckpointSaver(runs)
+        first = _put(saver, "thread-big", None, 0, big)
+        _put(saver, "thread-big", first, 1, "small")
+        before = saver.get_tuple({"configurable": {"thread_id": "thread-big", "checkpoint_ns": "",
+                                                   "checkpoint_id": first["configurable"]["checkpoint_id"]}})
+        assert before.checkpoint["channel_values"]["messages"] == [big]
+        counts = runs.store.entries("thread-big", PART)
+        (n,) = (int(c) for c in counts.values())  # the 3 MB blob (serialised: more) in parts of 512 KiB
+        assert n >= 6, counts
+        r = redis.Redis.from_url(topics.redis_url)
+        r.delete(*(runs.store.key("thread-big", k) for k in KINDS))
+        assert runs.store.rebuild("thread-big") == 6  # 2 checkpoints, 2 blobs each; the parts count as one
+        after = saver.get_tuple({"configurable": {"thread_id": "thread-big", "checkpoint_ns": "",
+                                                  "checkpoint_id": first["configurable"]["checkpoint_id"]}})
+        assert after == before and runs.store.entries("thread-big", PART) == counts
+        assert saver.get_tuple(config).checkpoint["channel_values"]["messages"] == ["small"]
+        saver.delete_thread("thread-big")
+        journal.flush()
+
+    latest: dict[bytes, bytes | None] = {}
+    partition = partition_for("thread-big", topics.partitions)
+    consumer = range_consumer(topics, "test-parts")
+    try:
+        from confluent_kafka import TopicPartition
+
+        low, high = consumer.get_watermark_offsets(TopicPartition(topics.checkpoints_topic, partition), timeout=10)
+        assert not read_ranges(consumer, topics.checkpoints_topic, {partition: (low, high)},
+                               lambda m: latest.__setitem__(m.key(), m.value()) if of_thread(m.key(), "thread-big")
+                               else None, timeout_s=30)
+    finally:
+        consumer.close()
+    parts = [k for k in latest if k.startswith(f"thread-big\x1f{PART}\x1f".encode())]
+    assert len(parts) == n and all(latest[k] is None for k in latest), "every record and part tombstoned"
+
+
+def test_a_large_record_missing_a_part_is_a_named_error() -> None:
+    import hashlib
+    import json
+
+    from runjournal.adapters._checkpoints import RecordPartsError, _reassemble
+    from runjournal.core.checkpoint_records import PART, part_field, record_key
+
+    value = json.dumps({"kind": "blob", "field": "f", "data": "abcdef"}).encode()
+    head = {record_key("t", "blob", "f"): json.dumps({"kind": "blob", "field": "f", "parts": 2, "bytes": len(value),
+                                                      "sha256": hashlib.sha256(value).hexdigest()}).encode()}
+    one = {record_key("t", PART, part_field(0, "blob", "f")): value[:20]}
+    two = {record_key("t", PART, part_field(1, "blob", "f")): value[20:]}
+    whole = {k.encode(): v for k, v in {**head, **one, **two}.items()}
+    assert [(r.kind, r.data) for r in _reassemble("t", whole)] == [(PART, "2"), ("blob", "abcdef")]
+    with pytest.raises(RecordPartsError, match=r"missing \[1\]"):
+        _reassemble("t", {k.encode(): v for k, v in {**head, **one}.items()})
+    with pytest.raises(RecordPartsError, match="length or sha256"):
+        bad = {next(iter(two)): b"X" * len(value[20:])}
+        _reassemble("t", {k.encode(): v for k, v in {**head, **one, **bad}.items()})

@@ -16,7 +16,7 @@ from runjournal.adapters._checkpoints import FrameworkRecordStore, Record
 from runjournal.consumers.memory import ItemKind, MemoryItem, Provenance, QdrantMemoryStore, Scope
 from runjournal.consumers.ops.erase import RunStillLiveError, erase_run
 from runjournal.core import kafka, redis_client
-from runjournal.core.checkpoint_records import KINDS, SEP
+from runjournal.core.checkpoint_records import KINDS, PART, SEP, part_field
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.model.reducer import state_digest
@@ -150,13 +150,19 @@ def test_erase_refuses_a_live_run(topics: Settings) -> None:
 def test_erase_removes_the_runs_framework_checkpoints(topics: Settings) -> None:
     """A LangGraph / Agents SDK run keeps framework records on ``{prefix}.checkpoints`` and their projection in
     Redis (``rj:{P:t:<run>}:lg:<kind>``, the thread list): erase tombstones every record key of the run and
-    deletes those keys; another thread's records and keys are untouched."""
+    deletes those keys; another thread's records and keys are untouched. A record written in parts (past one
+    Kafka record) loses every part too."""
     gone, kept = "lg-erase-me", "lg-keep-me"
     records = [Record("cp", f"{SEP}cp-1", '{"v": 1}'), Record("cp", f"{SEP}cp-2", '{"v": 2}'),
                Record("blob", f"{SEP}messages{SEP}1", '"hi"'), Record("w", f"{SEP}cp-2{SEP}task{SEP}0", '"w"'),
-               Record("item", "000000000000", '{"role": "user"}'), Record("state", "paused", '{"s": 1}')]
+               Record("item", "000000000000", '{"role": "user"}'), Record("state", "paused", '{"s": 1}'),
+               Record("blob", f"{SEP}history{SEP}2", '"' + "y" * 200 + '"')]
+    big = json.dumps({"kind": "blob", "field": records[-1].field, "data": records[-1].data}).encode()  # as written
+    parts = {f"{PART}{SEP}{part_field(i, 'blob', records[-1].field)}" for i in range(-(-len(big) // 128))}
+    assert len(parts) == 3
     with Journal(topics, producer_id="erase-lg") as journal:
         store = FrameworkRecordStore(journal)
+        store.part_bytes = 128  # every other record is smaller
         for run_id in (gone, kept):
             handle = journal.start_run("acme", "lg", {"thread_id": run_id}, run_id=run_id)
             store.write(run_id, records)
@@ -173,11 +179,12 @@ def test_erase_removes_the_runs_framework_checkpoints(topics: Settings) -> None:
     assert r.exists(*(keys.checkpoint(kept, kind) for kind in KINDS)) == len(KINDS)
     latest = dict(topic_records(topics, topics.checkpoints_topic))
     assert {k for k in latest if k.startswith(gone + SEP)} == {f"{gone}{SEP}{rec.kind}{SEP}{rec.field}"
-                                                              for rec in records}
+                                                              for rec in records} | {f"{gone}{SEP}{p}" for p in parts}
     assert all(v is None for k, v in latest.items() if k.startswith(gone + SEP)), "every record key tombstoned"
-    assert sum(1 for k, v in latest.items() if k.startswith(kept + SEP) and v is not None) == len(records) - 1
-    assert report.checkpoint_records_seen == len(records) + 1
-    assert report.checkpoint_tombstones == len(records) - 1  # cp-1 was tombstoned before
+    assert sum(1 for k, v in latest.items() if k.startswith(kept + SEP) and v is not None) == \
+        len(records) - 1 + len(parts)
+    assert report.checkpoint_records_seen == len(records) + 1 + len(parts)
+    assert report.checkpoint_tombstones == len(records) - 1 + len(parts)  # cp-1 was tombstoned before
 
     again = erase_run(topics, gone, erase_memory=False)
     assert again.checkpoint_tombstones == 0 and again.redis_keys_deleted == 0
