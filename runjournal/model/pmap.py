@@ -19,6 +19,7 @@ Treat every instance as immutable: there is no mutating method.
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
@@ -80,16 +81,16 @@ class PMap(Mapping[K, V], Generic[K, V]):
     def __contains__(self, key: object) -> bool:
         return key in self._m
 
-    def get(self, key: K, default: Any = None) -> Any:  # type: ignore[override]
+    def get(self, key: K, default: Any = None) -> Any:
         return self._m.get(key, default)
 
-    def keys(self) -> Any:  # type: ignore[override]
+    def keys(self) -> Any:
         return self._m.keys()
 
-    def values(self) -> Any:  # type: ignore[override]
+    def values(self) -> Any:
         return self._m.values()
 
-    def items(self) -> Any:  # type: ignore[override]
+    def items(self) -> Any:
         return self._m.items()
 
     def __eq__(self, other: object) -> bool:
@@ -131,7 +132,7 @@ class PMap(Mapping[K, V], Generic[K, V]):
         return out
 
     # -- diff ------------------------------------------------------------------------------------------------
-    def changed_since(self, before: Mapping[K, V] | None) -> set[K]:
+    def changed_since(self, before: Mapping[K, V] | None) -> builtins.set[K]:
         """Keys whose entry differs from ``before`` (set, replaced or removed).
 
         O(changes) when this map was derived from ``before`` by :meth:`set` / :meth:`delete` within
@@ -146,8 +147,8 @@ class PMap(Mapping[K, V], Generic[K, V]):
         if before is None:
             return set(self._m.keys())
         if isinstance(before, PMap):
-            target = before._link
-            keys: set[K] = set()
+            target = before._link  # noqa: SLF001 - another map of the same class
+            keys: builtins.set[K] = builtins.set()
             link = self._link
             while link is not target:
                 if link.prev is None:
@@ -221,8 +222,8 @@ class RecordMap(PMap[K, V]):
 _P = TypeVar("_P", bound=PMap[Any, Any])
 
 
-def as_pmap(value: Mapping[K, V], cls: type[_P] = PMap) -> _P:  # type: ignore[assignment]
+def as_pmap(value: Mapping[K, V], cls: type[_P] = PMap) -> _P:  # type: ignore[assignment,unused-ignore]
     """``value`` itself when it is already a ``cls``, else a ``cls`` copy of it (O(n): plain dicts from callers)."""
     if type(value) is cls:
-        return value  # type: ignore[return-value]
+        return value
     return cls(value)

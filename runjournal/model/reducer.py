@@ -843,7 +843,7 @@ def mark_unsettled_at_end(records: Records) -> Records:
         for call_id, record in records.items()
         if record.status is CallStatus.INTENDED
     }
-    return as_pmap(records, RecordMap).update(changed) if changed else records  # type: ignore[no-any-return]
+    return as_pmap(records, RecordMap).update(changed) if changed else records
 
 
 def mark_superseded_intents(records: Records, epoch: int) -> Records:
@@ -857,7 +857,7 @@ def mark_superseded_intents(records: Records, epoch: int) -> Records:
         for call_id, record in records.items()
         if record.status is CallStatus.INTENDED and record.epoch < epoch
     }
-    return as_pmap(records, RecordMap).update(changed) if changed else records  # type: ignore[no-any-return]
+    return as_pmap(records, RecordMap).update(changed) if changed else records
 
 
 # == Per-type handlers =============================================================================================
@@ -973,7 +973,7 @@ def _approval_decided(state: RunState, event: Event, offset: int) -> Changes:
         scope_call_id=asked.scope_call_id if asked is not None else None,
         scope_attempt=asked.scope_attempt if asked is not None else None,
     )
-    pending = as_pmap(state.pending_approvals).delete(call_id)
+    pending: Mapping[str, PendingApproval] = as_pmap(state.pending_approvals).delete(call_id)
     return {
         "pending_approvals": pending,
         "approvals": as_pmap(state.approvals).set(call_id, decision),

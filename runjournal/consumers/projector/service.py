@@ -307,7 +307,7 @@ class Projector:
         if self.dlq.sent:
             self.dlq.flush()  # step 5
         prepared = self.store.prepare_batch(partition, expected_offset=expected, new_offset=fresh[-1].offset(),
-                                            states=dirty)  # step 6
+                                            states=dirty, before=before)  # step 6
         self._settle()  # write-behind rule 1: the write before this one has ended
         if self.positions.views.get(partition) != view:
             return  # it was not applied: the partition re-seeks and this batch is folded again
