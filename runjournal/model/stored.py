@@ -3,8 +3,11 @@
 The projection keeps each run in a hash ``rj:{P.p}:run:<run_id>`` (docs/design/protocol.md § Projector,
 docs/design/decisions/0051-a-hash-per-run.md) so a batch writes only what it changed, not the whole run:
 
-* ``s`` — the run's scalar summary: every field of :class:`~runjournal.model.reducer.RunState` but the growing maps,
-  as a JSON object with the format version ``v`` (the same names and values as :meth:`RunState.to_json`);
+* ``s`` — the run's scalar summary: every field of :class:`~runjournal.model.reducer.RunState` but the growing maps
+  and the large values, as a JSON object with the format version ``v`` (the same names and values as
+  :meth:`RunState.to_json`);
+* ``x:<name>`` — one large value that rarely changes (:data:`LARGE_FIELDS`: the run's input, output, plan nodes and
+  the plan a RUN_RESUMED handed over, which lists every call of the run), as JSON; written only when it changed;
 * ``r:<call_id>`` — one execution record, ``n:<node_path>`` — one node, ``a:<call_id>`` — one approval decision,
   ``p:<call_id>`` — one pending approval: each the JSON object of the entry (the one :meth:`RunState.to_json` nests).
 
@@ -32,7 +35,8 @@ from runjournal.model.reducer import (
     _state_from_dict,
 )
 
-__all__ = ["MAP_PREFIXES", "SCALAR_FIELD", "field_diff", "scalar_json", "state_fields", "state_from_fields"]
+__all__ = ["LARGE_FIELDS", "MAP_PREFIXES", "SCALAR_FIELD", "field_diff", "scalar_json", "state_fields",
+           "state_from_fields"]
 
 SCALAR_FIELD = b"s"
 """The hash field holding the run's scalar summary (JSON)."""
@@ -40,6 +44,11 @@ SCALAR_FIELD = b"s"
 MAP_PREFIXES: dict[str, bytes] = {"records": b"r:", "nodes": b"n:", "approvals": b"a:", "pending_approvals": b"p:"}
 """Mapping field of :class:`RunState` -> the prefix of its entries' hash field names."""
 _BY_PREFIX = {prefix[:1]: name for name, prefix in MAP_PREFIXES.items()}
+
+LARGE_FIELDS: dict[str, bytes] = {name: b"x:" + name.encode() for name in
+                                  ("input_json", "output_json", "plan_json", "plan_nodes")}
+"""Fields of :class:`RunState` kept out of ``s`` (each may be large and rarely changes) -> their hash field name."""
+_LARGE_BY_FIELD = {field: name for name, field in LARGE_FIELDS.items()}
 
 
 def _dumps(value: dict[str, Any]) -> bytes:
@@ -58,8 +67,17 @@ def scalar_json(state: RunState) -> bytes:
     out = dict(state.__dict__)
     for name in MAP_PREFIXES:
         del out[name]
+    for name in LARGE_FIELDS:
+        del out[name]
     out["v"] = STATE_FORMAT_VERSION
     return _dumps(out)
+
+
+def _large(value: Any) -> bytes:
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return json.dumps(value, ensure_ascii=False).encode("utf-8")
 
 
 def state_fields(state: RunState) -> dict[bytes, bytes]:
@@ -69,6 +87,8 @@ def state_fields(state: RunState) -> dict[bytes, bytes]:
         UnicodeEncodeError: a string holds a lone surrogate.
     """
     out = {SCALAR_FIELD: scalar_json(state)}
+    for name, field in LARGE_FIELDS.items():
+        out[field] = _large(getattr(state, name))
     for name, prefix in MAP_PREFIXES.items():
         for key, value in getattr(state, name).items():
             out[prefix + key.encode("utf-8")] = _dumps(value.__dict__)
@@ -78,7 +98,8 @@ def state_fields(state: RunState) -> dict[bytes, bytes]:
 def field_diff(before: RunState, after: RunState) -> tuple[dict[bytes, bytes], list[bytes]]:
     """The hash fields to set and to remove to turn ``before``'s hash into ``after``'s.
 
-    ``s`` is always set. Map entries are found by :meth:`PMap.changed_since`: O(changes) when the reducer derived
+    ``s`` is always set; a large value (:data:`LARGE_FIELDS`) when it is not the same object. Map entries are
+    found by :meth:`PMap.changed_since`: O(changes) when the reducer derived
     ``after`` from ``before`` (the projector's batches), else a scan of the maps by identity (never wrong).
 
     Returns:
@@ -89,6 +110,10 @@ def field_diff(before: RunState, after: RunState) -> tuple[dict[bytes, bytes], l
     """
     sets = {SCALAR_FIELD: scalar_json(after)}
     dels: list[bytes] = []
+    for name, field in LARGE_FIELDS.items():
+        value = getattr(after, name)
+        if value is not getattr(before, name):
+            sets[field] = _large(value)
     for name, prefix in MAP_PREFIXES.items():
         new, old = getattr(after, name), getattr(before, name)
         if new is old:
@@ -108,7 +133,7 @@ def state_from_fields(fields: Mapping[bytes, bytes]) -> RunState:
     """The state a hash holds (as HGETALL returns it: field -> value, bytes).
 
     Raises:
-        StateFormatError: no ``s`` field, an unknown field, not JSON, another format version, or
+        StateFormatError: no ``s`` field, a large value missing, an unknown field, not JSON, another format version, or
             unknown/missing/ill-typed fields.
     """
     try:
@@ -122,10 +147,17 @@ def state_from_fields(fields: Mapping[bytes, bytes]) -> RunState:
         for field, value in fields.items():
             if field == SCALAR_FIELD:
                 continue
+            large = _LARGE_BY_FIELD.get(field)
+            if large is not None:
+                data[large] = orjson.loads(value)
+                continue
             name = _BY_PREFIX.get(field[:1]) if field[1:2] == b":" else None
             if name is None:
                 raise StateFormatError(f"run state hash has an unknown field {field[:40]!r}")
             maps[name][field[2:].decode("utf-8")] = orjson.loads(value)
+        missing = [name for name in LARGE_FIELDS if name not in data]
+        if missing:
+            raise StateFormatError(f"run state hash lacks the fields of {missing}")
         data.update(maps)
         return _state_from_dict(data)
     except StateFormatError:

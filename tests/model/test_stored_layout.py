@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from runjournal.model.pmap import CHAIN_LIMIT, PMap, RecordMap
 from runjournal.model.reducer import CallStatus, ExecutionRecord, RunState, RunStatus, fold, state_digest
-from runjournal.model.stored import SCALAR_FIELD, field_diff, state_fields, state_from_fields
+from runjournal.model.stored import LARGE_FIELDS, SCALAR_FIELD, field_diff, state_fields, state_from_fields
 from tests.model.test_reducer_properties import PROPS, positioned_runs
 
 
@@ -62,7 +62,8 @@ def test_a_state_built_with_dicts_gets_persistent_maps_and_round_trips() -> None
     assert isinstance(state.records, RecordMap) and isinstance(state.nodes, PMap)
     assert state.records == {"c:1": _record("c:1", CallStatus.INTENDED)}
     fields = state_fields(state)
-    assert set(fields) == {SCALAR_FIELD, b"r:c:1"}  # the id's own ':' is kept: the name splits at the first
+    # the id's own ':' is kept: the name splits at the first
+    assert set(fields) == {SCALAR_FIELD, b"r:c:1", *LARGE_FIELDS.values()}
     back = state_from_fields(fields)
     assert back == state and state_digest(back) == state_digest(state)
     assert RunState.from_json(state.to_json()) == state

@@ -16,6 +16,7 @@ from runjournal.consumers.runtime.failures import FailurePolicy
 from runjournal.core import redis_client
 from runjournal.core.settings import Settings
 from runjournal.model.reducer import RunState, fold, state_digest
+from runjournal.model.stored import LARGE_FIELDS
 from runjournal.producers.plan import CallVerdict as Plan
 from runjournal.schemas import codec_from_settings
 from runjournal.schemas.keys import partition_for
@@ -72,7 +73,7 @@ def test_an_old_layout_run_is_read_and_its_next_batch_writes_the_whole_hash(sett
     assert store.run_batch(prepared).status == "applied"
     assert client.type(store.run_key(p, run_id)) == b"hash"
     assert state_digest(store.get(p, run_id)) == state_digest(after)
-    assert client.hlen(store.run_key(p, run_id)) == 1 + len(after.records) + len(after.nodes)
+    assert client.hlen(store.run_key(p, run_id)) == 1 + len(LARGE_FIELDS) + len(after.records) + len(after.nodes)
     assert [s.calls for s in read_index(client, store, [p])] == [5]
     # the next batch, folded from the state Redis now holds, writes a diff
     message = run_events(run_id, calls=6, finish=False)[14]  # seq 15
@@ -115,7 +116,8 @@ def test_a_20000_event_run_projects_to_its_fold_and_recovery_reads_it(topics: Se
     p = partition_for(run_id, topics.partitions)
     store = projector.store
     assert {run_id: state_digest(store.get(p, run_id))} == topic_fold_digests(topics, [run_id])
-    assert redis_client.client(topics).hlen(store.run_key(p, run_id)) == 1 + 9_998 + 1  # s, records, the node
+    fields = 1 + len(LARGE_FIELDS) + 9_998 + 1  # s, the large values, the records, the node
+    assert redis_client.client(topics).hlen(store.run_key(p, run_id)) == fields
     # a tail the projector has not seen: recovery folds it onto the hash it reads
     # (seq 20,001: the INTENDED of call c9999 in the same generator's longer run: same event ids by seq)
     publish(topics, [e for e in run_events(run_id, calls=10_001, finish=False) if e.seq == 20_001])
