@@ -46,12 +46,19 @@ _APPLY_LUA = """
 --   run_id, mode ('F' the whole hash: DEL then HSET; 'D' the fields the batch changed; 'X' erase the run),
 --   summary (index entry), live ('<epoch>:<owner>', '' = not live), s (fields set), d (fields removed),
 --   then s (field, value) pairs, then d fields
+-- A 'D' run whose key is not a hash (erased meanwhile, or still the JSON string of the layout before the hash) makes
+-- the batch a conflict, checked before anything is written: the projector reloads from Redis and folds again.
 local cur = redis.call('GET', KEYS[1])
 if not cur then cur = '-1' end
 if tonumber(cur) >= tonumber(ARGV[2]) then return {0, cur} end
 if cur ~= ARGV[1] then return {-1, cur} end
 local n = tonumber(ARGV[3])
 local a = 4
+for i = 1, n do
+  if ARGV[a + 1] == 'D' and redis.call('TYPE', KEYS[4 + i]).ok ~= 'hash' then return {-1, cur} end
+  a = a + 6 + 2 * tonumber(ARGV[a + 4]) + tonumber(ARGV[a + 5])
+end
+a = 4
 for i = 1, n do
   local key = KEYS[4 + i]
   local run_id, mode, summary, live = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
@@ -307,7 +314,8 @@ class ProjectionStore:
                 fields that changed since, the others whole. None: every run whole.
 
         Returns:
-            :class:`ApplyResult`; ``conflict`` means reload states and re-seek to ``stored_offset + 1``.
+            :class:`ApplyResult`; ``conflict`` means reload states and re-seek to ``stored_offset + 1`` (also when
+            a run written as a diff is not a hash in Redis: erased meanwhile, or still in the layout before it).
 
         Raises:
             redis.RedisError: Redis unreachable (the caller retries with backoff; nothing was written).

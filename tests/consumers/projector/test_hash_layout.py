@@ -129,3 +129,19 @@ def test_a_20000_event_run_projects_to_its_fold_and_recovery_reads_it(topics: Se
     assert state is not None and state.last_seq == 20_001
     classified = classify(state)
     assert classified.counts == {Plan.COMMITTED.value: 9_998, Plan.OUTCOME_UNKNOWN.value: 1}
+
+
+def test_a_diff_onto_a_run_that_is_not_a_hash_is_a_conflict_and_writes_nothing(settings: Settings) -> None:
+    client = redis_client.client(settings)
+    store = ProjectionStore(client, settings.topic_prefix)
+    p, run_id = 0, "erased-meanwhile"
+    before, rest = _folded(run_id, 3, p)
+    other, _ = _folded("other-run", 2, p)
+    assert store.apply_batch(p, expected_offset=-1, new_offset=before.applied_offset,
+                             states={run_id: before}).status == "applied"
+    client.delete(store.run_key(p, run_id))  # as an erase would, behind the projector's cache
+    after = fold(rest, before)
+    result = store.apply_batch(p, expected_offset=before.applied_offset, new_offset=after.applied_offset,
+                               states={"other-run": other, run_id: after}, before={run_id: before})
+    assert (result.status, result.stored_offset) == ("conflict", before.applied_offset)
+    assert not client.exists(store.run_key(p, run_id)) and not client.exists(store.run_key(p, "other-run"))
