@@ -131,6 +131,15 @@ class PMap(Mapping[K, V], Generic[K, V]):
             out = out.set(key, value)
         return out
 
+    def forget_history(self) -> None:
+        """Drop the chain of keys set before this map (only its memory: the entries are unchanged). A diff of a map
+        derived from this one against this one stays O(changes); against an older map it scans (O(len)).
+
+        The projector calls it on each state it has written (``ProjectionStore.prepare_batch``): the next batch is
+        diffed against that state, never an older one, so a cached run keeps no history of its events.
+        """
+        self._link = _Link(None, None, 0)
+
     # -- diff ------------------------------------------------------------------------------------------------
     def changed_since(self, before: Mapping[K, V] | None) -> builtins.set[K]:
         """Keys whose entry differs from ``before`` (set, replaced or removed).

@@ -95,3 +95,13 @@ def test_batch_diffs_applied_to_the_hash_give_the_folded_state(generated, data) 
         assert (after.records.unknown, after.records.reconciled) == (counts[CallStatus.OUTCOME_UNKNOWN],
                                                                      counts[CallStatus.RECONCILED])
         state = after
+
+
+def test_forgetting_history_keeps_entries_and_later_diffs() -> None:
+    base = PMap({"a": 1})
+    written = base.set("b", 2).set("c", 3)
+    written.forget_history()
+    assert written == {"a": 1, "b": 2, "c": 3}
+    nxt = written.set("d", 4).delete("a")
+    assert nxt.changed_since(written) == {"d", "a"}  # O(changes) against the state written last
+    assert nxt.changed_since(base) == {"b", "c", "d", "a"}  # against an older one: a scan, still right

@@ -35,8 +35,9 @@ import redis
 from runjournal.consumers.projector.index import summary_json
 from runjournal.core import redis_client
 from runjournal.core.redis_keys import RedisKeys, partition_tag
+from runjournal.model.pmap import PMap
 from runjournal.model.reducer import RunState, RunStatus
-from runjournal.model.stored import field_diff, state_fields, state_from_fields
+from runjournal.model.stored import MAP_PREFIXES, field_diff, state_fields, state_from_fields
 
 __all__ = ["ApplyResult", "PreparedBatch", "ProjectionStore", "partition_tag"]
 
@@ -354,6 +355,10 @@ class ProjectionStore:
                 sets, dels = field_diff(old, state)
                 mode = "D"
             args += [run_id, mode, summary_json(state), live_entry(state), str(len(sets)), str(len(dels))]
+            for name in MAP_PREFIXES:  # the next batch diffs against this state: its maps' history is not needed
+                written = getattr(state, name)
+                if isinstance(written, PMap):
+                    written.forget_history()
             for item in sets.items():
                 args += item
             args += dels
