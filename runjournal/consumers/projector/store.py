@@ -239,11 +239,20 @@ class ProjectionStore:
             elif reply:
                 out[ids[i]] = state_from_fields(reply)
         if legacy:
-            raw = self.client.mget([keys[i] for i in legacy]) if len(legacy) > 1 else [self.client.get(keys[legacy[0]])]
-            for i, value in zip(legacy, raw, strict=True):
-                if value is not None:
+            pipe = self.client.pipeline(transaction=False)
+            for i in legacy:
+                pipe.get(keys[i])
+            again: list[str] = []
+            for i, value in zip(legacy, pipe.execute(raise_on_error=False), strict=True):
+                if isinstance(value, redis.ResponseError) and str(value).startswith("WRONGTYPE"):
+                    again.append(ids[i])  # upgraded to a hash between the two reads: read it as one
+                elif isinstance(value, BaseException):
+                    raise value
+                elif value is not None:
                     state = out[ids[i]] = RunState.from_json(value)
                     self._legacy[id(state)] = state
+            if again:
+                out.update(self.load(partition, again))
         return out
 
     def snapshot(self, runs_by_partition: Mapping[int, Iterable[str]]) -> dict[int, tuple[int, dict[str, RunState]]]:
