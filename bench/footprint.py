@@ -7,8 +7,8 @@
 * agent instance: ``bench._children agent S`` (one Journal, 4 threads of runs with two no-op calls
   each, for S seconds) vs ``bench._children raw-producer N`` (a raw transactional producer writing
   the same number of events, committing every 2: the interpreter + librdkafka baseline).
-* Redis: ``MEMORY USAGE`` of every run key of pair 3's projection vs the length of the state JSON
-  it holds (``STRLEN``), per run.
+* Redis: ``MEMORY USAGE`` of every run key of pair 3's projection (the run's hash) vs the length of its state's
+  canonical JSON (``RunState.to_json_bytes``), per run.
 """
 
 from __future__ import annotations
@@ -31,17 +31,17 @@ MIB = 1024 * 1024
 def _redis_rows(settings: Any, runs: int) -> list[Row]:
     client = redis_client.client(settings)
     store = ProjectionStore(client, settings.topic_prefix)
-    keys = [store.run_key(p, r) for p in range(settings.partitions) for r in store.run_ids(p)]
+    ids = {p: store.run_ids(p) for p in range(settings.partitions)}
+    keys = [store.run_key(p, r) for p, rs in ids.items() for r in rs]
     if len(keys) != runs:
         raise RuntimeError(f"expected {runs} projected runs, found {len(keys)}")
     pipe = client.pipeline(transaction=False)
     for k in keys:
         pipe.memory_usage(k, samples=0)
-        pipe.strlen(k)
-    out = pipe.execute()
-    usage, length = sum(out[0::2]) / runs, sum(out[1::2]) / runs
-    return [Row(PAIR, "Redis bytes per run", "MEMORY USAGE of the run key", summarise([usage]),
-                "its state JSON (STRLEN)", summarise([length]),
+    usage = sum(pipe.execute()) / runs
+    length = sum(len(s.to_json_bytes()) for p, rs in ids.items() for s in store.load(p, rs).values()) / runs
+    return [Row(PAIR, "Redis bytes per run", "MEMORY USAGE of the run key (hash)", summarise([usage]),
+                "its state's JSON (to_json_bytes)", summarise([length]),
                 note=f"{runs} complete runs of pair 3 (50 events, 12 tool calls each); the partition's run set "
                      "and offset keys add a few bytes per run")]
 

@@ -36,6 +36,8 @@ def _sizes(quick: bool, rounds: int | None) -> dict[str, Any]:
         "long_runs": 400 if quick else 2_000,  # 1 % of them 5,000 events long on the mixed topic
         "long_recover_events": 10_000 if quick else 50_000,
         "long_rounds": min(r, 2 if quick else 3),
+        "event_cost_events": 10_000 if quick else 50_000,
+        "event_cost_rounds": 1 if quick else 2,
     }
 
 
@@ -70,6 +72,10 @@ def _run_pair(name: str, env: BenchEnv, shared: dict[str, Any], sizes: dict[str,
         from bench.console import ConsoleConfig, run_console
 
         return run_console(env, ConsoleConfig(sizes["console_runs"], sizes["console_requests"], r))
+    if name == "event_cost":
+        from bench.event_cost import run_event_cost
+
+        return run_event_cost(env, sizes["event_cost_rounds"], sizes["event_cost_events"])
     if name == "aio":
         from bench.aio import AioConfig, run_aio
 

@@ -47,7 +47,7 @@ import json, os, time
 from confluent_kafka import TopicPartition
 from runjournal.core import kafka, redis_client  # the clients' one builder (no settings, no pydantic)
 env = os.environ
-assert redis_client.client(None, url=env["RJ_BENCH_REDIS_URL"]).get(env["RJ_BENCH_STATE_KEY"]), "no state"
+assert redis_client.client(None, url=env["RJ_BENCH_REDIS_URL"]).hgetall(env["RJ_BENCH_STATE_KEY"]), "no state"
 tp = TopicPartition(env["RJ_BENCH_TOPIC"], int(env["RJ_BENCH_PARTITION"]))
 consumer = kafka.consumer(None, bootstrap=env["RJ_BENCH_BOOTSTRAP"], **{
     **json.loads(env["RJ_BENCH_KAFKA"]), "group.id": "bench-raw-inspect", "enable.auto.commit": False,

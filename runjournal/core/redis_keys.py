@@ -82,7 +82,7 @@ class RedisKeys:
         return f"rj:{partition_tag(self.prefix, partition)}:runs"
 
     def run(self, partition: int, run_id: str) -> str:
-        """``rj:{P.p<n>}:run:<run_id>`` — the run's projected state JSON."""
+        """``rj:{P.p<n>}:run:<run_id>`` — the run's projected state (a hash: ``runjournal.model.stored``)."""
         return f"rj:{partition_tag(self.prefix, partition)}:run:{run_id}"
 
     def index(self, partition: int) -> str:

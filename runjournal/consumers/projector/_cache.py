@@ -1,16 +1,17 @@
 """The projector's in-memory copy of the run states it wrote, valid while Redis's applied offset is unchanged.
 
-Without it, every batch reloads (``MGET``) and parses (``RunState.from_json``) the state of every run
-it touches, though the projector itself wrote that state one batch earlier. With it, a partition's
+Without it, every batch reloads (``HGETALL`` of each run's hash) and parses
+(``runjournal.model.stored.state_from_fields``) the state of every run it touches, though the projector itself
+wrote that state one batch earlier. With it, a partition's
 cached states are used only when they were written at exactly the applied offset the next batch
 folds from (``expected_offset``); anything else — a conflict or a duplicate answer from the apply
 script, a rebalance, a re-seek — drops the partition's cache and states are read from Redis again.
 The apply script still refuses a batch folded from a stale view, so a stale cache can never be
-written: it would fail exactly as a stale ``MGET`` would (docs/design/protocol.md § Projector).
+written: it would fail exactly as a stale read would (docs/design/protocol.md § Projector).
 
 It also knows, per partition, which runs Redis may hold at that offset (:meth:`StateCache.know`: the partition's
 runs set ``rj:{P.p}:runs`` read at assignment, then every run the projector wrote or erased): a run outside it has
-no state in Redis, so a batch's new runs cost no ``MGET`` — which, with a write in flight, would wait behind that
+no state in Redis, so a batch's new runs cost no read — which, with a write in flight, would wait behind that
 write's script in Redis. Sound because only the projector's apply script adds runs to Redis, and only with the
 partition's applied offset moving in the same script: a write by anyone else moves the offset, and the next batch of
 this projector is refused (then the cache goes) — ``erase`` only deletes, which leaves the knowledge a superset.

@@ -148,7 +148,7 @@ def states_at(cache: StateCache, writer: WriteBehind, store: ProjectionStore, pa
               run_ids: set[str]) -> dict[str, RunState | None]:
     """The states ``run_ids`` of ``partition`` have at applied offset ``offset`` (rule 2): from the cache when it is
     valid there, else from the write in flight (which Redis may not hold yet; None: it erases the run), else from
-    Redis (one MGET). Runs found nowhere are absent (nothing of them was applied).
+    Redis (``ProjectionStore.load``: one pipeline). Runs found nowhere are absent (nothing of them was applied).
 
     Raises:
         redis.RedisError: Redis unreachable (step 8 waits and folds the batch again).

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from runjournal.model.pmap import RecordMap
 from runjournal.model.reducer import CallStatus, RunState, RunStatus
 
 __all__ = ["RunSummary", "attention", "read_entries", "read_index", "summary_json"]
@@ -28,16 +29,21 @@ def summary_json(state: RunState) -> bytes:
 
     Keys: ``id`` run, ``s`` status, ``t`` tenant, ``a`` agent, ``u`` user, ``e`` epoch, ``q`` last seq, ``o`` owner,
     ``b`` / ``m`` / ``f`` started / updated / finished (ms since the epoch), ``c`` calls, ``k`` OUTCOME_UNKNOWN
-    calls, ``r`` RECONCILED calls, ``p`` pending approvals.
+    calls, ``r`` RECONCILED calls, ``p`` pending approvals. O(1): the records' counts are kept by their
+    :class:`~runjournal.model.pmap.RecordMap` (a plain mapping is counted).
     """
     import orjson
 
-    unknown = reconciled = 0
-    for record in state.records.values():
-        if record.status is CallStatus.OUTCOME_UNKNOWN:
-            unknown += 1
-        elif record.status is CallStatus.RECONCILED:
-            reconciled += 1
+    records = state.records
+    if isinstance(records, RecordMap):  # counted as the reducer set them: O(1) (issue 29)
+        unknown, reconciled = records.unknown, records.reconciled
+    else:
+        unknown = reconciled = 0
+        for record in records.values():
+            if record.status is CallStatus.OUTCOME_UNKNOWN:
+                unknown += 1
+            elif record.status is CallStatus.RECONCILED:
+                reconciled += 1
     return orjson.dumps({"id": state.run_id, "s": state.status.value, "t": state.tenant_id, "a": state.agent,
                          "u": state.user_id, "e": state.epoch, "q": state.last_seq, "o": state.owner,
                          "b": state.started_at_ms, "m": state.updated_at_ms, "f": state.finished_at_ms,

@@ -11,7 +11,8 @@ Per poll (docs/design/protocol.md § Projector; numbered as in the code):
    batch waits (step 8).
 4. Take the touched runs' states from the in-memory cache when it is valid at the partition's
    applied offset (``runjournal.consumers.projector._cache``), else from the batch whose write is in flight,
-   else from Redis (one MGET), and fold each event with the pure reducer (``runjournal.model.reducer.apply``).
+   else from Redis (one pipelined HGETALL per run), and fold each event with the pure reducer
+   (``runjournal.model.reducer.apply``).
 5. Flush the DLQ (durable before the offset passes the record).
 6. Write behind (``runjournal.consumers.projector._writebehind``, its rules 1-5): serialise the changed states,
    take the outcome of the write in flight, then hand this batch's one script call — every changed state and the
@@ -104,7 +105,7 @@ class Projector:
             takes its partitions back at once instead of waiting out the session timeout.
         state_cache_runs: run states kept in memory between batches (default 10,000; 0 disables),
             used only while the partition's applied offset in Redis is the one they were written at
-            (``runjournal.consumers.projector._cache``). Saves the per-batch MGET and JSON parse of each run.
+            (``runjournal.consumers.projector._cache``). Saves the per-batch read and parse of each run.
         max_outage_s: longest one dependency outage is waited out before the projector stops (s, 240).
         write_behind: run each batch's Redis write while the next batch is decoded and folded (default True;
             ``runjournal.consumers.projector._writebehind``). False waits for every write before going on.
@@ -307,7 +308,7 @@ class Projector:
         if self.dlq.sent:
             self.dlq.flush()  # step 5
         prepared = self.store.prepare_batch(partition, expected_offset=expected, new_offset=fresh[-1].offset(),
-                                            states=dirty)  # step 6
+                                            states=dirty, before=before)  # step 6
         self._settle()  # write-behind rule 1: the write before this one has ended
         if self.positions.views.get(partition) != view:
             return  # it was not applied: the partition re-seeks and this batch is folded again

@@ -2,7 +2,7 @@
 
 For each partition: the projector's applied offset ``a`` is read from Redis first, then the
 run states (a :class:`Snapshot` at or after ``a``: one pipelined round trip for every partition's
-offset, one MGET per partition); records ``a+1 … end-1`` of the runs of interest are folded onto
+offset, one pipeline of HGETALLs per partition); records ``a+1 … end-1`` of the runs of interest are folded onto
 them with the pure reducer, which skips what a state already holds (by position). So the snapshot
 may be read at any time before the fold — the recovery job reads the named runs' snapshots before
 it fences, to learn their owners, and folds from them in every round. ``end`` is the high watermark
