@@ -139,12 +139,14 @@ def replay_run(settings: Settings, run_id: str, agent_fn: Callable[[ReplayHandle
         ReplayDivergedError: the code called another tool, other arguments, or a step a finished
             recording does not have (:class:`ReplayEndReachedError` is caught: it ends the replay).
         ReplayedToolError: a recorded failure the code did not catch.
-        ResultUnavailableError: a recorded result stored by reference is gone from Redis.
+        ResultUnavailableError: a recorded result stored by reference cannot be read (an old ``sha256:`` one gone
+            from Redis, a ``kafka:`` one erased); ResultCorruptError: its records do not make the recorded result.
         Anything else ``agent_fn`` raises.
     """
     replayed = replay_state(settings, run_id, until_seq=until_seq)
     client = redis_client if redis_client is not None else redis_clients.client(settings)
-    handle = ReplayHandle(replayed, results=ResultStore(client, settings.topic_prefix), strict_args=strict_args)
+    handle = ReplayHandle(replayed, results=ResultStore(client, settings.topic_prefix, settings),
+                           strict_args=strict_args)
     stopped: str | None = None
     value: Any = None
     try:
