@@ -310,6 +310,17 @@ class TxnPublisher:
                     self._arrivals -= 1
                 self._joined.notify_all()
 
+    def await_delivery(self, keys: list[str], timeout_s: float = 30.0) -> bool:
+        """Wait until every record ``keys`` produced by :meth:`publish_all` has its delivery report (the broker
+        holds it, in the open transaction); False when some has none within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while any(self._watched.get(k, -1) < 0 for k in keys):
+            if time.monotonic() >= deadline:
+                return False
+            with self._lock:
+                self._serve(0.05)
+        return True
+
     def offsets_of(self, keys: list[str], timeout_s: float = 10.0) -> list[int]:
         """The delivery offsets of the records ``keys`` produced by :meth:`publish_all`, once their transaction is
         committed (:meth:`commit_through` returned): served from the delivery reports, waiting for any not yet
@@ -761,6 +772,8 @@ class TxnPublisher:
         self._items = []
         for item in items:  # counted first, so even a failing begin_transaction cannot loop forever
             item.resends += 1
+            if item.key in self._watched:
+                self._watched[item.key] = -1  # the aborted attempt's offset is not where the record will be
         try:
             self._ensure_txn()
             for item in items:

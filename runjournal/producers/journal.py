@@ -743,6 +743,7 @@ class Journal:
                  for i, piece in enumerate(split_chunks(data, self.settings.payload_chunk_bytes))]
         del data
         gen = self._txn.publish_all(items)
+        self._txn.await_delivery([i.key for i in items])  # in the broker's log, in the open transaction
         failpoints.hit("producers.result.before_payload_commit")  # records produced, their commit not acknowledged
         self._txn.commit_through(gen)
         offsets = self._txn.offsets_of([i.key for i in items])
