@@ -10,7 +10,8 @@ from typing import Any
 __all__ = ["PAIRS", "Row", "Summary", "goal_met", "paired_ratios", "percentile", "summarise"]
 
 #: The bench's pairs, in the order they run (every one on the stack: pair 9's ``inspect RUN_ID`` reads a real run).
-PAIRS = ("publish", "boundary", "projection", "recovery", "memory", "footprint", "console", "aio", "startup")
+PAIRS = ("publish", "boundary", "projection", "recovery", "memory", "footprint", "console", "aio", "startup",
+         "payloads")
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -33,6 +33,7 @@ def _sizes(quick: bool, rounds: int | None) -> dict[str, Any]:
         "console_requests": 10 if quick else 20,
         "aio_rounds": min(r, 2 if quick else 3),
         "startup_runs": 10 if quick else 30,  # one process start per side a round: cheap, and noisy here
+        "payloads_rounds": 2 if quick else 3,  # 100 MB per side per round
     }
 
 
@@ -43,6 +44,10 @@ def _run_pair(name: str, env: BenchEnv, shared: dict[str, Any], sizes: dict[str,
         from bench.startup import run_startup
 
         return run_startup(env, sizes["startup_runs"])
+    if name == "payloads":
+        from bench.payloads import PayloadsConfig, run_payloads
+
+        return run_payloads(env, PayloadsConfig(rounds=sizes["payloads_rounds"]))
     if name == "publish":
         from bench.publish import PublishConfig, run_publish
 
