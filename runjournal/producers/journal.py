@@ -742,11 +742,16 @@ class Journal:
         items = [Item(run_id, payload_key(run_id, payload_id, i), piece, partition, None, True, None, topic=topic)
                  for i, piece in enumerate(split_chunks(data, self.settings.payload_chunk_bytes))]
         del data
+        keys = [i.key for i in items]
         gen = self._txn.publish_all(items)
-        self._txn.await_delivery([i.key for i in items])  # in the broker's log, in the open transaction
-        failpoints.hit("producers.result.before_payload_commit")  # records produced, their commit not acknowledged
-        self._txn.commit_through(gen)
-        offsets = self._txn.offsets_of([i.key for i in items])
+        try:
+            self._txn.await_delivery(keys)  # in the broker's log, in the open transaction
+            failpoints.hit("producers.result.before_payload_commit")  # records produced, their commit not acknowledged
+            self._txn.commit_through(gen)
+        except BaseException:
+            self._txn.offsets_of(keys, timeout_s=0)  # forget them
+            raise
+        offsets = self._txn.offsets_of(keys)
         if min(offsets) < 0 or offsets != sorted(offsets):
             raise DeliveryError(f"run {run_id}: the payload's records committed without usable delivery offsets "
                                 f"({offsets[:3]}…); the result is written again under a new id on a retry")
