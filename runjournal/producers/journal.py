@@ -68,7 +68,7 @@ from runjournal.core import failpoints, kafka
 from runjournal.core.ids import AGENT, PRODUCER_ID, RUN_ID, TENANT_ID, USER_ID
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
-from runjournal.producers._digest import canonical_value, digest
+from runjournal.producers._digest import canonical_value
 from runjournal.producers._lease import InstanceLease
 from runjournal.producers._port import OutcomeCommit
 from runjournal.producers._txn import Item, TxnPublisher
@@ -88,7 +88,7 @@ from runjournal.producers.fencing import default_producer_id, transactional_id
 from runjournal.producers.handle import RunHandle
 from runjournal.producers.metrics import NO_METRICS, JournalMetrics
 from runjournal.producers.plan import PlanStore
-from runjournal.producers.results import PayloadRef, ResultStore, payload_key, split_chunks
+from runjournal.producers.results import PayloadRef, ResultStore, digest_bytes, payload_key, split_chunks
 from runjournal.producers.tracing import check_traceparent
 from runjournal.schemas import Event, EventType
 from runjournal.schemas.keys import partition_for
@@ -722,7 +722,8 @@ class Journal:
         ``runjournal.producers.results.payload_key`` under a fresh payload id, produced in order into the open
         transaction on the run's partition, and committed (the transaction commits whatever else it holds, as a
         durable publish does); the reference names the committed records' offsets from their delivery reports and
-        the text's sha256 (``runjournal.producers.results``). The text is then cached in Redis (best effort). The
+        the text's sha256 (``runjournal.producers.results``). Redis is not written (it caches results read back:
+        a write-time copy of every large result would double its I/O and hold it in Redis's memory). The
         event that carries the reference is published after this returns, in a later transaction (decision 0052).
 
         Raises:
@@ -732,6 +733,7 @@ class Journal:
         if self._closed:
             raise JournalError("the journal is closed")
         data = text.encode("utf-8")
+        sha = digest_bytes(data)
         if len(data) > self.max_result_bytes:
             raise ValueError(f"a {len(data)}-byte result is over max_result_bytes ({self.max_result_bytes})")
         payload_id = PayloadRef.new_id()
@@ -755,8 +757,7 @@ class Journal:
         if min(offsets) < 0 or offsets != sorted(offsets):
             raise DeliveryError(f"run {run_id}: the payload's records committed without usable delivery offsets "
                                 f"({offsets[:3]}…); the result is written again under a new id on a retry")
-        self.results.cache(text)
-        return str(PayloadRef(partition, offsets[0], offsets[-1], len(items), payload_id, digest(text)))
+        return str(PayloadRef(partition, offsets[0], offsets[-1], len(items), payload_id, sha))
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Commit the open transaction now (non-durable events become visible). ``timeout_s`` is unused:

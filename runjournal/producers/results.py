@@ -23,13 +23,16 @@ not carry offsets known only once that transaction commits (decision 0052). A cr
 the event's leaves records nothing references (harmless: never read; ``runjournal erase`` removes them with the run);
 a crash before their commit leaves an aborted transaction, never read.
 
-**Redis is a cache.** After a write and after a read from Kafka the text is put under ``rj:P:result:<sha256 hex>``
-(no TTL; a failure to cache is only logged); a read tries Redis first. References of the older form
-``sha256:<hex>`` (written before the payloads topic, Redis only) are still read from Redis: a Redis wipe loses those.
+**Redis is a cache.** After a read from Kafka the text is put under ``rj:P:result:<sha256 hex>`` (no TTL; a failure
+to cache — e.g. the operator's read-only Redis role during a replay — is only logged); a read tries Redis first and
+checks a cached text against the digest. A write does not cache (resumes and replays are rare, writes are not).
+References of the older form ``sha256:<hex>`` (written before the payloads topic, Redis only) are still read from
+Redis: a Redis wipe loses those.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 import time
@@ -71,6 +74,11 @@ def of_run(key: bytes | None, run_id: str) -> bool:
         return False
     pid, sep, index = key[len(head):].partition(SEP.encode())
     return bool(sep) and len(pid) == 32 and index.isdigit()
+
+
+def digest_bytes(data: bytes) -> str:
+    """sha256 hex of ``data`` (the UTF-8 text: the same as ``runjournal.producers._digest.digest`` of the text)."""
+    return hashlib.sha256(data).hexdigest()
 
 
 def split_chunks(data: bytes, chunk_bytes: int) -> list[bytes]:
@@ -250,12 +258,9 @@ class ResultStore:
         if extra:
             raise ResultCorruptError(f"result {where}: records with chunk index {extra[0]} beyond its {where.chunks}")
         data = b"".join(parts[i] or b"" for i in range(where.chunks))
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ResultCorruptError(f"result {where}: its records are not UTF-8 ({exc})") from exc
-        got = digest(text)
-        if got != where.digest:
-            raise ResultCorruptError(f"result {where}: its {where.chunks} record(s) reassemble to digest {got}, "
-                                     f"not the recorded {where.digest}")
-        return text
+        parts.clear()
+        got = digest_bytes(data)
+        if got == where.digest:
+            return data.decode("utf-8")
+        raise ResultCorruptError(f"result {where}: its {where.chunks} record(s) reassemble to digest {got}, "
+                                 f"not the recorded {where.digest}")
