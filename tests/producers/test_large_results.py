@@ -280,3 +280,18 @@ def test_payload_settings_are_validated() -> None:
     defaults = Settings.load()
     assert defaults.payload_chunk_bytes == 512 * 1024 and defaults.max_result_bytes == 256 * 1024 * 1024
     assert defaults.payloads_topic in defaults.all_topics
+
+
+def test_replay_reads_a_large_result_from_the_payloads_topic_after_a_redis_wipe(journal: Journal,
+                                                                                  topics: Settings) -> None:
+    from runjournal.consumers.ops.replay import replay_run
+
+    tool = Blob()
+    run = journal.start_run("t", "fetcher", {})
+    live = agent(run, tool, [20_000])
+    run.succeed()
+    journal.flush()
+    redis_client.client(topics).flushdb()
+    replayed = replay_run(topics, run.run_id, lambda handle: agent(handle, tool, [20_000]))
+    assert [c.result for c in replayed.calls] == live and replayed.stopped is None
+    assert tool.runs == [20_000]  # replay never calls a tool

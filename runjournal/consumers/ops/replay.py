@@ -124,7 +124,8 @@ def replay_run(settings: Settings, run_id: str, agent_fn: Callable[[ReplayHandle
     """Re-execute ``agent_fn`` against the recording of ``run_id`` (no tool runs, nothing is published).
 
     Args:
-        settings: bootstrap servers, topic prefix, Redis URL (results stored by reference are read there).
+        settings: bootstrap servers, topic prefix, Redis URL (a cache of results stored by reference, which are
+            read from ``{prefix}.payloads``).
         run_id: the recorded run.
         agent_fn: the agent's code; called once with a :class:`ReplayHandle` where it expects a ``RunHandle``.
         until_seq: replay point (see :func:`replay_state`); the code stops at the first step past it.
