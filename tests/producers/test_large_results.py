@@ -295,3 +295,45 @@ def test_replay_reads_a_large_result_from_the_payloads_topic_after_a_redis_wipe(
     replayed = replay_run(topics, run.run_id, lambda handle: agent(handle, tool, [20_000]))
     assert [c.result for c in replayed.calls] == live and replayed.stopped is None
     assert tool.runs == [20_000]  # replay never calls a tool
+
+
+def test_the_asyncio_api_writes_and_reads_back_a_large_result(topics: Settings) -> None:
+    """``AsyncRunHandle.call`` records a large result on the payloads topic; a resumed async run (Redis cache wiped)
+    gets it back from there without running the tool."""
+    import asyncio
+
+    from runjournal.producers.aio import AsyncJournal
+
+    ran: list[str] = []
+
+    class AsyncBlob:
+        name, side_effect, timeout_ms = "fetch_blob", True, 1000
+
+        async def __call__(self, args: dict[str, Any], key: str) -> Any:
+            ran.append(key)
+            return {"blob": blob(30_000)}
+
+    async def scenario() -> tuple[Any, Any]:
+        journal = await AsyncJournal.open(topics, producer_id=f"aio-{uuid.uuid4().hex[:6]}", inline_result_bytes=1024)
+        try:
+            run = await journal.start_run("t", "fetcher", {})
+            first = await run.call(AsyncBlob(), {})
+        finally:
+            await journal.close()
+        for key in result_keys(topics):
+            redis_client.client(topics).delete(key)
+        job = RecoveryJob(topics)
+        journal = await AsyncJournal.open(topics, producer_id=f"aio-{uuid.uuid4().hex[:6]}")
+        try:
+            job.recover(stale=True)
+            job.close()
+            assert journal.sync.claim_assignment(timeout_s=10) == run.run_id
+            resumed = await journal.resume(run.run_id)
+            again = await resumed.call(AsyncBlob(), {})
+            await resumed.succeed()
+        finally:
+            await journal.close()
+        return first, again
+
+    first, again = asyncio.run(scenario())
+    assert first == again == {"blob": blob(30_000)} and len(ran) == 1
