@@ -1,4 +1,4 @@
-"""Pair 10 — large results: a 100 MB tool result journaled and read back, against a raw produce + consume.
+"""Pair 12 — large results: a 100 MB tool result journaled and read back, against a raw produce + consume.
 
 Ours, per round: one ``run.call`` of a tool returning a 100 MB string (``{"blob": "…"}``): canonical JSON, digest,
 cut into ``payload_chunk_bytes`` records (512 KiB), produced into the agent's transaction on ``{prefix}.payloads``,
@@ -26,7 +26,7 @@ from runjournal.core import kafka
 
 __all__ = ["PayloadsConfig", "run_payloads"]
 
-PAIR = "10 payloads"
+PAIR = "12 payloads"
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class PayloadsConfig:
 
 
 def run_payloads(env: BenchEnv, config: PayloadsConfig) -> list[Row]:
-    """Run pair 10 (see the module docstring); returns its rows."""
+    """Run pair 12 (see the module docstring); returns its rows."""
     from confluent_kafka import TopicPartition
 
     from runjournal.producers import Journal
