@@ -38,6 +38,7 @@ def _sizes(quick: bool, rounds: int | None) -> dict[str, Any]:
         "long_rounds": min(r, 2 if quick else 3),
         "event_cost_events": 10_000 if quick else 50_000,
         "event_cost_rounds": 1 if quick else 2,
+        "payloads_rounds": 2 if quick else 3,  # 100 MB per side per round
     }
 
 
@@ -48,6 +49,10 @@ def _run_pair(name: str, env: BenchEnv, shared: dict[str, Any], sizes: dict[str,
         from bench.startup import run_startup
 
         return run_startup(env, sizes["startup_runs"])
+    if name == "payloads":
+        from bench.payloads import PayloadsConfig, run_payloads
+
+        return run_payloads(env, PayloadsConfig(rounds=sizes["payloads_rounds"]))
     if name == "publish":
         from bench.publish import PublishConfig, run_publish
 

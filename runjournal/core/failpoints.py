@@ -20,6 +20,8 @@ REGISTRY: dict[str, str] = {
                                   "not yet sent (read-only calls never pass here)",
     "producers.call.after_tool": "the tool returned, its outcome not yet published",
     "producers.call.after_outcome": "the outcome published (acknowledged, or riding the next commit in group mode)",
+    "producers.result.before_payload_commit": "a large result's records produced on the payloads topic, their "
+                                              "transaction not committed (its TOOL_CALL_COMMITTED not produced)",
     "producers.txn.after_outcome_commit": "a commit that acknowledged a deferred (group-mode) outcome returned",
     "producers.surrender.after_flush": "a surrendering instance committed its open transaction; the run not yet "
                                        "moved from its owned set to its surrendered hash",

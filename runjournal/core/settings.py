@@ -153,6 +153,16 @@ class Settings(BaseSettings):
     """Hard limit of a run's events: past it the agent's ``RunHandle`` refuses to start new work (a node, a tool
     call's intent, a message, an approval request) with ``RunTooLongError`` before anything is published;
     outcomes, node ends and the run's end still go through, so no effect is left unrecorded. 0: no limit."""
+    payload_chunk_bytes: int = Field(default=512 * 1024, ge=1024, le=16 * 1024 * 1024)
+    """Largest record of a large tool result on ``{prefix}.payloads`` (bytes, 1 KiB … 16 MiB; default 512 KiB): a
+    result over ``Journal(inline_result_bytes=…)`` is cut into records this size, which must stay below the
+    broker's ``message.max.bytes`` / the topic's ``max.message.bytes`` and the producer's ``message.max.bytes``
+    (1 MB by default) with room for the key (``runjournal.producers.results``)."""
+    max_result_bytes: int = Field(default=256 * 1024 * 1024, ge=1024, le=2**31 - 1)
+    """Largest tool result (UTF-8 canonical JSON, bytes) the journal records (default 256 MiB): a larger result
+    raises ``ResultTooLargeError`` before any of it is produced (the call is recorded as committed without a
+    result, docs/design/protocol.md § Results); call arguments over it raise ``ArgumentsTooLargeError`` before the
+    intent."""
     memory_nice: int = Field(default=19, ge=0, le=19)
     """CPU niceness ``runjournal memory-extractor`` gives its process after its preflight (0 … 19, 19 = lowest priority;
     0 leaves it as started): memory may lag, the projector, recovery and agents on the same host must not
@@ -253,12 +263,18 @@ class Settings(BaseSettings):
         return f"{self.topic_prefix}.checkpoints"
 
     @property
+    def payloads_topic(self) -> str:
+        """``{prefix}.payloads``: large tool results cut into records (``runjournal.producers.results``), compacted,
+        written in the journal's transactions on the run's partition; as many partitions as the events topic."""
+        return f"{self.topic_prefix}.payloads"
+
+    @property
     def all_topics(self) -> tuple[str, ...]:
         """Every topic runjournal keeps under this prefix: events, its DLQ, the memory DLQ, the schemas topic and
-        the adapters' checkpoints topic. The one list that creation, ``topics describe`` and cleanup (demo,
-        bench, tests) share."""
+        the adapters' checkpoints topic and the large results' payloads topic. The one list that creation,
+        ``topics describe`` and cleanup (demo, bench, tests) share."""
         return (self.events_topic, self.events_dlq_topic, self.memory_dlq_topic, self.schemas_topic,
-                self.checkpoints_topic)
+                self.checkpoints_topic, self.payloads_topic)
 
     @property
     def effective_qdrant_path(self) -> Path:

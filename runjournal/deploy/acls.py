@@ -6,15 +6,18 @@ create exactly these bindings with Kafka's AdminClient, for any cluster with the
 what they do:
 
 * ``agent`` — the Journal an agent embeds: transactional produce of every event to ``{prefix}.events``
-  under ``transactional.id`` ``{prefix}.{producer_id}``. It reads nothing from Kafka. A DENY keeps it
+  under ``transactional.id`` ``{prefix}.{producer_id}``, and of large tool results to ``{prefix}.payloads``,
+  which it reads back (by offset, group-less) when a resumed run re-enters a recorded call; it reads no other
+  topic. A DENY keeps it
   from using the recovery job's transactional id (it could otherwise fence the recovery job).
 * ``projector`` — consumer group ``{prefix}.projector`` on the events topic; writes quarantined records
   to ``{prefix}.events.dlq``.
 * ``recovery`` — fences dead instances (``init_transactions`` with *their* transactional ids, so every
-  id under ``{prefix}.``), reads partition tails, publishes RUN_RESUMED under ``{prefix}.recovery``.
+  id under ``{prefix}.``), reads partition tails, publishes RUN_RESUMED under ``{prefix}.recovery``; reads large
+  results on ``{prefix}.payloads``.
 * ``memory`` — consumer group ``{prefix}.memory``; writes failures to ``{prefix}.memory.dlq``.
-* ``operator`` — ``topics create/describe``, ``inspect``, ``replay``, ``erase`` (tombstones on the events and
-  checkpoints topics), reading the DLQs. Not ACL administration: that stays with the cluster's
+* ``operator`` — ``topics create/describe``, ``inspect``, ``replay``, ``erase`` (tombstones on the events,
+  checkpoints and payloads topics), reading the DLQs. Not ACL administration: that stays with the cluster's
   administrator.
 
 Every role that encodes events (agent, recovery, operator tools) writes its writer schema to
@@ -59,6 +62,7 @@ class Grant:
 
 
 _EVENTS, _DLQ, _MDLQ, _SCHEMAS = "{prefix}.events", "{prefix}.events.dlq", "{prefix}.memory.dlq", "{prefix}.schemas"
+_PAYLOADS = "{prefix}.payloads"
 # Every writer publishes its writer schema to {prefix}.schemas before its first event; every reader looks
 # writer schemas up there (runjournal.schemas.catalog). The operator creates the topic (topics create).
 _SCHEMAS_WRITE = Grant("topic", _SCHEMAS, "literal", ("WRITE", "DESCRIBE", "READ"),
@@ -72,6 +76,8 @@ ROLES: dict[str, tuple[Grant, ...]] = {
         _SCHEMAS_WRITE,
         Grant("topic", "{prefix}.checkpoints", "literal", ("WRITE", "DESCRIBE"),
               "framework adapters' records (LangGraph checkpoints, Agents SDK sessions) in the same transaction"),
+        Grant("topic", _PAYLOADS, "literal", ("WRITE", "READ", "DESCRIBE"),
+              "large tool results (transactional produce), read back when a resumed run re-enters a call"),
         Grant("transactional_id", "{prefix}.", "prefixed", ("WRITE", "DESCRIBE"),
               "its transactional.id {prefix}.{producer_id}: init_transactions, commit"),
         Grant("transactional_id", "{prefix}.recovery", "literal", ("WRITE", "DESCRIBE"),
@@ -87,6 +93,7 @@ ROLES: dict[str, tuple[Grant, ...]] = {
         Grant("topic", _EVENTS, "literal", ("READ", "WRITE", "DESCRIBE"),
               "read partition tails to the high watermark; publish RUN_RESUMED"),
         _SCHEMAS_WRITE,
+        Grant("topic", _PAYLOADS, "literal", ("READ", "DESCRIBE"), "read large tool results (continue, fork)"),
         Grant("transactional_id", "{prefix}.", "prefixed", ("WRITE", "DESCRIBE"),
               "fence a dead instance (init_transactions with its id); its own {prefix}.recovery"),
     ),
@@ -102,6 +109,7 @@ ROLES: dict[str, tuple[Grant, ...]] = {
         Grant("topic", _EVENTS, "literal", ("WRITE",), "erase: tombstones"),
         Grant("topic", "{prefix}.checkpoints", "literal", ("WRITE",),
               "erase: tombstones of the run's framework records (LangGraph checkpoints, Agents SDK sessions)"),
+        Grant("topic", _PAYLOADS, "literal", ("WRITE",), "erase: tombstones of the run's large results' records"),
         Grant("topic", _SCHEMAS, "literal", ("WRITE",), "tools that encode events (e.g. the demo's seeding)"),
     ),
 }

@@ -55,6 +55,7 @@ EVENTS_TOPIC_CONFIG: dict[str, str] = {
 }
 DLQ_TOPIC_CONFIG: dict[str, str] = {"cleanup.policy": "delete", "retention.ms": "-1"}
 CHECKPOINTS_TOPIC_CONFIG: dict[str, str] = {"cleanup.policy": "compact"}  # runjournal.adapters: latest per key
+PAYLOADS_TOPIC_CONFIG: dict[str, str] = {"cleanup.policy": "compact"}  # large results: one key per record, forever
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,8 @@ def create_topics(settings: Settings, partitions: int | None = None, *, timeout_
         settings.schemas_topic: (1, {**SCHEMAS_TOPIC_CONFIG, **isr}),
         # the framework adapters' records (runjournal.adapters): compacted, keyed like the events
         settings.checkpoints_topic: (count, {**CHECKPOINTS_TOPIC_CONFIG, **isr}),
+        # large tool results (runjournal.producers.results): compacted, on the run's partition like its events
+        settings.payloads_topic: (count, {**PAYLOADS_TOPIC_CONFIG, **isr}),
     }
     missing = [NewTopic(name, num_partitions=n, replication_factor=rf, config=cfg)
                for name, (n, cfg) in wanted.items() if name not in meta.topics]

@@ -32,7 +32,9 @@ class JournalPort(Protocol):
     inline_result_bytes: int
     """Results up to this many bytes (UTF-8 JSON) ride inline in TOOL_CALL_COMMITTED; larger go by reference."""
     results: ResultStore
-    """Where results larger than ``inline_result_bytes`` are stored (Redis), by digest reference."""
+    """Reads results stored by reference (Redis cache first, then ``{prefix}.payloads``)."""
+    max_result_bytes: int
+    """Largest result (and call arguments) recorded, bytes (``Settings.max_result_bytes``)."""
     outcome_retries: int
     """Bounded retries of the event stating a tool's outcome before ``OutcomeNotDurableError``."""
     outcome_commit: OutcomeCommit
@@ -62,6 +64,11 @@ class JournalPort(Protocol):
                 smaller: Callable[[], Event | None] | None = None) -> None:
         """Publish one event of the run; with ``durable`` return only after the broker acknowledged it; with
         ``deferred`` (not durable) it is a tool's outcome the next commit acknowledges."""
+        ...
+
+    def publish_payload(self, run_id: str, text: str) -> str:
+        """Write a result larger than ``inline_result_bytes`` to ``{prefix}.payloads`` (committed) and return its
+        ``kafka:`` reference (``runjournal.producers.results``)."""
         ...
 
     def run_lock(self, run_id: str) -> threading.RLock:

@@ -162,6 +162,9 @@ class TxnPublisher:
         self._fatal_cause: KafkaError | None = None
         """The fatal error librdkafka reported through ``error_cb`` (e.g. ``_FENCED``); later calls raise ``_FATAL``."""
         self._offsets: dict[str, int] = {}
+        self._watched: dict[str, int] = {}
+        """Keys of records whose delivery offsets a caller asked for (:meth:`publish_all`) → offset (-1: none yet);
+        a re-run transaction's reports overwrite the aborted attempt's."""
         self._on_acked = on_acked
         self._txn_open = False
         self._txn_opened_at = 0.0
@@ -281,6 +284,52 @@ class TxnPublisher:
                 with self._arrivals_lock:
                     self._arrivals -= 1
                 self._joined.notify_all()
+
+    def publish_all(self, items: list[Item]) -> int:
+        """Produce ``items`` in order into the open transaction under one hold of the lock — all in one
+        transaction — and keep their delivery offsets for :meth:`offsets_of`; returns the generation (for
+        :meth:`commit_through`). Raises as :meth:`publish` (items produced before a failing one stay in the
+        transaction: records of another topic that nothing references)."""
+        self._settle()
+        with self._arrivals_lock:
+            self._arrivals += 1
+        with self._lock:
+            try:
+                for item in items:
+                    self._watched[item.key] = -1
+                gen = self._gen
+                for item in items:
+                    gen = self._produce_item(item)
+                return gen
+            except BaseException:
+                for item in items:
+                    self._watched.pop(item.key, None)
+                raise
+            finally:
+                with self._arrivals_lock:
+                    self._arrivals -= 1
+                self._joined.notify_all()
+
+    def await_delivery(self, keys: list[str], timeout_s: float = 30.0) -> bool:
+        """Wait until every record ``keys`` produced by :meth:`publish_all` has its delivery report (the broker
+        holds it, in the open transaction); False when some has none within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while any(self._watched.get(k, -1) < 0 for k in keys):
+            if time.monotonic() >= deadline:
+                return False
+            with self._lock:
+                self._serve(0.05)
+        return True
+
+    def offsets_of(self, keys: list[str], timeout_s: float = 10.0) -> list[int]:
+        """The delivery offsets of the records ``keys`` produced by :meth:`publish_all`, once their transaction is
+        committed (:meth:`commit_through` returned): served from the delivery reports, waiting for any not yet
+        served at most ``timeout_s``. -1 for a key with no report by then. Forgets the keys."""
+        deadline = time.monotonic() + timeout_s
+        while any(self._watched.get(k, -1) < 0 for k in keys) and time.monotonic() < deadline:
+            with self._lock:
+                self._serve(0.05)
+        return [self._watched.pop(k, -1) for k in keys]
 
     def _produce_item(self, item: Item) -> int:
         if self._closed or self._fenced_for_good or self._producer is None:  # checked under the lock
@@ -577,8 +626,12 @@ class TxnPublisher:
             self._delivery_errors[key] = err
             log.warning("delivery failed %s[%s] key=%s: %s", msg.topic(), msg.partition(), key, err)
             return
-        if self._on_acked is not None:
-            self._offsets[msg.key().decode("utf-8", "replace")] = msg.offset()
+        if self._on_acked is not None or self._watched:
+            key = msg.key().decode("utf-8", "replace")
+            if self._on_acked is not None:
+                self._offsets[key] = msg.offset()
+            if key in self._watched:
+                self._watched[key] = msg.offset()
         if log.isEnabledFor(logging.DEBUG):
             log.debug("delivered %s[%s]@%s", msg.topic(), msg.partition(), msg.offset())
 
@@ -719,6 +772,8 @@ class TxnPublisher:
         self._items = []
         for item in items:  # counted first, so even a failing begin_transaction cannot loop forever
             item.resends += 1
+            if item.key in self._watched:
+                self._watched[item.key] = -1  # the aborted attempt's offset is not where the record will be
         try:
             self._ensure_txn()
             for item in items:

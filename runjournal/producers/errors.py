@@ -27,8 +27,11 @@ Hierarchy::
         ├── OutcomeUnknownError           an intended side effect has no recorded outcome
         │   └── ApprovalDeniedError       a human denied re-running an unknown-outcome call
         ├── OutcomeNotDurableError        a tool ran; its outcome is not durable yet (call again: no re-run)
+        ├── ArgumentsTooLargeError        call arguments over ``max_result_bytes`` (nothing published)
         └── ResultUnavailableError        a recorded result reference cannot be read back
+            ├── ResultCorruptError        a large result's records do not reassemble to its digest
             └── UnrecordableResultError   a tool's result cannot be recorded faithfully (outcome is durable)
+                └── ResultTooLargeError   the result is over ``max_result_bytes`` (outcome is durable)
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from runjournal.core.errors import RunjournalError
 
 __all__ = [
     "ApprovalDeniedError",
+    "ArgumentsTooLargeError",
     "DeliveryError",
     "FatalProducerError",
     "JournalError",
@@ -51,6 +55,8 @@ __all__ = [
     "RunSurrenderedError",
     "QueueFullError",
     "RecordedFailureError",
+    "ResultCorruptError",
+    "ResultTooLargeError",
     "ResultUnavailableError",
     "RunCancelledError",
     "RunClosedError",
@@ -358,7 +364,15 @@ class ApprovalDeniedError(OutcomeUnknownError):
 
 
 class ResultUnavailableError(JournalError):
-    """A recorded result is stored by reference (``result_ref``) and cannot be read back from Redis."""
+    """A recorded result is stored by reference (``result_ref``) and cannot be read back: an old ``sha256:`` reference
+    whose Redis key is gone, or a ``kafka:`` reference whose records on ``{prefix}.payloads`` are missing (erased,
+    or the topic was deleted) — ``runjournal.producers.results``."""
+
+
+class ResultCorruptError(ResultUnavailableError):
+    """The records a ``kafka:`` result reference names were read but do not make the recorded result: a record
+    with another key where a chunk should be, or chunks whose reassembled text does not have the recorded sha256
+    digest. Nothing is returned (a wrong result is never handed out as the recorded one)."""
 
 
 class UnrecordableResultError(ResultUnavailableError):
@@ -379,6 +393,24 @@ class UnrecordableResultError(ResultUnavailableError):
         self.tool = tool
         self.reason = reason
         super().__init__(message)
+
+
+class ResultTooLargeError(UnrecordableResultError):
+    """A tool's result is larger than ``Settings.max_result_bytes`` (``RUNJOURNAL_MAX_RESULT_BYTES``): none of it was
+    produced; the call is recorded as TOOL_CALL_COMMITTED without a result (the effect happened and is never run
+    again) and this is raised — live, and as ``UnrecordableResultError`` on resume. Attributes as
+    :class:`UnrecordableResultError` plus ``size`` and ``limit`` (bytes)."""
+
+    def __init__(self, message: str, *, call_id: str, tool: str, reason: str, size: int, limit: int) -> None:
+        self.size = size
+        self.limit = limit
+        super().__init__(message, call_id=call_id, tool=tool, reason=reason)
+
+
+class ArgumentsTooLargeError(JournalError, ValueError):
+    """A call's arguments (canonical JSON) are larger than ``Settings.max_result_bytes``
+    (``RUNJOURNAL_MAX_RESULT_BYTES``): refused before its TOOL_CALL_INTENDED, nothing was published and the tool
+    did not run. A ``ValueError`` too."""
 
 
 class OutcomeNotDurableError(JournalError):

@@ -90,6 +90,7 @@ from runjournal.producers._unknown import outcome_unknown
 from runjournal.producers.control import WAIT, ControlRequest, ControlStore, current_stop, reset_stop
 from runjournal.producers.errors import (
     ApprovalDeniedError,
+    ArgumentsTooLargeError,
     DeliveryError,
     JournalError,
     LeaseLapsedError,
@@ -99,6 +100,7 @@ from runjournal.producers.errors import (
     ProducerFencedError,
     QueueFullError,
     RecordedFailureError,
+    ResultTooLargeError,
     ResultUnavailableError,
     RunCancelledError,
     RunClosedError,
@@ -192,6 +194,18 @@ def _by_reference(pending: PendingOutcome) -> Callable[[], Event | None] | None:
         made = make()
         return None if made is None else replace(event, payload=made[0])
     return smaller
+
+
+class _TooLarge(str):
+    """A ``_result_fields`` problem: the result is over ``max_result_bytes`` (raised as ``ResultTooLargeError``)."""
+
+    size: int
+    limit: int
+
+    def __new__(cls, text: str, size: int, limit: int) -> _TooLarge:
+        made = super().__new__(cls, text)
+        made.size, made.limit = size, limit
+        return made
 
 
 def approval_id(call_id: str, attempt: int) -> str:
@@ -574,6 +588,11 @@ class RunHandle:
         """:meth:`call` as a step machine (``runjournal.producers._steps``): the one implementation of the
         protocol; the sync ``call`` and ``AsyncRunHandle.call`` only perform the effects it yields."""
         args_json = canonical_value(args, "args")  # refused before the handle changes or publishes anything
+        if len(args_json) > self.journal.max_result_bytes // 4 and \
+                (size := len(args_json.encode("utf-8"))) > self.journal.max_result_bytes:
+            raise ArgumentsTooLargeError(
+                f"{tool.name}: its {size}-byte arguments are over max_result_bytes ({self.journal.max_result_bytes}, "
+                "RUNJOURNAL_MAX_RESULT_BYTES); nothing was published and the tool did not run")
         key_path = None if step is None else _step_path(step)
         self._check_writable()
         self._flush_pending()
@@ -966,7 +985,7 @@ class RunHandle:
             fields, problem = self._result_fields(text)
 
             def by_reference() -> tuple[dict[str, Any], PlannedCall] | None:
-                ref_fields, ref_problem = self._result_fields(text, inline=False)
+                ref_fields, ref_problem = self._result_fields(text, inline=False, durable=False)
                 if ref_problem is not None:
                     return None
                 entry = PlannedCall(status=CallVerdict.COMMITTED, result_ref=ref_fields["result_ref"], **base)
@@ -1041,24 +1060,51 @@ class RunHandle:
                         old.type, pending.entry.call_id)
 
     # -- results ---------------------------------------------------------------------------------------
-    def _result_fields(self, text: str, *, inline: bool = True) -> tuple[dict[str, Any], str | None]:
-        """``result_json`` inline (if ``inline`` and small), else ``result_ref`` (``runjournal.producers.results``);
-        always the digest. Returns ``(fields, problem)``: ``problem`` when Redis refused a large result."""
+    def _result_fields(self, text: str, *, inline: bool = True,
+                       durable: bool = True) -> tuple[dict[str, Any], str | None]:
+        """``result_json`` inline (if ``inline`` and small), else ``result_ref``: the result written to
+        ``{prefix}.payloads`` and committed (``Journal.publish_payload``, ``runjournal.producers.results``) — or, with
+        ``durable=False`` (the fallback for an inline event the broker refused for its size: such a broker would
+        refuse the payload records too), put in Redis only (``sha256:``). Always the digest. Returns
+        ``(fields, problem)``: ``problem`` when the result is over ``max_result_bytes`` (a :class:`_TooLarge`; nothing
+        of it was produced) or could not be stored. ProducerFencedError (and its subclasses) propagate."""
         fields: dict[str, Any] = {"result_json": None, "result_ref": None, "result_digest": digest(text)}
-        if inline and len(text.encode("utf-8")) <= self.journal.inline_result_bytes:
+        size = len(text.encode("utf-8"))
+        if inline and size <= self.journal.inline_result_bytes:
             fields["result_json"] = text
             return fields, None
-        try:
-            fields["result_ref"] = self.journal.results.put(text)
-        except Exception as exc:  # noqa: BLE001 - the effect happened: record it, then say why its result is not
-            return fields, f"Redis did not store the {len(text)}-character result ({type(exc).__name__}: {exc})"
-        return fields, None
+        limit = self.journal.max_result_bytes
+        if size > limit:
+            return fields, _TooLarge(f"its {size}-byte result is over max_result_bytes ({limit}, "
+                                     "RUNJOURNAL_MAX_RESULT_BYTES); none of it was written", size, limit)
+        attempts = self.journal.outcome_retries + 1 if durable else 1
+        problem: Exception | None = None
+        for attempt in range(attempts):  # a lost transaction: written again under a new payload id
+            if attempt:
+                time.sleep(min(_BACKOFF_S * 2 ** (attempt - 1), _MAX_BACKOFF_S))
+            try:
+                fields["result_ref"] = (self.journal.publish_payload(self.run_id, text) if durable
+                                        else self.journal.results.put(text))
+                return fields, None
+            except ProducerFencedError:
+                raise
+            except (DeliveryError, QueueFullError) as exc:
+                if attempt + 1 < attempts:
+                    continue
+                problem = exc
+            except Exception as exc:  # noqa: BLE001 - the effect happened: record it, then say why its result is not
+                problem = exc
+            break
+        where = "the payloads topic" if durable else "Redis"
+        return fields, f"{where} did not store the {size}-byte result ({type(problem).__name__}: {problem})"
 
     def _recorded_result(self, planned: PlannedCall) -> Any:
         """The recorded result of a committed call, read back exactly as the live caller received it.
 
         Raises:
-            ResultUnavailableError: the result is stored by reference and Redis no longer has it.
+            ResultUnavailableError: the result is stored by reference and can no longer be read (an old ``sha256:``
+                reference gone from Redis; a ``kafka:`` reference whose records were erased).
+            ResultCorruptError: the records read do not make the recorded result (digest or key mismatch).
             UnrecordableResultError: the call committed without a result (it could not be recorded).
         """
         if planned.result_json is not None:
@@ -1074,6 +1120,10 @@ class RunHandle:
 
     @staticmethod
     def _unrecordable(tool: str, call_id: str, problem: str) -> UnrecordableResultError:
+        if isinstance(problem, _TooLarge):
+            return ResultTooLargeError(
+                f"{tool} call {call_id} ran but {problem}; it is recorded as committed without a result and does not "
+                "run again", call_id=call_id, tool=tool, reason=str(problem), size=problem.size, limit=problem.limit)
         return UnrecordableResultError(
             f"{tool} call {call_id} ran but its result cannot be recorded faithfully ({problem}); it is recorded "
             "as committed without a result and does not run again", call_id=call_id, tool=tool, reason=problem)

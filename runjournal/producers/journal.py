@@ -90,7 +90,7 @@ from runjournal.producers.fencing import default_producer_id, transactional_id
 from runjournal.producers.handle import RunHandle
 from runjournal.producers.metrics import NO_METRICS, JournalMetrics
 from runjournal.producers.plan import PlanStore
-from runjournal.producers.results import ResultStore
+from runjournal.producers.results import PayloadRef, ResultStore, digest_bytes, payload_key, split_chunks
 from runjournal.producers.tracing import check_traceparent
 from runjournal.schemas import Event, EventType
 from runjournal.schemas.keys import partition_for
@@ -129,7 +129,8 @@ class Journal:
         metadata_check_interval_s: seconds between partition-count checks (default 30).
         commit_timeout_s: timeout of each commit/abort/init call, seconds (default 30).
         inline_result_bytes: results (and args) up to this many bytes of canonical JSON go inline in
-            events; larger results go to Redis by reference (default 8192; see ``runjournal.producers.results``).
+            events; larger results go by reference to ``{prefix}.payloads`` (default 8192; see
+            ``runjournal.producers.results``).
         queue_full_retries: bounded retries of a full local queue before ``QueueFullError`` (default 20).
         outcome_retries: bounded retries (50 ms doubling backoff) of the event stating a tool's outcome
             before ``OutcomeNotDurableError`` (default 5; the handle keeps the event and sends it first later).
@@ -257,7 +258,9 @@ class Journal:
             self.plans = PlanStore(redis_client, prefix)
             self._redis = redis_client
             self._prefix = prefix
-            self.results = ResultStore(redis_client, prefix)
+            self.results = ResultStore(redis_client, prefix, settings)
+            self.max_result_bytes = settings.max_result_bytes
+            """Largest result (and call arguments) recorded, bytes (``Settings.max_result_bytes``)."""
             self._max_txn_age_s = max_txn_age_ms / 1000
             self._metadata_interval_s = metadata_check_interval_s
             self._fence_count = 0
@@ -737,6 +740,50 @@ class Journal:
         gen = self._txn.publish(item)
         if durable:
             self._txn.commit_through(gen)
+
+    def publish_payload(self, run_id: str, text: str) -> str:
+        """Low-level: write a large result to ``{prefix}.payloads`` and return its reference (used by RunHandle).
+
+        The text (UTF-8) is cut into records of ``Settings.payload_chunk_bytes``, keyed
+        ``runjournal.producers.results.payload_key`` under a fresh payload id, produced in order into the open
+        transaction on the run's partition, and committed (the transaction commits whatever else it holds, as a
+        durable publish does); the reference names the committed records' offsets from their delivery reports and
+        the text's sha256 (``runjournal.producers.results``). Redis is not written (it caches results read back:
+        a write-time copy of every large result would double its I/O and hold it in Redis's memory). The
+        event that carries the reference is published after this returns, in a later transaction (decision 0052).
+
+        Raises:
+            ValueError: the text is over ``Settings.max_result_bytes`` (the handle checks first); nothing produced.
+            As :meth:`publish` (without the codec's errors); DeliveryError when a record's offset never came back.
+        """
+        if self._closed:
+            raise JournalError("the journal is closed")
+        data = text.encode("utf-8")
+        sha = digest_bytes(data)
+        if len(data) > self.max_result_bytes:
+            raise ValueError(f"a {len(data)}-byte result is over max_result_bytes ({self.max_result_bytes})")
+        payload_id = PayloadRef.new_id()
+        partition = self._partition_of.get(run_id)
+        if partition is None:
+            partition = self._memoise_partition(run_id)
+        topic = self.settings.payloads_topic
+        items = [Item(run_id, payload_key(run_id, payload_id, i), piece, partition, None, True, None, topic=topic)
+                 for i, piece in enumerate(split_chunks(data, self.settings.payload_chunk_bytes))]
+        del data
+        keys = [i.key for i in items]
+        gen = self._txn.publish_all(items)
+        try:
+            self._txn.await_delivery(keys)  # in the broker's log, in the open transaction
+            failpoints.hit("producers.result.before_payload_commit")  # records produced, their commit not acknowledged
+            self._txn.commit_through(gen)
+        except BaseException:
+            self._txn.offsets_of(keys, timeout_s=0)  # forget them
+            raise
+        offsets = self._txn.offsets_of(keys)
+        if min(offsets) < 0 or offsets != sorted(offsets):
+            raise DeliveryError(f"run {run_id}: the payload's records committed without usable delivery offsets "
+                                f"({offsets[:3]}…); the result is written again under a new id on a retry")
+        return str(PayloadRef(partition, offsets[0], offsets[-1], len(items), payload_id, sha))
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Commit the open transaction now (non-durable events become visible). ``timeout_s`` is unused:

@@ -232,10 +232,15 @@ def test_acls_show_lists_each_roles_grants_for_the_prefix(tmp_path: Path) -> Non
     assert agent == {("topic", "acme.events", "ALLOW"): {"WRITE", "DESCRIBE"},
                      ("topic", "acme.schemas", "ALLOW"): {"WRITE", "DESCRIBE", "READ"},
                      ("topic", "acme.checkpoints", "ALLOW"): {"WRITE", "DESCRIBE"},
+                     ("topic", "acme.payloads", "ALLOW"): {"WRITE", "READ", "DESCRIBE"},  # large results, read back
                      ("transactional_id", "acme.", "ALLOW"): {"WRITE", "DESCRIBE"},
                      ("transactional_id", "acme.recovery", "DENY"): {"WRITE", "DESCRIBE"}}
     operator = {(g["resource"], g["name"]): set(g["operations"]) for g in grants["operator"]}
     assert operator[("topic", "acme.events")] == operator[("topic", "acme.checkpoints")] == {"WRITE"}  # erase
+    assert operator[("topic", "acme.payloads")] == {"WRITE"}  # erase's tombstones; read through the prefixed READ
+    recovery = {(g["resource"], g["name"]): set(g["operations"]) for g in grants["recovery"]}
+    assert recovery[("topic", "acme.payloads")] == {"READ", "DESCRIBE"}
+    assert not any(g["name"] == "acme.payloads" for role in ("projector", "memory") for g in grants[role])
     assert not any("DELETE" in g["operations"] for gs in grants.values() for g in gs)
 
 

@@ -36,6 +36,7 @@ def test_topics_create_is_compacted_and_idempotent(settings: Settings) -> None:
         settings.memory_dlq_topic: "created",
         settings.schemas_topic: "created",
         settings.checkpoints_topic: "created",
+        settings.payloads_topic: "created",
     }
     again = create_topics(settings)
     assert {r.action for r in again} == {"exists"}

@@ -69,6 +69,13 @@ WRITERS: dict[str, Writer] = {
                                          "writes none",
                                      "the transaction aborts: neither the records nor the events land",
                                      covered_by="tests/adapters/test_langgraph_journal.py"),
+    "Journal.publish_payload": Writer(("producers.result.before_payload_commit",),
+                                      "each result's records under a fresh payload id, produced under one hold of "
+                                      "the publisher's lock (one transaction); a fenced instance writes none",
+                                      "before the commit: the transaction aborts, nothing references the records "
+                                      "and the call is OUTCOME_UNKNOWN; after it: records no event references "
+                                      "(never read; erase removes them)",
+                                      covered_by="tests/producers/test_large_results.py"),
     "Journal.flush": Writer((), "commits what every thread produced (group commit)", "the open transaction aborts",
                             covered_by="tests/producers/test_journal.py"),
     "Journal.close": Writer((), "as flush; unfinished runs stay owned, without a lease", "as flush",

@@ -172,7 +172,7 @@ def test_event_too_large_is_raised_before_anything_is_sent(topics: Settings) -> 
     assert [(e.seq, e.type) for e in events] == [(1, EventType.RUN_STARTED), (2, EventType.MESSAGE)]
 
 
-def test_large_result_goes_to_redis_by_reference(topics: Settings) -> None:
+def test_large_result_goes_to_the_payloads_topic_by_reference(topics: Settings) -> None:
     class Big:
         name, side_effect, timeout_ms = "big", True, 100
 
@@ -184,9 +184,8 @@ def test_large_result_goes_to_redis_by_reference(topics: Settings) -> None:
         run.call(Big(), {})
         committed = events_of(read_committed(topics), run.run_id)[-1]
         ref = committed.payload["result_ref"]
-        assert (
-            committed.payload["result_json"] is None and ref == "sha256:" + committed.payload["result_digest"]
-        )
+        assert committed.payload["result_json"] is None and ref.startswith("kafka:")
+        assert ref.endswith(":" + committed.payload["result_digest"])
         assert json.loads(journal.results.get(ref) or "null") == {"blob": "y" * 20_000}
 
 

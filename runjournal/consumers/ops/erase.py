@@ -5,7 +5,10 @@ Order (each step is idempotent, so running ``erase`` again finishes an interrupt
 1. Read the run's record keys from its partition (``read_committed``; a key whose latest record
    is already a tombstone is skipped) — of the events topic, and of ``{prefix}.checkpoints`` (the framework
    adapters' records of the run's thread, keyed ``<run_id><SEP><kind><SEP><field>``:
-   ``runjournal.core.checkpoint_records``; same partition number; a deployment without the topic has none).
+   ``runjournal.core.checkpoint_records``; same partition number; a deployment without the topic has none), and of
+   ``{prefix}.payloads`` (the run's large results, keyed ``<run_id><SEP>result<SEP><payload id><SEP><index>``:
+   ``runjournal.producers.results``; the whole partition is scanned, so chunks no event references — a crash
+   between their commit and the event's — go too).
 2. Refuse a run that is not finished while its owner holds a live lease (it would write on), unless
    forced — judged from the projected state (a run the projector has not seen yet is not refused).
 3. Produce one tombstone (``value=None``) per key to the run's partition of each topic through a plain
@@ -18,8 +21,10 @@ Order (each step is idempotent, so running ``erase`` again finishes an interrupt
    entries), its framework checkpoint projection (``rj:{P:t:<run_id>}:lg:<kind>`` and its entry in
    ``rj:P:lg:threads``), and its entries in instances' owned sets, assignment lists, surrendered hashes (found by
    SCAN on every primary of a Redis Cluster) and the parked set. One command per key: the keys live in several slots.
-   Results (``rj:P:result:<sha256>``) are content-addressed and may be shared: left alone; so is the
-   run-id claim (a run id is used once).
+   Cached results (``rj:P:result:<sha256>``) are content-addressed and may be shared: left alone; so is the
+   run-id claim (a run id is used once). A fork (``runjournal fork``) references its parent's large results'
+   records rather than copying them: erasing the parent makes them unreadable to the fork as well, once Redis no
+   longer caches them (decision 0052).
 5. Ask the memory store to delete every point whose provenance is the run (``delete_by_run``). A
    local Qdrant directory held by a running extractor is reported, not an error: the extractor
    erases the items itself when it reads the tombstones.
@@ -48,6 +53,7 @@ from runjournal.core.ids import RUN_ID
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.producers.approvals import ApprovalInbox
+from runjournal.producers.results import of_run
 from runjournal.schemas.keys import parse_event_key
 
 if TYPE_CHECKING:
@@ -90,6 +96,10 @@ class EraseReport:
     """Framework records of the run read from ``{prefix}.checkpoints`` (tombstones included)."""
     checkpoint_tombstones: int = 0
     """Tombstones written to ``{prefix}.checkpoints`` (one per record key not already tombstoned)."""
+    payload_records_seen: int = 0
+    """Records of the run's large results read from ``{prefix}.payloads`` (tombstones included)."""
+    payload_tombstones: int = 0
+    """Tombstones written to ``{prefix}.payloads`` (one per chunk key not already tombstoned)."""
 
     def as_dict(self) -> dict[str, Any]:
         """The report as a JSON-able dict."""
@@ -133,11 +143,13 @@ def erase_run(settings: Settings, run_id: str, *, force: bool = False, erase_mem
     latest = {row["key"]: row["type"] for row in rows}
     keys = [k for k, kind in latest.items() if kind != "TOMBSTONE"]
     cp_seen, cp_keys = _checkpoint_keys(settings, partition, run_id, timeout_s)  # 1, framework records
+    pl_seen, pl_keys = _payload_keys(settings, partition, run_id, timeout_s)  # 1, large results' records
     _check_not_live(settings, client, partition, run_id, force)  # 2
-    say(f"writing {len(keys)} tombstone(s) to the events and {len(cp_keys)} to the framework records "
-        "(waiting for the broker's acknowledgements)")
+    say(f"writing {len(keys)} tombstone(s) to the events, {len(cp_keys)} to the framework records and "
+        f"{len(pl_keys)} to the large results' records (waiting for the broker's acknowledgements)")
     _tombstone(settings, settings.events_topic, partition, keys, timeout_s)  # 3
     _tombstone(settings, settings.checkpoints_topic, partition, cp_keys, timeout_s)
+    _tombstone(settings, settings.payloads_topic, partition, pl_keys, timeout_s)
     say("deleting the run's Redis state, records and index entries")
     deleted, removed = _delete_redis(settings, client, partition, run_id)  # 4
     if erase_memory:
@@ -145,24 +157,36 @@ def erase_run(settings: Settings, run_id: str, *, force: bool = False, erase_mem
     points, note = _erase_memory(settings, run_id, embedder, memory_store) if erase_memory else (None, "skipped")  # 5
     return EraseReport(run_id=run_id, partition=partition, records_seen=len(rows), tombstones=len(keys),
                        redis_keys_deleted=deleted, redis_entries_removed=removed, memory_points_deleted=points,
-                       memory_note=note, checkpoint_records_seen=cp_seen, checkpoint_tombstones=len(cp_keys))
+                       memory_note=note, checkpoint_records_seen=cp_seen, checkpoint_tombstones=len(cp_keys),
+                       payload_records_seen=pl_seen, payload_tombstones=len(pl_keys))
 
 
 def _checkpoint_keys(settings: Settings, partition: int, run_id: str, timeout_s: float) -> tuple[int, list[str]]:
     """(records seen, keys whose latest record is not a tombstone) of ``run_id`` on its partition of
     ``{prefix}.checkpoints``; (0, []) when the topic does not exist (a deployment from before the adapters)."""
-    topic = settings.checkpoints_topic
+    return _run_keys(settings, settings.checkpoints_topic, partition, run_id, timeout_s, of_thread)
+
+
+def _payload_keys(settings: Settings, partition: int, run_id: str, timeout_s: float) -> tuple[int, list[str]]:
+    """The same for ``{prefix}.payloads`` (the run's large results, every chunk of every written result — those its
+    events reference and orphans of a crash between their commit and the event's); (0, []) when the topic does
+    not exist (a deployment from before it)."""
+    return _run_keys(settings, settings.payloads_topic, partition, run_id, timeout_s, of_run)
+
+
+def _run_keys(settings: Settings, topic: str, partition: int, run_id: str, timeout_s: float,
+              mine: Callable[[bytes | None, str], bool]) -> tuple[int, list[str]]:
     latest: dict[bytes, bool] = {}
     seen = 0
 
     def on_record(msg: Message) -> None:
         nonlocal seen
         key = msg.key()
-        if of_thread(key, run_id):  # not a record of a thread whose id merely starts with "<run_id>\x1f"
+        if mine(key, run_id):  # not a record of a run whose id merely starts with "<run_id>\x1f"
             seen += 1
             latest[key] = msg.value() is not None
 
-    consumer = range_consumer(settings, "erase-checkpoints")
+    consumer = range_consumer(settings, "erase-records")
     try:
         meta = consumer.list_topics(timeout=10).topics.get(topic)  # all topics: asking for one may auto-create it
         if meta is None or meta.error is not None or partition not in meta.partitions:

@@ -124,7 +124,8 @@ def replay_run(settings: Settings, run_id: str, agent_fn: Callable[[ReplayHandle
     """Re-execute ``agent_fn`` against the recording of ``run_id`` (no tool runs, nothing is published).
 
     Args:
-        settings: bootstrap servers, topic prefix, Redis URL (results stored by reference are read there).
+        settings: bootstrap servers, topic prefix, Redis URL (a cache of results stored by reference, which are
+            read from ``{prefix}.payloads``).
         run_id: the recorded run.
         agent_fn: the agent's code; called once with a :class:`ReplayHandle` where it expects a ``RunHandle``.
         until_seq: replay point (see :func:`replay_state`); the code stops at the first step past it.
@@ -139,12 +140,14 @@ def replay_run(settings: Settings, run_id: str, agent_fn: Callable[[ReplayHandle
         ReplayDivergedError: the code called another tool, other arguments, or a step a finished
             recording does not have (:class:`ReplayEndReachedError` is caught: it ends the replay).
         ReplayedToolError: a recorded failure the code did not catch.
-        ResultUnavailableError: a recorded result stored by reference is gone from Redis.
+        ResultUnavailableError: a recorded result stored by reference cannot be read (an old ``sha256:`` one gone
+            from Redis, a ``kafka:`` one erased); ResultCorruptError: its records do not make the recorded result.
         Anything else ``agent_fn`` raises.
     """
     replayed = replay_state(settings, run_id, until_seq=until_seq)
     client = redis_client if redis_client is not None else redis_clients.client(settings)
-    handle = ReplayHandle(replayed, results=ResultStore(client, settings.topic_prefix), strict_args=strict_args)
+    handle = ReplayHandle(replayed, results=ResultStore(client, settings.topic_prefix, settings),
+                           strict_args=strict_args)
     stopped: str | None = None
     value: Any = None
     try:

@@ -157,3 +157,41 @@ def _swallow(fn: Any) -> None:
         fn()
     except Exception:  # noqa: BLE001 - the dying owner's call: whatever it raises
         pass
+
+
+def test_a_fork_reads_its_sources_large_result_from_the_payloads_topic(topics: Settings, operator: Operator) -> None:
+    """A fork copies the source's ``kafka:`` reference (decision 0052): with the Redis cache gone, the fork's resumed
+    run reads the source's records on ``{prefix}.payloads`` and the tool does not run again."""
+    from runjournal.core import redis_client
+    from runjournal.core.redis_keys import RedisKeys
+
+    ran: list[str] = []
+
+    class Big:
+        name, side_effect, timeout_ms = "big", True, 1000
+
+        def __call__(self, args: dict[str, Any], key: str) -> Any:
+            ran.append(key)
+            return {"blob": "b" * 30_000, "key": key}
+
+    with Journal(topics, producer_id=f"a-{uuid.uuid4().hex[:8]}", lease_ttl_ms=LEASE_MS,
+                 inline_result_bytes=1024) as journal:
+        source = journal.start_run("t", "fetcher", {})
+        recorded = source.call(Big(), {})
+        source.succeed("done")
+        at = _seq_of(topics, source.run_id, EventType.TOOL_CALL_COMMITTED, 1)
+        (ref,) = [e.payload["result_ref"] for e in events_of(read_committed(topics), source.run_id)
+                  if e.type is EventType.TOOL_CALL_COMMITTED]
+        assert ref.startswith("kafka:")
+        r = redis_client.client(topics)
+        for key in r.scan_iter(match=RedisKeys(topics.topic_prefix).result("*")):
+            r.delete(key)
+        forked = operator.fork(source.run_id, at_seq=at, reason="again", requested_by="ops@test")
+        assert forked.outcome == "forked", forked
+        fork = _take(journal, forked.fork_run_id)
+        assert fork.call(Big(), {}) == recorded
+        fork.succeed("done again")
+    assert len(ran) == 1
+    (fork_ref,) = [e.payload["result_ref"] for e in events_of(read_committed(topics), forked.fork_run_id)
+                   if e.type is EventType.TOOL_CALL_COMMITTED]
+    assert fork_ref == ref  # the source's records, not a copy
