@@ -110,10 +110,11 @@ def run_event_cost(env: Any, rounds: int, long_events: int = 50_000) -> list[Any
 
 def main(argv: list[str]) -> None:
     """``python -m bench.event_cost [SIZE ...]``: per-event µs of the last events of runs of each size."""
-    import redis
+    from runjournal.core import redis_client
+    from runjournal.core.settings import Settings
 
     sizes = [int(a) for a in argv] or [200, 4_000, 10_000, 50_000]
-    client = redis.Redis.from_url(__import__("os").environ.get("RUNJOURNAL_REDIS_URL", "redis://localhost:6379"))
+    client = redis_client.client(Settings.load())  # RUNJOURNAL_REDIS_URL, else the running stack's
     store = ProjectionStore(client, f"event-cost-{uuid.uuid4().hex[:8]}")
     try:
         for n in sizes:

@@ -20,10 +20,11 @@ A tombstone (``delete_thread``, ``pop_item``) removes its key. Thread ids are ch
 and fields split back into their parts (docs/design/protocol.md § Identifiers and keys).
 
 Large records. A thread's state may outgrow one Kafka record (a long conversation in one channel blob; the broker
-refuses records over ``message.max.bytes``, 1 MB by default). A record whose value is over :data:`PART_BYTES` is
-written as parts in the same transaction, before it: kind ``part``, field ``<i><SEP><kind><SEP><field>``
-(``checkpoint_records.part_field``), each value a slice of the record's value; the record itself then carries
-``{"kind", "field", "parts": n, "bytes", "sha256"}`` instead of ``data``. Rebuild reassembles the slices, checks
+refuses records over ``message.max.bytes``, 1 MB by default). A record whose value is over
+``Settings.payload_chunk_bytes`` (512 KiB; the large tool results' record size too) is written as parts in the
+same transaction, before it: kind ``part``, field ``<i><SEP><kind><SEP><field>`` (``checkpoint_records.part_field``),
+each value a slice of the record's value; the record itself then carries ``{"kind", "field", "parts": n, "bytes",
+"sha256"}`` instead of ``data``. Rebuild reassembles the slices, checks
 the length and the digest (``RecordPartsError`` otherwise), and never reads a part of an aborted transaction
 (``read_committed``). The Redis projection keeps the whole data, and in the ``part`` hash each large record's
 part count, so ``delete_thread`` and a tombstone remove its parts too; parts left by a record rewritten with fewer
@@ -56,16 +57,11 @@ from runjournal.core.settings import Settings
 from runjournal.producers import Journal
 from runjournal.schemas.keys import partition_for
 
-__all__ = ["KINDS", "PART_BYTES", "SEP", "FrameworkRecordStore", "Record", "RecordPartsError", "checkpoints_topic",
+__all__ = ["KINDS", "SEP", "FrameworkRecordStore", "Record", "RecordPartsError", "checkpoints_topic",
            "join_field"]
 
 log = logging.getLogger("runjournal.adapters.checkpoints")
 
-
-
-PART_BYTES = 512 * 1024
-"""A record value over this many bytes is written as parts of at most this many (module docstring, *Large records*):
-half the broker's default ``message.max.bytes``, room for the key and headers."""
 
 
 class RecordPartsError(RuntimeError):
@@ -114,8 +110,8 @@ class FrameworkRecordStore:
         self._r = redis_client
         self._prefix = journal.settings.topic_prefix
         self._keys = RedisKeys(self._prefix)
-        self.part_bytes = PART_BYTES
-        """Record values over this many bytes are written as parts (:data:`PART_BYTES`; tests set it smaller)."""
+        self.part_bytes = journal.settings.payload_chunk_bytes
+        """Record values over this many bytes are written as parts (``Settings.payload_chunk_bytes``)."""
         ensure_topic(journal.settings, self.topic, journal.partitions)
 
     # -- keys -------------------------------------------------------------------------------------------------

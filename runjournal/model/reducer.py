@@ -99,6 +99,7 @@ __all__ = [
     "fold",
     "mark_outcome_unknown",
     "state_digest",
+    "state_from_dict",
     "unsettled_calls",
 ]
 
@@ -531,7 +532,7 @@ class RunState:
         """
         try:
             data = orjson.loads(text)
-            return _state_from_dict(data)
+            return state_from_dict(data)
         except StateFormatError:
             raise
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
@@ -620,7 +621,13 @@ def _state_to_dict(state: RunState) -> dict[str, Any]:
     return out
 
 
-def _state_from_dict(data: Any) -> RunState:
+def state_from_dict(data: Any) -> RunState:
+    """A :class:`RunState` from the dict of its canonical JSON (``RunState.from_json`` parsed; ``data`` is consumed:
+    its ``v`` is popped). Used by :meth:`RunState.from_json` and the hash layout (``runjournal.model.stored``).
+
+    Raises:
+        StateFormatError: not an object, another format version, or a field that cannot be read.
+    """
     if not isinstance(data, dict):
         raise StateFormatError(f"run state JSON must be an object, got {type(data).__name__}")
     version = data.pop("v", None)

@@ -32,7 +32,7 @@ from runjournal.model.reducer import (
     STATE_FORMAT_VERSION,
     RunState,
     StateFormatError,
-    _state_from_dict,
+    state_from_dict,
 )
 
 __all__ = ["LARGE_FIELDS", "MAP_PREFIXES", "SCALAR_FIELD", "field_diff", "scalar_json", "state_fields",
@@ -159,7 +159,7 @@ def state_from_fields(fields: Mapping[bytes, bytes]) -> RunState:
         if missing:
             raise StateFormatError(f"run state hash lacks the fields of {missing}")
         data.update(maps)
-        return _state_from_dict(data)
+        return state_from_dict(data)
     except StateFormatError:
         raise
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
