@@ -52,9 +52,8 @@ class Booking(LedgerTool):
     """A side-effecting tool on the Redis ledger answering with the key it ran under (so a node's answer shows which
     call answered it)."""
 
-    def __call__(self, args: dict[str, Any], idempotency_key: str) -> Any:
-        self.result = f"booked under {idempotency_key}"
-        return super().__call__(args, idempotency_key)
+    def answer(self, idempotency_key: str) -> Any:
+        return f"booked under {idempotency_key}"  # per call: concurrent calls share this tool
 
 
 @pytest.fixture

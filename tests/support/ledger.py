@@ -73,8 +73,14 @@ class LedgerTool:
     after: Callable[[], None] | None = None
     """Called after the effect, before answering (may raise: the answer is lost)."""
 
+    def answer(self, idempotency_key: str) -> Any:
+        """What the call under ``idempotency_key`` answers (:attr:`result`); computed per call, never kept on the
+        tool, so calls made at once on one tool each get their own answer."""
+        return self.result
+
     def __call__(self, args: dict[str, Any], idempotency_key: str) -> Any:
         self.seen.append(idempotency_key)
+        result = self.answer(idempotency_key)
         if self.before is not None:
             self.before()
         if self.then == "raise_before":
@@ -82,7 +88,7 @@ class LedgerTool:
         pipe = self.ledger.client.pipeline(transaction=True)
         pipe.hincrby(self.ledger.runs_key, idempotency_key, 1)
         pipe.sadd(self.ledger.logical_key(str(args.get("logical", "?"))), idempotency_key)
-        pipe.hset(f"{self.ledger.ns}:ledger:results", idempotency_key, json.dumps(_jsonable(self.result)))
+        pipe.hset(f"{self.ledger.ns}:ledger:results", idempotency_key, json.dumps(_jsonable(result)))
         pipe.execute()
         if self.after is not None:
             self.after()
@@ -94,7 +100,7 @@ class LedgerTool:
             from runjournal.producers import tools
 
             raise tools.ToolOutcomeUnknownError("connection reset after the request was sent")
-        return self.result
+        return result
 
     def reconcile(self, idempotency_key: str) -> Outcome | None:
         """The ledger's record of ``idempotency_key``."""
