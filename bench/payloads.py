@@ -92,7 +92,7 @@ def run_payloads(env: BenchEnv, config: PayloadsConfig) -> list[Row]:
         for i in range(0, len(raw_bytes), chunk):
             while True:
                 try:
-                    producer.produce(raw_topic, key=f"{prefix}:{i}".encode(), value=raw_bytes[i:i + chunk],
+                    producer.produce(raw_topic, key=f"{prefix}-{i}".encode(), value=raw_bytes[i:i + chunk],
                                      partition=0, on_delivery=delivered)
                     break
                 except BufferError:
