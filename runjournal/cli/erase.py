@@ -46,8 +46,9 @@ def erase_command(
         memory = "?" if report.memory_points_deleted is None else str(report.memory_points_deleted)
         console.print(f"erased run {run_id}: {report.tombstones} tombstone(s) written to partition {report.partition} "
                       f"({report.records_seen} record(s) read), {report.checkpoint_tombstones} to its framework "
-                      f"records ({report.checkpoint_records_seen} read), {report.redis_keys_deleted} Redis key(s) and "
-                      f"{report.redis_entries_removed} entr(ies) deleted, {memory} memory point(s) deleted")
+                      f"records ({report.checkpoint_records_seen} read), {report.payload_tombstones} to its large "
+                      f"results' records ({report.payload_records_seen} read), {report.redis_keys_deleted} Redis "
+                      f"key(s) and {report.redis_entries_removed} entr(ies) deleted, {memory} memory point(s) deleted")
         if report.memory_note:
             console.print(f"memory: {report.memory_note}")
     if report.records_seen == 0:

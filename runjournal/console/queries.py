@@ -106,6 +106,11 @@ class RunPage:
     behind: int = 0
     """Events of the timeline after the projection's applied offset: the header (the projection) is this many
     events behind the topic — the page says so rather than contradict itself."""
+    timeline_total: int = 0
+    """Events in the run's history; the page shows the newest :data:`TIMELINE_ROWS` of them."""
+    records_total: int = 0
+    """Execution records of the run; the page shows those whose outcome is open and the newest up to
+    :data:`RECORD_ROWS`."""
     behind_note: str | None = None
     """What the page says when ``behind`` (None when the projection has reached the history's end)."""
     memory: list[Any] = field(default_factory=list)
@@ -143,6 +148,7 @@ class RunPage:
                 "actions": self.actions,
                 "input": _json_value(st.input_json), "output": _json_value(st.output_json), "nodes": self.nodes,
                 "behind": self.behind, "behind_note": self.behind_note, "timeline": self.timeline,
+                "timeline_total": self.timeline_total, "records_total": self.records_total,
                 "epochs": self.epochs, "records": self.records, "pending": self.pending, "decided": self.decided,
                 "memory": [h.as_dict() for h in self.memory], "memory_note": self.memory_note}
 
@@ -281,15 +287,16 @@ def run_page(run_id: str, partition: int, state: RunState, rows: list[dict[str, 
     decided = [{"call_id": cid, "decision": d.decision.value, "approver": d.approver, "note": d.note,
                 "at_ms": d.decided_at_ms, "scope": _approval_scope(cid, d.scope_attempt),
                 "consumed_offset": d.consumed_offset} for cid, d in sorted(state.approvals.items())]
-    timeline = [_timeline_row(r) for r in rows]
-    behind = sum(1 for t in timeline if t["offset"] > state.applied_offset)
+    timeline = [_timeline_row(r) for r in rows[-TIMELINE_ROWS:]]  # a long run's page: its newest events
+    behind = sum(1 for r in rows if r["offset"] > state.applied_offset)
     note = None if not behind else (
         f"The projection is {behind} event(s) behind the topic: the run's state shown is as of offset "
         f"{state.applied_offset}, its event history reaches offset {timeline[-1]['offset']}. Refresh in a moment.")
     return RunPage(run_id=run_id, partition=partition, state=state, timeline=timeline, epochs=_epochs(rows),
                    records=_records(state), pending=_pending(state, rows, inbox_decision), decided=decided,
                    nodes=_nodes(state), run_input=_pretty_json(state.input_json),
-                   run_output=_pretty_json(state.output_json), behind=behind, behind_note=note, control=control)
+                   run_output=_pretty_json(state.output_json), behind=behind, behind_note=note, control=control,
+                   timeline_total=len(rows), records_total=len(state.records))
 
 
 def _pending(state: RunState, rows: list[dict[str, Any]],
@@ -428,9 +435,22 @@ def _epochs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+TIMELINE_ROWS = 1_000
+"""Newest events a run page shows (a run of any length: the page's cost stays bounded; ``runjournal inspect RUN_ID
+--json`` and ``/api/runs/{id}`` list the same; README § Limits)."""
+RECORD_ROWS = 500
+"""Execution records a run page shows beside every open one (INTENDED, OUTCOME_UNKNOWN, FAILED): the newest."""
+_OPEN = frozenset({"INTENDED", "OUTCOME_UNKNOWN", "FAILED"})
+
+
 def _records(state: RunState) -> list[dict[str, Any]]:
+    """The records a page shows, in intent order: every open one, and the newest :data:`RECORD_ROWS` of the rest."""
+    ordered = sorted(state.records.items(), key=lambda kv: (kv[1].intended_offset or -1, kv[0]))
+    if len(ordered) > RECORD_ROWS:
+        newest = {cid for cid, _ in ordered[-RECORD_ROWS:]}
+        ordered = [(cid, rec) for cid, rec in ordered if cid in newest or rec.status.value in _OPEN]
     out = []
-    for call_id, rec in sorted(state.records.items(), key=lambda kv: (kv[1].intended_offset or -1, kv[0])):
+    for call_id, rec in ordered:
         out.append({"call_id": call_id, "tool": rec.tool, "class": record_class(rec.status, rec.reconciled_outcome),
                     "status": rec.status.value, "attempts": rec.attempts, "epoch": rec.epoch,
                     "idempotency_key": rec.idempotency_key, "intended_offset": rec.intended_offset,

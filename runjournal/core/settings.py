@@ -153,11 +153,11 @@ class Settings(BaseSettings):
     """Hard limit of a run's events: past it the agent's ``RunHandle`` refuses to start new work (a node, a tool
     call's intent, a message, an approval request) with ``RunTooLongError`` before anything is published;
     outcomes, node ends and the run's end still go through, so no effect is left unrecorded. 0: no limit."""
-    payload_chunk_bytes: int = Field(default=512 * 1024, ge=1024, le=16 * 1024 * 1024)
-    """Largest record of a large tool result on ``{prefix}.payloads`` (bytes, 1 KiB … 16 MiB; default 512 KiB): a
-    result over ``Journal(inline_result_bytes=…)`` is cut into records this size, which must stay below the
-    broker's ``message.max.bytes`` / the topic's ``max.message.bytes`` and the producer's ``message.max.bytes``
-    (1 MB by default) with room for the key (``runjournal.producers.results``)."""
+    payload_chunk_bytes: int = Field(default=512 * 1024, ge=1024, le=960 * 1024)
+    """Largest record of a large tool result on ``{prefix}.payloads`` and of a framework record's part on
+    ``{prefix}.checkpoints`` (bytes, 1 KiB … 960 KiB; default 512 KiB). At most 960 KiB: a record must stay below the
+    producer's and the broker's ``message.max.bytes`` (1 MB by default) with its key — a larger chunk would be
+    refused only after the tool ran, its result lost (``runjournal.producers.results``)."""
     max_result_bytes: int = Field(default=256 * 1024 * 1024, ge=1024, le=2**31 - 1)
     """Largest tool result (UTF-8 canonical JSON, bytes) the journal records (default 256 MiB): a larger result
     raises ``ResultTooLargeError`` before any of it is produced (the call is recorded as committed without a

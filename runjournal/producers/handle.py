@@ -112,6 +112,7 @@ from runjournal.producers.errors import (
     UnrecordableResultError,
 )
 from runjournal.producers.plan import ApprovalStatus, CallVerdict, PlannedCall
+from runjournal.producers.results import unavailable_reason
 from runjournal.producers.tools import Outcome, Tool
 from runjournal.producers.tracing import current_traceparent
 from runjournal.producers.waits import SignalInbox, SignalReceive, TimerStart
@@ -129,10 +130,13 @@ _NOT_EMITTABLE = frozenset(
     {EventType.RUN_STARTED, EventType.RUN_RESUMED, EventType.RUN_SUCCEEDED, EventType.RUN_FAILED}
 )
 _TERMINAL = frozenset({EventType.RUN_SUCCEEDED, EventType.RUN_FAILED, EventType.RUN_CANCELLED})
-#: What a run past its hard event limit (``Settings.run_events_max``) may no longer publish: what starts work. An
-#: outcome, a node's end, an approval's decision and the run's end always go through (README § Limits).
-_NEW_WORK = frozenset({EventType.PLAN_COMPILED, EventType.NODE_STARTED, EventType.TOOL_CALL_INTENDED,
-                       EventType.APPROVAL_REQUESTED, EventType.MESSAGE, EventType.USER_CORRECTION})
+#: What a run past its hard event limit (``Settings.run_events_max``) may no longer publish: what starts new work —
+#: a new call's first intent (attempt 1), a message, a correction, a plan. Settling recorded work always goes through
+#: (a node entered again on resume, an outcome, a reconcile, a recorded call's next attempt, an approval request to
+#: re-run an unknown call, a decision) and so does the run's end: a run resumed past its limit can settle its open
+#: calls, then its next new call is refused (README § Limits).
+_NEW_WORK = frozenset({EventType.PLAN_COMPILED, EventType.TOOL_CALL_INTENDED, EventType.MESSAGE,
+                       EventType.USER_CORRECTION})
 _APPROVAL = {EventType.APPROVAL_REQUESTED: ApprovalStatus.PENDING, EventType.APPROVAL_GRANTED: ApprovalStatus.GRANTED,
              EventType.APPROVAL_DENIED: ApprovalStatus.DENIED}
 _MAX_ERROR_CHARS = 4000
@@ -416,13 +420,13 @@ class RunHandle:
     def _event(self, etype: EventType, payload: dict[str, Any], node_id: str | None) -> Event:
         """A new event of this run with the next seq (not yet published)."""
         if self._next_seq >= self._budget_from:
-            self._event_budget(etype)
+            self._event_budget(etype, payload)
         return Event(  # positional, in the fields' order (event_id … traceparent): the cheapest call on this path
             new_event_id(), self.run_id, self.tenant_id, self._next_seq, self.epoch, self.producer_id, etype, utcnow(),
             payload, node_id, self._traceparent or current_traceparent.get(),
         )
 
-    def _event_budget(self, etype: EventType) -> None:
+    def _event_budget(self, etype: EventType, payload: dict[str, Any]) -> None:
         """The run's event budget, for the event about to take ``self._next_seq`` (README § Limits): past
         ``Settings.run_events_max`` new work (``_NEW_WORK``) is refused; at ``run_events_warn`` the journal is told
         once per handle (a warning and ``runjournal_journal_runs_over_event_budget_total``).
@@ -431,7 +435,8 @@ class RunHandle:
             RunTooLongError: new work past ``run_events_max``; nothing was published.
         """
         seq, limit, warn = self._next_seq, self.journal.run_events_max, self.journal.run_events_warn
-        if limit and seq > limit and etype in _NEW_WORK:
+        if limit and seq > limit and etype in _NEW_WORK and \
+                (etype is not EventType.TOOL_CALL_INTENDED or int(payload.get("attempt") or 1) <= 1):
             raise RunTooLongError(self.run_id, seq, limit)
         if warn and seq >= warn and not self._budget_warned:
             self._budget_warned = True
@@ -1070,13 +1075,13 @@ class RunHandle:
         of it was produced) or could not be stored. ProducerFencedError (and its subclasses) propagate."""
         fields: dict[str, Any] = {"result_json": None, "result_ref": None, "result_digest": digest(text)}
         size = len(text.encode("utf-8"))
+        limit = self.journal.max_result_bytes
+        if size > limit:  # before inline: a limit below inline_result_bytes holds too
+            return fields, _TooLarge(f"its {size}-byte result is over max_result_bytes ({limit}, "
+                                     "RUNJOURNAL_MAX_RESULT_BYTES); none of it was written", size, limit)
         if inline and size <= self.journal.inline_result_bytes:
             fields["result_json"] = text
             return fields, None
-        limit = self.journal.max_result_bytes
-        if size > limit:
-            return fields, _TooLarge(f"its {size}-byte result is over max_result_bytes ({limit}, "
-                                     "RUNJOURNAL_MAX_RESULT_BYTES); none of it was written", size, limit)
         attempts = self.journal.outcome_retries + 1 if durable else 1
         problem: Exception | None = None
         for attempt in range(attempts):  # a lost transaction: written again under a new payload id
@@ -1112,7 +1117,8 @@ class RunHandle:
         if planned.result_ref is not None:
             text = self.journal.results.get(planned.result_ref)
             if text is None:
-                raise ResultUnavailableError(f"result {planned.result_ref} of call {planned.call_id} is not in Redis")
+                raise ResultUnavailableError(f"result {planned.result_ref} of call {planned.call_id} can no longer "
+                                             f"be read: {unavailable_reason(planned.result_ref)}")
             return json.loads(text)
         raise UnrecordableResultError(
             f"{planned.tool} call {planned.call_id} committed but its result could not be recorded; it does not "

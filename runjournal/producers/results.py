@@ -47,7 +47,8 @@ from runjournal.producers.errors import ResultCorruptError, ResultUnavailableErr
 if TYPE_CHECKING:
     from runjournal.core.settings import Settings
 
-__all__ = ["KAFKA_REF_PREFIX", "PayloadRef", "ResultStore", "of_run", "payload_key", "split_chunks"]
+__all__ = ["KAFKA_REF_PREFIX", "PayloadRef", "ResultStore", "of_run", "payload_key", "split_chunks",
+           "unavailable_reason"]
 
 log = logging.getLogger("runjournal.producers.results")
 
@@ -264,3 +265,13 @@ class ResultStore:
             return data.decode("utf-8")
         raise ResultCorruptError(f"result {where}: its {where.chunks} record(s) reassemble to digest {got}, "
                                  f"not the recorded {where.digest}")
+
+
+def unavailable_reason(ref: str) -> str:
+    """Why a result stored by ``ref`` cannot be read, in words an operator can act on (the message of a
+    ``ResultUnavailableError``)."""
+    if ref.startswith("kafka:"):
+        return ("its records on {prefix}.payloads are gone (the run or its source was erased and the topic "
+                "compacted); the call committed and is never run again")
+    return ("it was stored by digest in Redis only (before {prefix}.payloads) and Redis no longer has it; the call "
+            "committed and is never run again")

@@ -182,3 +182,35 @@ def test_a_run_over_its_event_budget_is_marked() -> None:
         app = build_app(ConsoleConfig(settings), data=reads)  # type: ignore[arg-type]
         html = TestClient(app).get(f"/runs/{path_segment(RUN)}").text
         assert ("over the event budget of 7" in html) is marked, budget
+
+
+def test_a_long_runs_page_shows_its_newest_events_and_open_records() -> None:
+    """A break-it finding: a 10,000-event run's page was 9.5 MB of HTML. The page shows the newest TIMELINE_ROWS
+    events and every open record with the newest RECORD_ROWS others, and says how many there are in all."""
+    from runjournal.console.queries import RECORD_ROWS, TIMELINE_ROWS
+
+    base = _events()[:3]  # RUN_STARTED, PLAN_COMPILED, NODE_STARTED
+    at = base[-1].occurred_at
+    calls: list[Event] = []
+    seq = len(base)
+
+    def ev(etype: EventType, payload: dict[str, Any]) -> Event:
+        nonlocal seq
+        seq += 1
+        return Event(event_id=f"e{seq}", run_id=RUN, tenant_id="t", seq=seq, epoch=1, producer_id="p", type=etype,
+                     occurred_at=at, payload=payload, node_id="plan")
+
+    for i in range(1_200):  # 2,399 events, 1,200 records; the first one left open (no outcome)
+        common = {"call_id": f"c{i}", "tool": "lookup", "idempotency_key": f"k{i:04d}" + "0" * 59}
+        calls.append(ev(EventType.TOOL_CALL_INTENDED, {**common, "side_effect": False, "attempt": 1,
+                                                        "timeout_ms": 100, "args_digest": "a" * 64}))
+        if i:
+            calls.append(ev(EventType.TOOL_CALL_COMMITTED, {**common, "result_json": "1", "result_digest": "r" * 64}))
+    events = [*base, *calls]
+    page = Reads(events, projected=len(events)).page
+    assert page.timeline_total == len(events) and len(page.timeline) == TIMELINE_ROWS
+    assert page.timeline[-1]["offset"] == 100 + len(events) - 1  # the newest
+    assert page.records_total == 1_200 and len(page.records) == RECORD_ROWS + 1
+    assert page.records[0]["call_id"] == "c0" and page.records[0]["status"] == "INTENDED"  # the open one kept
+    html = _get(Reads(events, projected=len(events)))
+    assert f"the newest {TIMELINE_ROWS} of {len(events)} events" in html and len(html) < 2_000_000

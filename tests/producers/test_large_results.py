@@ -228,7 +228,16 @@ def test_erase_tombstones_every_record_of_the_run(topics: Settings) -> None:
     partition = partition_for(run.run_id, topics.partitions)
     keys = {k for k, _v, _o in partition_records(topics, partition) if of_run(k, run.run_id)}
     assert len(keys) == sum(n_chunks(v, 4096) for v in values) + PayloadRef.parse(ref).chunks
+    r, rkeys = redis_client.client(topics), RedisKeys(topics.topic_prefix)
+    store = ResultStore(r, topics.topic_prefix, settings=settings)
+    commits = [e.payload for e in events_of(read_committed(topics), run.run_id)
+               if e.type is EventType.TOOL_CALL_COMMITTED]
+    for payload in commits:  # a read fills the Redis cache with the text
+        assert store.get(payload["result_ref"]) is not None
+    cached = [rkeys.result(p["result_digest"]) for p in commits]
+    assert r.exists(*cached) == len(cached) == 2
     report = erase_run(topics, run.run_id, erase_memory=False, force=True)
+    assert r.exists(*cached) == 0  # the cached copies of its results go with the run (a break-it finding)
     assert report.payload_records_seen == len(keys) and report.payload_tombstones == len(keys)
     latest: dict[bytes, bytes | None] = {}
     for key, value, _offset in partition_records(topics, partition):
@@ -275,6 +284,8 @@ def test_a_result_over_max_result_bytes_is_a_named_error_and_nothing_of_it_is_wr
 def test_payload_settings_are_validated() -> None:
     with pytest.raises(ConfigError, match="RUNJOURNAL_PAYLOAD_CHUNK_BYTES"):
         Settings.load(payload_chunk_bytes=10)
+    with pytest.raises(ConfigError, match="RUNJOURNAL_PAYLOAD_CHUNK_BYTES"):  # over the broker's default record size
+        Settings.load(payload_chunk_bytes=4 * 1024 * 1024)
     with pytest.raises(ConfigError, match="RUNJOURNAL_MAX_RESULT_BYTES"):
         Settings.load(max_result_bytes=0)
     defaults = Settings.load()

@@ -77,3 +77,58 @@ def test_a_negative_budget_is_a_config_error_naming_the_variable(monkeypatch: py
     monkeypatch.setenv(name, "-1")
     with pytest.raises(ConfigError, match=name):
         Settings.load()
+
+
+def test_a_run_resumed_past_its_limit_settles_recorded_work_then_refuses_new_work(topics: Settings) -> None:
+    """A break-it finding: a run resumed past ``run_events_max`` could not enter its node again (NODE_STARTED was new
+    work), so an open call could never be settled and every recovery pass added an event. Entering a node, a recorded
+    call's answer and the run's end go through; the next new call is refused."""
+    from runjournal.consumers.recovery.job import RecoveryJob
+
+    settings = topics.model_copy(update={"run_events_max": 4})
+    tool = Counting()
+    with Journal(settings, producer_id=f"a-{uuid.uuid4().hex[:6]}") as first:
+        run = first.start_run("t", "a", {})                          # seq 1
+        with run.node("work"):                                        # seq 2
+            assert run.call(tool, {"n": 0}) == {"n": 0}               # seq 3, 4
+        first.flush()                                                 # the instance goes away with the run open
+    with Journal(settings, producer_id=f"b-{uuid.uuid4().hex[:6]}") as second:
+        job = RecoveryJob(settings, max_wait_s=0)
+        try:
+            assert [r.action for r in job.recover(runs=[run.run_id], assign_to=second.producer_id).runs] == \
+                ["resumed"]                                           # RUN_RESUMED: seq 6 (NODE_SUCCEEDED was 5)
+        finally:
+            job.close()
+        again = second.resume(run.run_id)
+        with again.node("work"):                                      # NODE_STARTED past the limit: settling
+            assert again.call(tool, {"n": 0}) == {"n": 0}             # the recorded answer, no event, no re-run
+            with pytest.raises(RunTooLongError):
+                again.call(tool, {"n": 1})                            # new work: refused before its intent
+        again.succeed(None)
+    assert tool.executed == 1
+    types = [e.type for e in events_of(read_committed(settings), run.run_id)]
+    assert types.count(EventType.TOOL_CALL_INTENDED) == 1 and types[-1] is EventType.RUN_SUCCEEDED
+
+
+def test_a_result_limit_below_the_inline_size_holds_too(topics: Settings) -> None:
+    """A break-it finding: with ``max_result_bytes`` under ``inline_result_bytes`` (8 KiB), a 2 KB result was stored
+    inline without a word. The limit is checked first: the effect is recorded committed without a result and
+    ``ResultTooLargeError`` is raised."""
+    from runjournal.producers.errors import ResultTooLargeError
+
+    class Big(Counting):
+        def __call__(self, args: dict[str, Any], idempotency_key: str) -> Any:
+            super().__call__(args, idempotency_key)
+            return {"blob": "z" * 2_000}
+
+    settings = topics.model_copy(update={"max_result_bytes": 1024})
+    tool = Big()
+    with Journal(settings, producer_id=f"p-{uuid.uuid4().hex[:8]}") as journal:
+        run = journal.start_run("t", "a", {})
+        with pytest.raises(ResultTooLargeError, match="RUNJOURNAL_MAX_RESULT_BYTES"):
+            run.call(tool, {"n": 0})
+        journal.flush()
+    assert tool.executed == 1
+    (committed,) = [e for e in events_of(read_committed(settings), run.run_id)
+                    if e.type is EventType.TOOL_CALL_COMMITTED]
+    assert committed.payload["result_json"] is None and committed.payload["result_ref"] is None

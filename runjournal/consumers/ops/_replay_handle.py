@@ -36,7 +36,7 @@ from runjournal.model.reducer import CallStatus, Decision, ExecutionRecord, Reco
 from runjournal.producers import canonical_json, digest, enter_node, idempotency_key
 from runjournal.producers.errors import ResultUnavailableError
 from runjournal.producers.plan import ApprovalStatus, RecoveryPlan
-from runjournal.producers.results import ResultStore
+from runjournal.producers.results import ResultStore, unavailable_reason
 from runjournal.producers.tools import Tool
 from runjournal.schemas import Event, EventType
 
@@ -275,7 +275,8 @@ class ReplayHandle:
         if record.result_ref is not None:
             text = self._results.get(record.result_ref) if self._results is not None else None
             if text is None:
-                raise ResultUnavailableError(f"result {record.result_ref} of call {record.call_id} is not in Redis")
+                raise ResultUnavailableError(f"result {record.result_ref} of call {record.call_id} can no longer "
+                                             f"be read: {unavailable_reason(record.result_ref)}")
             return json.loads(text)
         if record.status is CallStatus.RECONCILED:
             return None

@@ -151,7 +151,7 @@ def erase_run(settings: Settings, run_id: str, *, force: bool = False, erase_mem
     _tombstone(settings, settings.checkpoints_topic, partition, cp_keys, timeout_s)
     _tombstone(settings, settings.payloads_topic, partition, pl_keys, timeout_s)
     say("deleting the run's Redis state, records and index entries")
-    deleted, removed = _delete_redis(settings, client, partition, run_id)  # 4
+    deleted, removed = _delete_redis(settings, client, partition, run_id, _cached_results(rows))  # 4
     if erase_memory:
         say("erasing the run's memory items (loads the embedder that names the collection)")
     points, note = _erase_memory(settings, run_id, embedder, memory_store) if erase_memory else (None, "skipped")  # 5
@@ -237,12 +237,27 @@ def _tombstone(settings: Settings, topic: str, partition: int, keys: list[str], 
                          "run erase again")
 
 
-def _delete_redis(settings: Settings, client: Any, partition: int, run_id: str) -> tuple[int, int]:
+def _cached_results(rows: list[dict[str, Any]]) -> set[str]:
+    """Digests of the run's results on ``{prefix}.payloads`` (``kafka:`` references): their Redis copies are a cache
+    (``runjournal.producers.results``), deleted with the run — another run with the same text reads it again from
+    its own records. Results stored by ``sha256:`` reference (before the payloads topic) live only in Redis and may
+    be shared by content: those stay."""
+    out = set()
+    for row in rows:
+        event = row.get("event")
+        payload = getattr(event, "payload", None) or {}
+        if str(payload.get("result_ref") or "").startswith("kafka:") and payload.get("result_digest"):
+            out.add(str(payload["result_digest"]))
+    return out
+
+
+def _delete_redis(settings: Settings, client: Any, partition: int, run_id: str,
+                  cached: tuple[str, ...] | set[str] = ()) -> tuple[int, int]:
     keys = RedisKeys(settings.topic_prefix)
     inbox = ApprovalInbox(client, settings.topic_prefix)
     pipe = client.pipeline(transaction=False)  # single-key commands: a cluster pipeline routes each by its slot
     own = [keys.run(partition, run_id), keys.plan(run_id), keys.approvals(run_id), keys.signals(run_id),
-           *(keys.checkpoint(run_id, kind) for kind in KINDS)]
+           *(keys.checkpoint(run_id, kind) for kind in KINDS), *(keys.result(d) for d in sorted(cached))]
     for key in own:
         pipe.delete(key)
     pipe.srem(keys.checkpoint_threads(), run_id)
