@@ -552,6 +552,8 @@ class Operator:
         else:  # not pending any more, not carried out: another operator replaced or withdrew it
             result.outcome = "withdrawn"
             result.detail = "the request was replaced or withdrawn by another operator before it was carried out"
+        if result.outcome != "withdrawn":  # carried out, or the run ended: no new intent of it is sent — what
+            result.seen = True  # ``seen`` promises, also when the owner acted before marking the request read
 
     def _fold(self, run_id: str) -> RunState | None:
         """The run's state folded from the journal to its end (the projection may lag behind what was just
