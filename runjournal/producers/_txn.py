@@ -118,9 +118,10 @@ class TxnPublisher:
             for the lock to produce into the same transaction, ms (default 2; 0 disables). Only while some are
             waiting: a lone publisher commits at once (see :meth:`commit_through`).
         on_acked: called (under the lock) after each successful commit with ``[(key, partition, offset)]`` of
-            every record the committed transaction held, in produce order; the offset comes from the record's
-            delivery report (-1 when none was served). The broker's acknowledgement as the caller's witness
-            (the demo's ack log); it must not raise or block.
+            every event the committed transaction held, in produce order (records on other topics — framework
+            records, large results' chunks — are not reported: their offsets are another topic's); the offset comes
+            from the record's delivery report (-1 when none was served). The broker's acknowledgement as the
+            caller's witness (the demo's ack log); it must not raise or block.
     """
 
     def __init__(
@@ -571,7 +572,7 @@ class TxnPublisher:
         if self._on_acked is None or not self._items:
             return
         self._serve()  # any delivery report not yet served
-        acked = [(i.key, i.partition, self._offsets.get(i.key, -1)) for i in self._items]
+        acked = [(i.key, i.partition, self._offsets.get(i.key, -1)) for i in self._items if i.topic is None]
         self._offsets.clear()
         try:
             self._on_acked(acked)

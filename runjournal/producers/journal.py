@@ -151,8 +151,9 @@ class Journal:
         producer_config: extra librdkafka settings (override the defaults above).
         metrics: opt-in Prometheus metrics (``runjournal.producers.metrics.JournalMetrics``: the host
             application's registry, or a port of its own); default None exports nothing.
-        on_acked: called after every committed transaction with ``[(key, partition, offset)]`` of the records
-            it held (offsets from the delivery reports, -1 when none was served): what the broker acknowledged
+        on_acked: called after every committed transaction with ``[(key, partition, offset)]`` of the events
+            it held on the events topic (offsets from the delivery reports, -1 when none was served; records on
+            other topics — framework records, large results' chunks — are not reported): what the broker acknowledged
             to this instance, e.g. for an independent witness (``runjournal demo`` writes it to an ack log).
             Runs on the publishing thread under the publisher's lock: it must be quick and must not raise.
         hold_after_s: a durable wait (``RunHandle.sleep``, ``wait_signal``) longer than this many seconds releases
