@@ -131,10 +131,7 @@ def test_a_50_mb_and_a_20_kb_result_survive_a_redis_wipe_and_a_hand_over(topics:
 
     live = Journal(topics, producer_id=f"live-{uuid.uuid4().hex[:6]}")
     with live:
-        job = RecoveryJob(topics)
-        report = job.recover(stale=True).as_dict()
-        job.close()
-        (outcome,) = report["runs"]
+        outcome = _recover_stale(topics)
         assert outcome["action"] == "resumed" and outcome["calls"] == {"COMMITTED": 2}
         assert live.claim_assignment(timeout_s=10) == run_id
         resumed = live.resume(run_id)
@@ -144,6 +141,16 @@ def test_a_50_mb_and_a_20_kb_result_survive_a_redis_wipe_and_a_hand_over(topics:
     assert again == first  # byte-identical: the canonical JSON of each is checked against its digest on read
     assert [len(r["blob"]) for r in again] == sizes
     assert result_keys(topics)  # cached again after the read from Kafka
+
+
+def _recover_stale(topics: Settings) -> dict[str, Any]:
+    """One ``recover --stale`` pass (a fresh job, closed after); the one run it acted on, as JSON values."""
+    job = RecoveryJob(topics)
+    try:
+        (outcome,) = job.recover(stale=True).as_dict()["runs"]
+    finally:
+        job.close()
+    return dict(outcome)
 
 
 def test_an_aborted_payload_transaction_is_never_read(topics: Settings, service_env: dict[str, str]) -> None:
@@ -164,10 +171,7 @@ def test_an_aborted_payload_transaction_is_never_read(topics: Settings, service_
         time.sleep(0.1)
     live = Journal(topics, producer_id=f"live-{uuid.uuid4().hex[:6]}")
     with live:
-        job = RecoveryJob(topics)
-        report = job.recover(stale=True).as_dict()
-        job.close()
-        (outcome,) = report["runs"]
+        outcome = _recover_stale(topics)
         assert outcome["action"] == "resumed" and outcome["calls"] == {"OUTCOME_UNKNOWN": 1}
         assert [k for k, _v, _o in partition_records(topics, partition) if of_run(k, run_id)] == []  # aborted
         assert live.claim_assignment(timeout_s=10) == run_id
