@@ -18,7 +18,7 @@ import pytest
 from runjournal.core.settings import Settings
 from runjournal.schemas import EventType
 from tests.cli.test_paths import json_error, rj
-from tests.support.readback import events_of, read_committed
+from tests.support.readback import events_of, read_committed, wait_first_call
 
 pytestmark = pytest.mark.integration
 
@@ -27,15 +27,6 @@ def _agent(env: dict[str, str], run_id: str, ledger: Path, steps: int) -> subpro
     return subprocess.Popen([sys.executable, "-m", "tests.support.control_child", run_id, f"ag-{uuid.uuid4().hex[:6]}",
                              str(ledger), str(steps)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
-
-
-def _started(settings: Settings, run_id: str, timeout_s: float = 30) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if any(e.type is EventType.TOOL_CALL_COMMITTED for e in events_of(read_committed(settings), run_id)):
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"run {run_id} made no call within {timeout_s} s")
 
 
 def _executions(ledger: Path) -> dict[str, int]:
@@ -47,7 +38,7 @@ def test_cancel_a_live_agents_run_from_the_command_line(topics: Settings, servic
     run_id = f"cli-cancel-{uuid.uuid4().hex[:6]}"
     agent = _agent(service_env, run_id, tmp_path, steps=10_000)
     try:
-        _started(topics, run_id)
+        wait_first_call(topics, run_id, child=agent)
         proc, _ = rj(service_env, "cancel", run_id, "--reason", "runaway loop", "--by", "ops@test", "--json",
                      timeout=120)
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -72,7 +63,7 @@ def test_pause_then_resume_from_the_command_line_runs_every_step_once(topics: Se
     run_id = f"cli-pause-{uuid.uuid4().hex[:6]}"
     agent = _agent(service_env, run_id, tmp_path, steps=40)
     try:
-        _started(topics, run_id)
+        wait_first_call(topics, run_id, child=agent)
         proc, _ = rj(service_env, "pause", run_id, "--reason", "budget review", "--json", timeout=120)
         assert proc.returncode == 0, proc.stderr[-3000:]
         (paused,) = json.loads(proc.stdout)["results"]
@@ -117,7 +108,7 @@ def test_bulk_dry_run_lists_and_changes_nothing_and_usage_errors_are_named(topic
     run_id = f"cli-bulk-{uuid.uuid4().hex[:6]}"
     agent = _agent(service_env, run_id, tmp_path, steps=10_000)
     try:
-        _started(topics, run_id)
+        wait_first_call(topics, run_id, child=agent)
         # the filters read the runs index: a projector keeps it (the agent writes all the time: run it beside)
         projector = subprocess.Popen([sys.executable, "-m", "runjournal", "projector"], env=service_env,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

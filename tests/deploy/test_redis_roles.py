@@ -27,6 +27,7 @@ from runjournal.core import redis_client
 from runjournal.core.settings import Settings
 from runjournal.deploy.redis_acls import ROLES, grant
 from tests.cli.test_paths import rj
+from tests.support.readback import wait_first_call
 
 pytestmark = pytest.mark.integration
 
@@ -73,6 +74,7 @@ def test_every_role_does_its_work_with_its_redis_rules_only(topics: Settings, se
                              env=_env(service_env, users["agent"]), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True)
     try:
+        wait_first_call(topics, run_id, child=agent)
         paused = _ok(rj(operator, "pause", run_id, "--reason", "acl", "--wait", "60", "--json", timeout=120)[0])
         assert paused["results"][0]["outcome"] == "paused", paused
         assert json.loads(agent.stdout.readline())["stopped"] == "pause"

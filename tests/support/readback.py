@@ -10,7 +10,7 @@ from confluent_kafka import TopicPartition
 
 from runjournal.core import kafka
 from runjournal.core.settings import Settings
-from runjournal.schemas import Event, codec_from_settings
+from runjournal.schemas import Event, EventType, codec_from_settings
 
 
 @dataclass(frozen=True)
@@ -73,3 +73,17 @@ def read_committed(settings: Settings, *, timeout_s: float = 20.0) -> list[Recor
 def events_of(records: list[Record], run_id: str) -> list[Event]:
     """The events of one run, in topic order."""
     return [r.event for r in records if r.event.run_id == run_id]
+
+
+def wait_first_call(settings: Settings, run_id: str, *, timeout_s: float = 60.0, child=None) -> None:
+    """Block until ``run_id`` has a TOOL_CALL_COMMITTED in the journal (an agent child is past its start).
+
+    An operator's command sent before the run exists is refused ("not in the projection and never started"), so a
+    test that starts an agent process and then acts on its run waits here first. ``child`` (a ``Popen``): fail at
+    once if it exited. Raises ``AssertionError`` after ``timeout_s`` (s).
+    """
+    deadline = time.monotonic() + timeout_s
+    while not any(e.type is EventType.TOOL_CALL_COMMITTED for e in events_of(read_committed(settings), run_id)):
+        assert child is None or child.poll() is None, f"the agent exited ({child.returncode}) before its first call"
+        assert time.monotonic() < deadline, f"run {run_id} made no call within {timeout_s} s"
+        time.sleep(0.2)
