@@ -16,6 +16,10 @@ unit of atomicity; a key used alone needs no tag and is spread over the cluster 
 * no tag: single keys of the whole prefix — ``rj:P:topic``, ``rj:P:parked``, ``rj:P:approvals:pending``,
   ``rj:P:projector:lag_ms``, ``rj:P:metrics:endpoints`` — and ``rj:P:result:<sha256>`` (results spread over the nodes);
 * demo ``{P:demo}``: ``rj:{P:demo}:queue``, ``:claimed:<instance>``, … — LMOVE from the queue to a claimed list;
+* spend ``{P:s:<tenant digest>}``: ``rj:{P:s:<h>}:tenant``, ``:run:<run_id>``, ``:user:<user_id>`` — one tenant's
+  budgets, spent and reserved amounts and reservations, checked and charged by one script
+  (``runjournal.producers.spend``; docs/design/decisions/0053-spend-ledger.md). ``<h>`` is the first 32 hex digits of
+  the tenant id's SHA-256: a tenant id may hold ``{`` or ``}``, which would end the tag early;
 * control ``{P:ctl}``: ``rj:{P:ctl}:requests``, ``:version``, ``:timers`` — an operator's (or a waiting run's own)
   request, the version counter heartbeat readers watch, and held runs' wake-up times (``runjournal.producers.control``).
 
@@ -159,6 +163,30 @@ class RedisKeys:
         """``rj:{P:r:<run_id>}:claim`` — the instance that started the run (SET NX: a run id is used once)."""
         return f"{self._run(run_id)}:claim"
 
+    # -- spend unit: one tenant's budgets and reservations (runjournal.producers.spend) -------------------
+    def _spend(self, tenant_id: str) -> str:
+        import hashlib
+
+        return f"rj:{{{self.prefix}:s:{hashlib.sha256(tenant_id.encode('utf-8')).hexdigest()[:32]}}}"
+
+    def spend_tenant(self, tenant_id: str) -> str:
+        """``rj:{P:s:<h>}:tenant`` — hash: the tenant's ``used:<dim>``, ``open:<dim>``, ``limit:<dim>`` (an
+        operator's budget) and ``id`` (the tenant id itself, for listing)."""
+        return f"{self._spend(tenant_id)}:tenant"
+
+    def spend_run(self, tenant_id: str, run_id: str) -> str:
+        """``rj:{P:s:<h>}:run:<run_id>`` — hash: the run's ``used/open/limit:<dim>``, its reservations
+        (``k:<reservation key>`` → JSON) and settles (``s:<settle key>`` → reservation key)."""
+        return f"{self._spend(tenant_id)}:run:{run_id}"
+
+    def spend_user(self, tenant_id: str, user_id: str) -> str:
+        """``rj:{P:s:<h>}:user:<user_id>`` — hash: the user's ``used/open/limit:<dim>`` within the tenant."""
+        return f"{self._spend(tenant_id)}:user:{user_id}"
+
+    def spend_glob(self) -> str:
+        """``rj:{P:s:*`` — every spend key of the prefix (ACL patterns, listing tenants)."""
+        return f"rj:{{{self.prefix}:s:*"
+
     # -- untagged single keys -------------------------------------------------------------------------
     def checkpoint(self, thread_id: str, kind: str) -> str:
         """``rj:{P:t:<thread_id>}:lg:<kind>`` — a framework thread's projected records of one kind (hash field → data;
@@ -244,5 +272,5 @@ class RedisKeys:
     def patterns(self) -> list[str]:
         """Globs covering every key of this prefix (and none of another): cleanup of a whole prefix."""
         return [*self.partition_globs(), f"rj:{{{self.prefix}:i:*", f"rj:{{{self.prefix}:r:*",
-                f"rj:{{{self.prefix}:t:*", f"rj:{{{self.prefix}:demo}}:*", f"rj:{{{self.prefix}:ctl}}:*",
+                f"rj:{{{self.prefix}:t:*", f"rj:{{{self.prefix}:s:*", f"rj:{{{self.prefix}:demo}}:*", f"rj:{{{self.prefix}:ctl}}:*",
                 f"rj:{self.prefix}:*"]

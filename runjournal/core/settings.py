@@ -30,12 +30,13 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from runjournal.core import _kafka_props
 from runjournal.core._redis_url import parse_redis_url
 from runjournal.core.errors import ConfigError
+from runjournal.core.spend_policy import SpendPolicy, check_currency
 
 __all__ = ["Settings", "default_cache_dir", "default_stack_dir", "mask_url"]
 
@@ -178,6 +179,35 @@ class Settings(BaseSettings):
     memory_headroom_wait_ms: int = Field(default=2000, ge=0)
     """Longest wait for that headroom before one batch, ms (then one batch is handled anyway: memory lags, it
     never stops)."""
+    spend_currency: str = "USD"
+    """ISO 4217 code money is counted in (spend ledger, ``runjournal.producers.spend``; docs/guide/spend.md): costs
+    and money budgets are integer micro-units of it."""
+    spend_prices: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Model → ``{"input_per_mtok": …, "output_per_mtok": …}``, currency units per million tokens (JSON, e.g.
+    ``{"gpt-4o": {"input_per_mtok": "2.50", "output_per_mtok": "10"}, "*": {…}}``; ``*`` prices every other model).
+    Empty: money is not counted; with prices, a model without one is refused (``UnknownModelError``)."""
+    spend_budgets: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Default budgets: scope → ``{dim: limit}`` (JSON). Scopes ``run``, ``tenant``, ``user`` (each kind's default)
+    and ``tenant:<id>``, ``user:<id>``; dims ``input_tokens``, ``output_tokens``, ``model_calls`` (counts) and
+    ``cost`` (currency units). An operator's ``runjournal spend budget`` overrides one scope's limit."""
+
+    @field_validator("spend_currency")
+    @classmethod
+    def _iso_currency(cls, v: str) -> str:
+        return check_currency(v)
+
+    @model_validator(mode="after")
+    def _spend_parses(self) -> Settings:
+        self.spend_policy()  # SpendConfigError (a ValueError) names a malformed price or budget at load
+        return self
+
+    def spend_policy(self) -> SpendPolicy:
+        """The parsed prices and default budgets (``runjournal.producers.spend.SpendPolicy``).
+
+        Raises:
+            SpendConfigError: a malformed price or budget (named).
+        """
+        return SpendPolicy.parse(self.spend_currency, self.spend_prices, self.spend_budgets)
 
     @field_validator("log_level")
     @classmethod

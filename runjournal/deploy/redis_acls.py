@@ -79,6 +79,7 @@ ROLES: dict[str, tuple[RedisGrant, ...]] = {
         RedisGrant("topic", "R", "refuse to start when the topic's partition count is not the journal's"),
         RedisGrant("control", "RW", "operators' cancel / pause requests on its runs; removed once carried out"),
         RedisGrant("signals", "R", "run.wait_signal reads a run's delivered signals"),
+        RedisGrant("spend", "RW", "reserve and settle model spend against its tenant's budgets (one script)"),
     ),
     "projector": (
         RedisGrant("projection", "RW", "fold the journal: states, run sets, applied offsets (one script)"),
@@ -100,6 +101,7 @@ ROLES: dict[str, tuple[RedisGrant, ...]] = {
         RedisGrant("topic", "RW", "check the topic identity; store it when no projector has yet"),
         RedisGrant("metrics", "RW", "announce its /metrics endpoint for the console (--metrics-port)"),
         RedisGrant("control", "RW", "carry out a cancel or pause of a run nobody live owns; remove the request"),
+        RedisGrant("spend", "R", "a spend reservation's state for a resumed run's plan"),
     ),
     "memory": (
         RedisGrant("projection", "R", "a run's owner (user, agent) for memory scopes"),
@@ -118,6 +120,7 @@ ROLES: dict[str, tuple[RedisGrant, ...]] = {
         RedisGrant("checkpoints", "RW", "erase: the run's framework checkpoint projection and thread-list entry"),
         RedisGrant("control", "RW", "cancel / pause a run (a request its owner carries out), withdraw a pause"),
         RedisGrant("signals", "RW", "runjournal signal delivers a signal to a run (once); erase"),
+        RedisGrant("spend", "RW", "runjournal spend: set a budget; erase a run's reservations"),
     ),
 }
 """Role → the key families it may use (see the module docstring)."""
@@ -152,6 +155,7 @@ def family_globs(family: str, prefix: str, *, agent_name: str | None = None) -> 
         "metrics": [keys.metrics_endpoints()],
         "control": [keys.control_requests(), keys.control_version(), keys.control_timers()],
         "signals": [keys.run_glob("signals")],
+        "spend": [keys.spend_glob()],
         "everything": keys.patterns(),
     }
     if family == "instance":

@@ -113,6 +113,8 @@ from runjournal.producers.errors import (
 )
 from runjournal.producers.plan import ApprovalStatus, CallVerdict, PlannedCall
 from runjournal.producers.results import unavailable_reason
+from runjournal.producers.spend import Reservation, SpendLedger, SpendPolicy
+from runjournal.producers.spend import reserve as reserve_spend
 from runjournal.producers.tools import Outcome, Tool
 from runjournal.producers.tracing import current_traceparent
 from runjournal.producers.waits import SignalInbox, SignalReceive, TimerStart
@@ -811,6 +813,47 @@ class RunHandle:
                          "job, which carries the cancel out")
             self._give_up("its cancel could not be published")
         raise err
+
+    # -- spend (runjournal.producers.spend; docs/design/decisions/0053-spend-ledger.md) ------------------------
+    def reserve(self, model: str, *, input_tokens: int, output_tokens: int, user_id: str | None = None,
+                step: str | None = None) -> Reservation:
+        """Reserve the estimated spend of one model call before making it; settle it after with the actual usage.
+
+        ``with run.reserve("gpt-4o", input_tokens=1200, output_tokens=512) as r: resp = llm(...);
+        r.settle(resp.usage)``. The reservation is a journaled step (like a side-effecting call): the ledger's
+        script checks the run's, the tenant's and (with ``user_id``) the user's budgets and charges the estimate
+        to each at once, or refuses. A resumed run meets its recorded reservation and settle again: nothing is
+        charged twice (``Reservation.recorded``).
+
+        Args:
+            model: the model's name (priced by ``Settings.spend_prices``).
+            input_tokens, output_tokens: the estimate (whole, >= 0; the request's ``max_tokens`` for output keeps
+                a budget exact).
+            user_id: also charge this user's budget within the tenant.
+            step: a stable name of this reservation (as ``call(step=…)``); its settle is ``step + "/settle"``.
+
+        Returns:
+            A :class:`~runjournal.producers.spend.Reservation` (a context manager).
+
+        Raises:
+            BudgetExceededError: a budget would pass its limit (``left`` says what may still be reserved); nothing
+                was charged.
+            SpendValueError / UnknownModelError / InvalidIdError: bad input; nothing was published.
+            As :meth:`call` otherwise.
+        """
+        return reserve_spend(self, model, input_tokens=input_tokens, output_tokens=output_tokens,
+                             user_id=user_id, step=step)
+
+    def spend_policy(self) -> SpendPolicy:
+        """The journal's prices and default budgets (``Settings.spend_*``)."""
+        return self.spend_ledger().policy
+
+    def spend_ledger(self) -> SpendLedger:
+        """The journal's spend ledger (``Journal.spend_ledger``)."""
+        ledger = getattr(self.journal, "spend_ledger", None)
+        if ledger is None:
+            raise JournalError("spend needs a Journal (its spend ledger); this handle's journal has none")
+        return ledger  # type: ignore[no-any-return]
 
     # -- durable waits (runjournal.producers.waits; docs/design/decisions/0050-durable-waits.md) ------------------
     def sleep(self, seconds: float | None = None, *, until_ms: int | None = None, step: str | None = None) -> None:

@@ -91,6 +91,7 @@ from runjournal.producers.handle import RunHandle
 from runjournal.producers.metrics import NO_METRICS, JournalMetrics
 from runjournal.producers.plan import PlanStore
 from runjournal.producers.results import PayloadRef, ResultStore, digest_bytes, payload_key, split_chunks
+from runjournal.producers.spend import SpendLedger
 from runjournal.producers.tracing import check_traceparent
 from runjournal.schemas import Event, EventType
 from runjournal.schemas.keys import partition_for
@@ -260,6 +261,7 @@ class Journal:
             self._redis = redis_client
             self._prefix = prefix
             self.results = ResultStore(redis_client, prefix, settings)
+            self._spend: SpendLedger | None = None
             self.max_result_bytes = settings.max_result_bytes
             """Largest result (and call arguments) recorded, bytes (``Settings.max_result_bytes``)."""
             self._max_txn_age_s = max_txn_age_ms / 1000
@@ -328,6 +330,14 @@ class Journal:
         self._metrics.attach(self)
 
     # -- properties ------------------------------------------------------------------------------
+    @property
+    def spend_ledger(self) -> SpendLedger:
+        """This instance's spend ledger (``runjournal.producers.spend``): the tenant budgets ``RunHandle.reserve``
+        checks, with the prices and default budgets of ``Settings.spend_*`` (made on first use)."""
+        if self._spend is None:
+            self._spend = SpendLedger(self._redis, self._prefix, self.settings.spend_policy())
+        return self._spend
+
     @property
     def fence_count(self) -> int:
         """How many times this instance was found fenced; a handle created before a fence stops writing."""

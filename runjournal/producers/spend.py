@@ -1,0 +1,489 @@
+"""The spend ledger: token, money and call budgets reserved before each model call and settled after it.
+
+docs/design/decisions/0053-spend-ledger.md. A model call costs money that is only known once it returns — the shape
+of the side-effect protocol — so spend rides that protocol: a reservation and its settle are two steps of the run,
+journaled as calls of two built-in, side-effecting tools, each carried out by one Redis script on the tenant's
+ledger and answered by key when its outcome is unknown.
+
+* ``runjournal.spend.reserve`` — args ``{"model", "estimate"}``; the script checks every budget that applies (the
+  run's, the tenant's, the user's: :data:`DIMS`) and charges the estimate to each — or refuses, and the call is
+  recorded as failed (``BudgetExceededError``, retryable) with nothing charged. Its result names the reservation.
+* ``runjournal.spend.settle`` — args ``{"reservation", "usage"}``; the script replaces the reservation's estimate by
+  the actual usage in every scope. A settle is never refused (the money is spent); one without its reservation is
+  (``SettleWithoutReservationError``).
+
+Both scripts are idempotent by key: a retried reserve (same idempotency key) charges once, a retried settle settles
+once, and ``reconcile(key)`` reads the reservation's state — so a crash between intent and outcome leaves no double
+charge and no lost one. A recorded step is answered from the journal (resume, replay, a fork's copied steps): it
+never reaches Redis again, so nothing is charged twice. A crash between a reservation and its settle leaves the
+reservation charged at its estimate (``open``: unknown spend) until a settle names it.
+
+**Units.** Tokens and calls are integers; money is an integer count of micro-units of ``Settings.spend_currency``
+(``cost_micros``: 1 USD = 1,000,000). A price per million tokens in currency units is therefore exactly the price
+per token in micro-units.
+
+**Overshoot bound.** The check is atomic per tenant (one hash tag, one script: exact on Redis Cluster). A budget
+can be exceeded only by settles larger than their estimates: at most the sum, over the reservations in flight, of
+``actual - estimate`` where positive. With an estimate at the request's ``max_tokens`` there is none.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from runjournal.core.ids import USER_ID
+from runjournal.core.redis_keys import RedisKeys
+from runjournal.core.spend_policy import (
+    DIMS,
+    SpendConfigError,
+    SpendPolicy,
+    SpendValueError,
+    UnknownCurrencyError,
+    UnknownModelError,
+    Usage,
+    check_currency,
+)
+from runjournal.producers.errors import JournalError
+from runjournal.producers.tools import Outcome
+
+__all__ = [
+    "DIMS",
+    "RESERVE_TOOL",
+    "SETTLE_TOOL",
+    "BudgetExceededError",
+    "Reservation",
+    "SettleWithoutReservationError",
+    "SpendConfigError",
+    "SpendLedger",
+    "SpendPolicy",
+    "SpendReserve",
+    "SpendSettle",
+    "SpendSummary",
+    "SpendValueError",
+    "UnknownCurrencyError",
+    "UnknownModelError",
+    "Usage",
+    "check_currency",
+    "fold_spend",
+]
+
+RESERVE_TOOL = "runjournal.spend.reserve"
+SETTLE_TOOL = "runjournal.spend.settle"
+
+
+class SettleWithoutReservationError(JournalError):
+    """A settle names a reservation the ledger does not hold (never reserved, or another run's)."""
+
+
+class BudgetExceededError(JournalError):
+    """A reservation would take a budget past its limit; nothing was charged (the reserve step is recorded as a
+    retryable failure: a later attempt, after an operator raised the budget, may pass).
+
+    Attributes:
+        scope: ``run:<id>``, ``tenant:<id>`` or ``user:<id>`` — the budget refused.
+        dim: the dim (:data:`DIMS`).
+        limit, used, asked: the budget, what is already charged (settled + reserved) and the estimate, in the dim's
+            unit (tokens, calls, or micro-units of the currency).
+        left: ``max(0, limit - used)`` — what the agent may still reserve in that dim (degrade, summarise, ask).
+    """
+
+    retryable = True
+    outcome_unknown = False
+
+    def __init__(self, *, scope: str, dim: str, limit: int, used: int, asked: int) -> None:
+        self.scope, self.dim, self.limit, self.used, self.asked = scope, dim, limit, used, asked
+        self.left = max(0, limit - used)
+        super().__init__(f"budget {scope} {dim}: {asked} asked, {self.left} left of {limit} (used {used}); "
+                         "reserve less, or raise the budget (runjournal spend budget)")
+
+
+# -- the ledger's scripts (one tenant's hash tag: exact on Redis Cluster) ------------------------------------------
+_LUA_DIMS = "local DIMS = {'input_tokens', 'output_tokens', 'cost_micros', 'model_calls'}\n"
+_RESERVE = _LUA_DIMS + """
+-- KEYS: run, tenant[, user]. ARGV: reservation key, estimate JSON, defaults JSON (one object per KEY), state JSON.
+local res = 'k:' .. ARGV[1]
+local prior = redis.call('HGET', KEYS[1], res)
+if prior then return {'dup', prior} end
+local est = cjson.decode(ARGV[2])
+local defaults = cjson.decode(ARGV[3])
+for i = 1, #KEYS do
+  for _, dim in ipairs(DIMS) do
+    local add = tonumber(est[dim] or 0)
+    local limit = redis.call('HGET', KEYS[i], 'limit:' .. dim) or defaults[i][dim]
+    if limit ~= nil and add > 0 then
+      local used = tonumber(redis.call('HGET', KEYS[i], 'used:' .. dim) or '0')
+      if used + add > tonumber(limit) then
+        return {'refused', tostring(i), dim, tostring(limit), tostring(used), tostring(add)}
+      end
+    end
+  end
+end
+for i = 1, #KEYS do
+  for _, dim in ipairs(DIMS) do
+    local add = tonumber(est[dim] or 0)
+    if add ~= 0 then
+      redis.call('HINCRBY', KEYS[i], 'used:' .. dim, add)
+      redis.call('HINCRBY', KEYS[i], 'open:' .. dim, add)
+    end
+  end
+end
+redis.call('HSET', KEYS[1], res, ARGV[4])
+return {'ok', ARGV[4]}
+"""
+_SETTLE = _LUA_DIMS + """
+-- KEYS: run, tenant[, user]. ARGV: reservation key, settle key, actual amounts JSON.
+local res = 'k:' .. ARGV[1]
+local prior = redis.call('HGET', KEYS[1], res)
+if not prior then return {'missing'} end
+local st = cjson.decode(prior)
+if st['state'] == 'settled' then return {'dup', prior} end
+local actual = cjson.decode(ARGV[3])
+for i = 1, #KEYS do
+  for _, dim in ipairs(DIMS) do
+    local est = tonumber(st['estimate'][dim] or 0)
+    local delta = tonumber(actual[dim] or 0) - est
+    if delta ~= 0 then redis.call('HINCRBY', KEYS[i], 'used:' .. dim, delta) end
+    if est ~= 0 then redis.call('HINCRBY', KEYS[i], 'open:' .. dim, -est) end
+  end
+end
+st['state'] = 'settled'
+st['reservation'] = ARGV[1]
+st['usage'] = actual
+st['settle'] = ARGV[2]
+local text = cjson.encode(st)
+redis.call('HSET', KEYS[1], res, text)
+redis.call('HSET', KEYS[1], 's:' .. ARGV[2], ARGV[1])
+return {'ok', text}
+"""
+
+
+class SpendLedger:
+    """One tenant's budgets, charged amounts and reservations in Redis (``RedisKeys.spend_*``), kept by two scripts.
+
+    The ledger is the one place of truth a reserve is checked against; the journal (the reserve and settle steps'
+    records) is the authority it is rebuilt from (``runjournal spend --fold``: a fresh fold of the topic).
+
+    Args:
+        client: a redis-py client (``runjournal.core.redis_client``).
+        prefix: the topic prefix.
+        policy: prices and default budgets.
+    """
+
+    def __init__(self, client: Any, prefix: str, policy: SpendPolicy) -> None:
+        self.r = client
+        self.keys = RedisKeys(prefix)
+        self.policy = policy
+        self._reserve = client.register_script(_RESERVE)
+        self._settle = client.register_script(_SETTLE)
+
+    def _scope_keys(self, tenant_id: str, run_id: str, user_id: str | None) -> tuple[list[str], list[str]]:
+        keys = [self.keys.spend_run(tenant_id, run_id), self.keys.spend_tenant(tenant_id)]
+        names = [f"run:{run_id}", f"tenant:{tenant_id}"]
+        if user_id is not None:
+            keys.append(self.keys.spend_user(tenant_id, user_id))
+            names.append(f"user:{user_id}")
+        return keys, names
+
+    def reserve(self, *, tenant_id: str, run_id: str, user_id: str | None, key: str, model: str,
+                estimate: Mapping[str, int]) -> dict[str, Any]:
+        """Check every budget of (run, tenant, user) and charge ``estimate`` to each, atomically; idempotent by
+        ``key`` (a reservation already held is returned as it is).
+
+        Returns: the reservation's state ``{"state": "reserved", "model", "estimate", "user_id", "tenant_id"}``.
+
+        Raises:
+            BudgetExceededError: a budget would pass its limit; nothing was charged.
+        """
+        keys, names = self._scope_keys(tenant_id, run_id, user_id)
+        defaults = [self.policy.defaults("run", run_id), self.policy.defaults("tenant", tenant_id)]
+        if user_id is not None:
+            defaults.append(self.policy.defaults("user", user_id))
+        state = json.dumps({"state": "reserved", "model": model, "estimate": dict(estimate), "user_id": user_id,
+                            "tenant_id": tenant_id}, sort_keys=True)
+        defaults_json = json.dumps([d or {"_": None} for d in defaults])  # cjson: an empty {} decodes as an array
+        out = self._reserve(keys=keys, args=[key, json.dumps(dict(estimate)), defaults_json, state])
+        tag = _text(out[0])
+        if tag == "refused":
+            i, dim, limit, used, asked = int(_text(out[1])), _text(out[2]), *(int(float(_text(v))) for v in out[3:6])
+            raise BudgetExceededError(scope=names[i - 1], dim=dim, limit=limit, used=used, asked=asked)
+        return dict(json.loads(_text(out[1])))
+
+    def settle(self, *, tenant_id: str, run_id: str, user_id: str | None, key: str, settle_key: str,
+               actual: Mapping[str, int]) -> dict[str, Any]:
+        """Replace reservation ``key``'s estimate by ``actual`` in every scope; idempotent (a settled reservation is
+        returned as it is — its first settle stands).
+
+        Raises:
+            SettleWithoutReservationError: the ledger holds no reservation ``key`` for this run.
+        """
+        keys, _ = self._scope_keys(tenant_id, run_id, user_id)
+        out = self._settle(keys=keys, args=[key, settle_key, json.dumps(dict(actual))])
+        if _text(out[0]) == "missing":
+            raise SettleWithoutReservationError(f"run {run_id}: no reservation {key} to settle (reserve first; a "
+                                                "settle names the reservation its reserve returned)")
+        return dict(json.loads(_text(out[1])))
+
+    def reservation(self, tenant_id: str, run_id: str, key: str) -> dict[str, Any] | None:
+        """Reservation ``key``'s state, or None (never reserved)."""
+        raw = self.r.hget(self.keys.spend_run(tenant_id, run_id), f"k:{key}")
+        return None if raw is None else dict(json.loads(_text(raw)))
+
+    def settled_by(self, tenant_id: str, run_id: str, settle_key: str) -> dict[str, Any] | None:
+        """The reservation settle ``settle_key`` settled (its state), or None."""
+        run_key = self.keys.spend_run(tenant_id, run_id)
+        res = self.r.hget(run_key, f"s:{settle_key}")
+        return None if res is None else self.reservation(tenant_id, run_id, _text(res))
+
+    def scope(self, tenant_id: str, kind: str = "tenant", ident: str | None = None) -> dict[str, dict[str, int]]:
+        """One scope's amounts: ``{"used": {dim: n}, "open": {dim: n}, "limit": {dim: n}}`` (limit: the operator's
+        budget, else the settings' default; absent dims have none)."""
+        if kind == "tenant":
+            key, ident = self.keys.spend_tenant(tenant_id), tenant_id
+        elif kind == "run":
+            key = self.keys.spend_run(tenant_id, str(ident))
+        else:
+            key = self.keys.spend_user(tenant_id, str(ident))
+        raw = {_text(k): _text(v) for k, v in (self.r.hgetall(key) or {}).items()}
+        out: dict[str, dict[str, int]] = {"used": {}, "open": {}, "limit": dict(self.policy.defaults(kind, ident))}
+        for name, value in raw.items():
+            part, _, dim = name.partition(":")
+            if part in ("used", "open", "limit") and dim in DIMS:
+                out[part][dim] = int(value)
+        return out
+
+    def set_limit(self, tenant_id: str, kind: str, ident: str | None, dim: str, value: int | None) -> None:
+        """An operator's budget for one scope and dim (ledger units); ``None`` removes it (the default applies)."""
+        if dim not in DIMS:
+            raise SpendValueError(f"unknown dim {dim!r} (one of {', '.join(DIMS)})")
+        key = (self.keys.spend_tenant(tenant_id) if kind == "tenant" else self.keys.spend_run(tenant_id, str(ident))
+               if kind == "run" else self.keys.spend_user(tenant_id, str(ident)))
+        if value is None:
+            self.r.hdel(key, f"limit:{dim}")
+        else:
+            self.r.hset(key, f"limit:{dim}", _count_value(value, dim))
+
+
+def _count_value(value: Any, dim: str) -> int:
+    try:
+        return Usage(input_tokens=value).input_tokens
+    except SpendValueError as exc:
+        raise SpendValueError(f"{dim}: {exc}") from None
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+# -- the two built-in tools ----------------------------------------------------------------------------------------
+class SpendReserve:
+    """Built-in tool ``runjournal.spend.reserve``: ``{"model", "estimate", "user_id"}`` → the reservation."""
+
+    name = RESERVE_TOOL
+    side_effect = True
+    timeout_ms = 5000
+
+    def __init__(self, ledger: SpendLedger, tenant_id: str, run_id: str) -> None:
+        self.ledger, self.tenant_id, self.run_id = ledger, tenant_id, run_id
+        self.invoked = False
+
+    def __call__(self, args: dict[str, Any], idempotency_key: str) -> Any:
+        self.invoked = True
+        state = self.ledger.reserve(tenant_id=self.tenant_id, run_id=self.run_id, user_id=args.get("user_id"),
+                                    key=idempotency_key, model=args["model"], estimate=args["estimate"])
+        return _reserved(idempotency_key, state)
+
+    def reconcile(self, idempotency_key: str) -> Outcome | None:
+        """The ledger answers: held → executed (its state); absent → not executed (reserve again, same key)."""
+        state = self.ledger.reservation(self.tenant_id, self.run_id, idempotency_key)
+        return Outcome(executed=False) if state is None else Outcome(executed=True,
+                                                                     result=_reserved(idempotency_key, state))
+
+
+def _reserved(key: str, state: Mapping[str, Any]) -> dict[str, Any]:
+    return {"reservation": key, "model": state["model"], "estimate": state["estimate"], "user_id": state.get("user_id")}
+
+
+class SpendSettle:
+    """Built-in tool ``runjournal.spend.settle``: ``{"reservation", "model", "usage", "user_id"}`` → the charge."""
+
+    name = SETTLE_TOOL
+    side_effect = True
+    timeout_ms = 5000
+
+    def __init__(self, ledger: SpendLedger, tenant_id: str, run_id: str) -> None:
+        self.ledger, self.tenant_id, self.run_id = ledger, tenant_id, run_id
+
+    def __call__(self, args: dict[str, Any], idempotency_key: str) -> Any:
+        state = self.ledger.settle(tenant_id=self.tenant_id, run_id=self.run_id, user_id=args.get("user_id"),
+                                   key=args["reservation"], settle_key=idempotency_key, actual=args["usage"])
+        return _settled(state)
+
+    def reconcile(self, idempotency_key: str) -> Outcome | None:
+        state = self.ledger.settled_by(self.tenant_id, self.run_id, idempotency_key)
+        return Outcome(executed=False) if state is None else Outcome(executed=True,
+                                                                     result=_settled(state))
+
+
+def _settled(state: Mapping[str, Any]) -> dict[str, Any]:
+    return {"reservation": state["reservation"], "model": state["model"], "estimate": state["estimate"],
+            "usage": state["usage"]}
+
+
+class Reservation:
+    """A reservation of spend for one model call (``RunHandle.reserve``); settle it with the actual usage.
+
+    Used as a context manager, leaving the block without a settle settles at the estimate (``estimated``: the
+    actual usage was not reported; the estimate stays charged). A process killed before the settle leaves the
+    reservation charged at its estimate (``open`` in the ledger and the console: unknown spend).
+
+    Attributes:
+        key: the reservation's key (the reserve step's idempotency key).
+        model: the model named.
+        estimate: ``{dim: amount}`` reserved (:data:`DIMS`).
+        recorded: True when the journal answered the reserve (a resumed or replayed run): nothing was charged now.
+        charge: the settled amounts once settled, else None.
+    """
+
+    def __init__(self, handle: Any, reserved: Mapping[str, Any], *, step: str | None, recorded: bool) -> None:
+        self._handle = handle
+        self.key: str = reserved["reservation"]
+        self.model: str = reserved["model"]
+        self.estimate: dict[str, int] = dict(reserved["estimate"])
+        self.user_id: str | None = reserved.get("user_id")
+        self.recorded = recorded
+        self.charge: dict[str, int] | None = None
+        self._step = step
+
+    def settle(self, usage: Usage | Mapping[str, Any] | None = None, *, input_tokens: int | None = None,
+               output_tokens: int | None = None, estimated: bool = False) -> dict[str, int]:
+        """Settle with the actual usage (``Usage``, a provider's usage mapping, or the two counts); returns the
+        charged amounts ``{dim: amount}``. A second settle returns the first's charge.
+
+        Raises:
+            SpendValueError / UnknownModelError: bad counts; nothing was published.
+            SettleWithoutReservationError: the ledger has no such reservation (e.g. the ledger was wiped).
+            As ``RunHandle.call`` for publishing.
+        """
+        if self.charge is not None:
+            return self.charge
+        if usage is None:
+            usage = Usage(input_tokens=input_tokens or 0, output_tokens=output_tokens or 0)
+        amounts = self._handle.spend_policy().amounts(self.model, Usage.of(usage))
+        args: dict[str, Any] = {"reservation": self.key, "model": self.model, "usage": amounts,
+                                "user_id": self.user_id}
+        if estimated:
+            args["estimated"] = True
+        result = self._handle.call(SpendSettle(self._handle.spend_ledger(), self._handle.tenant_id,
+                                               self._handle.run_id), args,
+                                   step=None if self._step is None else f"{self._step}/settle")
+        self.charge = dict(result["usage"])
+        return self.charge
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        if self.charge is None and (exc is None or isinstance(exc, Exception)):
+            self.settle(Usage(input_tokens=self.estimate.get("input_tokens", 0),
+                              output_tokens=self.estimate.get("output_tokens", 0)), estimated=True)
+
+
+def reserve(handle: Any, model: str, *, input_tokens: int, output_tokens: int, user_id: str | None = None,
+            step: str | None = None) -> Reservation:
+    """``RunHandle.reserve``: the reserve step (see the module docstring)."""
+    if not isinstance(model, str) or not model or len(model) > 256:
+        raise SpendValueError(f"model must be a name of 1 … 256 characters, not {model!r}")
+    USER_ID.check_optional(user_id)
+    policy = handle.spend_policy()
+    estimate = policy.amounts(model, Usage(input_tokens=input_tokens, output_tokens=output_tokens))
+    tool = SpendReserve(handle.spend_ledger(), handle.tenant_id, handle.run_id)
+    result = handle.call(tool, {"model": model, "estimate": estimate, "user_id": user_id},
+                         step=None if step is None else f"{step}/reserve")
+    return Reservation(handle, result, step=step, recorded=not tool.invoked)
+
+
+# -- the fold: spend from a run's execution records ----------------------------------------------------------------
+@dataclass
+class SpendSummary:
+    """A run's spend as its journal says (a fold of its execution records; the console and ``runjournal spend``).
+
+    Attributes:
+        settled: ``{dim: amount}`` of settled reservations (actual usage).
+        open: ``{dim: amount}`` reserved and not settled (unknown spend: charged at the estimate).
+        unknown_reserves: reserve steps whose outcome is unknown (their estimate is not in the projection).
+        by_model: model → settled ``{dim: amount}``.
+        reservations, refused: counts.
+    """
+
+    settled: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DIMS, 0))
+    open: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DIMS, 0))
+    unknown_reserves: int = 0
+    by_model: dict[str, dict[str, int]] = field(default_factory=dict)
+    reservations: int = 0
+    refused: int = 0
+
+    def charged(self) -> dict[str, int]:
+        """``settled + open`` per dim — what the ledger's ``used`` holds for the run."""
+        return {d: self.settled[d] + self.open[d] for d in DIMS}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"settled": self.settled, "open": self.open, "charged": self.charged(),
+                "unknown_reserves": self.unknown_reserves, "by_model": self.by_model,
+                "reservations": self.reservations, "refused": self.refused}
+
+
+def fold_spend(records: Iterable[Any]) -> SpendSummary:
+    """Fold a run's execution records (``ExecutionRecord`` objects or their dicts) into its spend.
+
+    A COMMITTED reserve is charged at its estimate until a COMMITTED settle names it; a FAILED reserve was refused
+    (nothing charged); a reserve with an unknown outcome is counted in ``unknown_reserves``.
+    """
+    reserved: dict[str, dict[str, Any]] = {}
+    settles: list[dict[str, Any]] = []
+    out = SpendSummary()
+    for rec in records:
+        get = rec.get if isinstance(rec, Mapping) else (lambda name, r=rec: getattr(r, name, None))
+        tool = get("tool")
+        if tool not in (RESERVE_TOOL, SETTLE_TOOL):
+            continue
+        status = str(getattr(get("status"), "value", get("status")))
+        value = _record_value(get("result_json"))
+        done = status in ("COMMITTED", "RECONCILED_COMMITTED")
+        if tool == RESERVE_TOOL:
+            if done and value is not None:
+                reserved[value["reservation"]] = value
+            elif status == "FAILED":
+                out.refused += 1
+            elif not done:
+                out.unknown_reserves += 1
+        elif done and value is not None:
+            settles.append(value)
+    out.reservations = len(reserved)
+    settled_keys = set()
+    for s in settles:
+        key = s.get("reservation")
+        settled_keys.add(key)
+        model = s.get("model", "?")
+        per = out.by_model.setdefault(model, dict.fromkeys(DIMS, 0))
+        for d in DIMS:
+            amount = int(s["usage"].get(d, 0))
+            out.settled[d] += amount
+            per[d] += amount
+    for key, r in reserved.items():
+        if key not in settled_keys:
+            for d in DIMS:
+                out.open[d] += int(r["estimate"].get(d, 0))
+    return out
+
+
+def _record_value(text: Any) -> dict[str, Any] | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
