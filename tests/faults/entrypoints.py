@@ -227,6 +227,13 @@ WRITERS: dict[str, Writer] = {
                     "as RunHandle.sleep / wait_signal: a node re-run from its checkpoint meets the recorded answer",
                     covered_by="tests/adapters/test_langgraph_controls.py")
        for name in ("JournalRuns.wait_signal", "JournalRuns.await_signal", "JournalRuns.sleep", "JournalRuns.asleep")},
+    "RunHandle.reserve": Writer((), _HANDLE_RACE + "; a reservation and its settle are calls of two built-in tools "
+                                "whose effect is one script on the tenant's ledger (one slot), idempotent by key: "
+                                "agents on many hosts reserving against one budget never pass it",
+                                "as RunHandle.call: killed between reserve and settle, the estimate stays charged "
+                                "(open) and the resumed run meets its recorded reservation; killed inside a step, "
+                                "the step is reconciled by key against the ledger, never charged twice",
+                                covered_by="tests/producers/test_spend.py, tests/faults/test_spend_crash.py"),
 }
 
 READERS: frozenset[str] = frozenset({
@@ -241,7 +248,7 @@ READERS: frozenset[str] = frozenset({
     "JournalCheckpointSaver.get_next_version", "JournalCheckpointSaver.aget_tuple", "JournalCheckpointSaver.alist",
     "JournalSession.get_items", "JournalRuns.compile", "RecoveryJob.close", "RecoveryJob.unknown_runs",
     "Journal.request_for", "Journal.request_done", "RunHandle.pending_request", "AsyncRunHandle.pending_request",
-    "Operator.select", "Operator.state", "Operator.close",
+    "Operator.select", "Operator.state", "Operator.close", "RunHandle.spend_policy", "RunHandle.spend_ledger",
     # read-only commands
     "cli inspect", "cli replay", "cli settings", "cli stack up", "cli stack env", "cli stack down", "cli stack status",
     "cli topics create", "cli topics describe", "cli schemas check", "cli schemas publish", "cli memory serve",
