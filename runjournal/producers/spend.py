@@ -283,7 +283,7 @@ class SpendReserve:
 
     name = RESERVE_TOOL
     side_effect = True
-    timeout_ms = 5000
+    timeout_ms = 1000  # a script's request cannot act after its connection closed: a short effect window
 
     def __init__(self, ledger: SpendLedger, tenant_id: str, run_id: str) -> None:
         self.ledger, self.tenant_id, self.run_id = ledger, tenant_id, run_id
@@ -311,7 +311,7 @@ class SpendSettle:
 
     name = SETTLE_TOOL
     side_effect = True
-    timeout_ms = 5000
+    timeout_ms = 1000  # a script's request cannot act after its connection closed: a short effect window
 
     def __init__(self, ledger: SpendLedger, tenant_id: str, run_id: str) -> None:
         self.ledger, self.tenant_id, self.run_id = ledger, tenant_id, run_id
@@ -450,12 +450,13 @@ def fold_spend(records: Iterable[Any]) -> SpendSummary:
         if tool not in (RESERVE_TOOL, SETTLE_TOOL):
             continue
         status = str(getattr(get("status"), "value", get("status")))
+        reconciled = str(getattr(get("reconciled_outcome"), "value", get("reconciled_outcome")))
         value = _record_value(get("result_json"))
-        done = status in ("COMMITTED", "RECONCILED_COMMITTED")
+        done = status == "COMMITTED" or (status == "RECONCILED" and reconciled == "COMMITTED")
         if tool == RESERVE_TOOL:
             if done and value is not None:
                 reserved[value["reservation"]] = value
-            elif status == "FAILED":
+            elif status == "FAILED" or (status == "RECONCILED" and reconciled == "FAILED"):
                 out.refused += 1
             elif not done:
                 out.unknown_reserves += 1
