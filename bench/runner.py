@@ -39,6 +39,7 @@ def _sizes(quick: bool, rounds: int | None) -> dict[str, Any]:
         "event_cost_events": 10_000 if quick else 50_000,
         "event_cost_rounds": 1 if quick else 2,
         "payloads_rounds": 2 if quick else 3,  # 100 MB per side per round
+        "spend_calls": 100 if quick else 300,
     }
 
 
@@ -49,6 +50,10 @@ def _run_pair(name: str, env: BenchEnv, shared: dict[str, Any], sizes: dict[str,
         from bench.startup import run_startup
 
         return run_startup(env, sizes["startup_runs"])
+    if name == "spend":
+        from bench.spend import SpendConfig, run_spend
+
+        return run_spend(env, SpendConfig(sizes["spend_calls"], min(r, 2 if sizes["spend_calls"] < 300 else 3)))
     if name == "payloads":
         from bench.payloads import PayloadsConfig, run_payloads
 
