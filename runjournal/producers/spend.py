@@ -103,12 +103,22 @@ class BudgetExceededError(JournalError):
 # -- the ledger's scripts (one tenant's hash tag: exact on Redis Cluster) ------------------------------------------
 _LUA_DIMS = "local DIMS = {'input_tokens', 'output_tokens', 'cost_micros', 'model_calls'}\n"
 _RESERVE = _LUA_DIMS + """
--- KEYS: run, tenant[, user]. ARGV: reservation key, estimate JSON, defaults JSON (one object per KEY), state JSON.
+-- KEYS: run, tenant[, user]. ARGV: reservation key, estimate JSON, defaults JSON (one object per KEY), state JSON,
+-- the run's recorded spend JSON (its scope's start, applied once).
 local res = 'k:' .. ARGV[1]
 local prior = redis.call('HGET', KEYS[1], res)
 if prior then return {'dup', prior} end
 local est = cjson.decode(ARGV[2])
 local defaults = cjson.decode(ARGV[3])
+if redis.call('HSETNX', KEYS[1], 'init', '1') == 1 then
+  -- the run's first reservation in this ledger: its scope starts from the spend its journal already records
+  -- (a fork's copied steps, or a run whose ledger was lost), never charged to the tenant again
+  local base = cjson.decode(ARGV[5])
+  for _, dim in ipairs(DIMS) do
+    local add = tonumber(base[dim] or 0)
+    if add ~= 0 then redis.call('HINCRBY', KEYS[1], 'used:' .. dim, add) end
+  end
+end
 for i = 1, #KEYS do
   for _, dim in ipairs(DIMS) do
     local add = tonumber(est[dim] or 0)
@@ -188,9 +198,13 @@ class SpendLedger:
         return keys, names
 
     def reserve(self, *, tenant_id: str, run_id: str, user_id: str | None, key: str, model: str,
-                estimate: Mapping[str, int]) -> dict[str, Any]:
+                estimate: Mapping[str, int], recorded: Mapping[str, int] | None = None) -> dict[str, Any]:
         """Check every budget of (run, tenant, user) and charge ``estimate`` to each, atomically; idempotent by
         ``key`` (a reservation already held is returned as it is).
+
+        ``recorded``: the spend the run's journal already records (``{dim: amount}``) — the run's scope starts from
+        it the first time the ledger meets the run (a fork starts from the spend at its fork point; a run whose
+        ledger was lost gets its scope back), and it is never charged to the tenant or the user again.
 
         Returns: the reservation's state ``{"state": "reserved", "model", "estimate", "user_id", "tenant_id"}``.
 
@@ -204,7 +218,8 @@ class SpendLedger:
         state = json.dumps({"state": "reserved", "model": model, "estimate": dict(estimate), "user_id": user_id,
                             "tenant_id": tenant_id}, sort_keys=True)
         defaults_json = json.dumps([d or {"_": None} for d in defaults])  # cjson: an empty {} decodes as an array
-        out = self._reserve(keys=keys, args=[key, json.dumps(dict(estimate)), defaults_json, state])
+        out = self._reserve(keys=keys, args=[key, json.dumps(dict(estimate)), defaults_json, state,
+                                             json.dumps(dict(recorded or {}) or {"_": 0})])
         tag = _text(out[0])
         if tag == "refused":
             i, dim, limit, used, asked = int(_text(out[1])), _text(out[2]), *(int(float(_text(v))) for v in out[3:6])
@@ -285,14 +300,17 @@ class SpendReserve:
     side_effect = True
     timeout_ms = 1000  # a script's request cannot act after its connection closed: a short effect window
 
-    def __init__(self, ledger: SpendLedger, tenant_id: str, run_id: str) -> None:
+    def __init__(self, ledger: SpendLedger, tenant_id: str, run_id: str,
+                 recorded: Mapping[str, int] | None = None) -> None:
         self.ledger, self.tenant_id, self.run_id = ledger, tenant_id, run_id
+        self.recorded = recorded
         self.invoked = False
 
     def __call__(self, args: dict[str, Any], idempotency_key: str) -> Any:
         self.invoked = True
         state = self.ledger.reserve(tenant_id=self.tenant_id, run_id=self.run_id, user_id=args.get("user_id"),
-                                    key=idempotency_key, model=args["model"], estimate=args["estimate"])
+                                    key=idempotency_key, model=args["model"], estimate=args["estimate"],
+                                    recorded=self.recorded)
         return _reserved(idempotency_key, state)
 
     def reconcile(self, idempotency_key: str) -> Outcome | None:
@@ -399,7 +417,9 @@ def reserve(handle: Any, model: str, *, input_tokens: int, output_tokens: int, u
     USER_ID.check_optional(user_id)
     policy = handle.spend_policy()
     estimate = policy.amounts(model, Usage(input_tokens=input_tokens, output_tokens=output_tokens))
-    tool = SpendReserve(handle.spend_ledger(), handle.tenant_id, handle.run_id)
+    plan = getattr(handle, "plan", None)
+    recorded = fold_spend(plan.calls.values()).charged() if plan is not None else None
+    tool = SpendReserve(handle.spend_ledger(), handle.tenant_id, handle.run_id, recorded)
     result = handle.call(tool, {"model": model, "estimate": estimate, "user_id": user_id},
                          step=None if step is None else f"{step}/reserve")
     return Reservation(handle, result, step=step, recorded=not tool.invoked)
@@ -436,7 +456,8 @@ class SpendSummary:
 
 
 def fold_spend(records: Iterable[Any]) -> SpendSummary:
-    """Fold a run's execution records (``ExecutionRecord`` objects or their dicts) into its spend.
+    """Fold a run's execution records (``ExecutionRecord`` objects or their dicts, or a recovery plan's
+    ``PlannedCall`` entries) into its spend.
 
     A COMMITTED reserve is charged at its estimate until a COMMITTED settle names it; a FAILED reserve was refused
     (nothing charged); a reserve with an unknown outcome is counted in ``unknown_reserves``.
@@ -452,7 +473,7 @@ def fold_spend(records: Iterable[Any]) -> SpendSummary:
         status = str(getattr(get("status"), "value", get("status")))
         reconciled = str(getattr(get("reconciled_outcome"), "value", get("reconciled_outcome")))
         value = _record_value(get("result_json"))
-        done = status == "COMMITTED" or (status == "RECONCILED" and reconciled == "COMMITTED")
+        done = status in ("COMMITTED", "RECONCILED_COMMITTED") or (status == "RECONCILED" and reconciled == "COMMITTED")
         if tool == RESERVE_TOOL:
             if done and value is not None:
                 reserved[value["reservation"]] = value

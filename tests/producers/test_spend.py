@@ -207,3 +207,45 @@ def test_a_refused_reserve_is_journaled_as_a_retryable_failure(spend: Settings) 
     assert [e.type.value for e in failed] == ["TOOL_CALL_INTENDED", "TOOL_CALL_FAILED"]
     assert failed[1].payload["retryable"] is True and "budget tenant:" in failed[1].payload["error"]
     assert redis_client.client(settings).exists(journal.spend_ledger.keys.spend_tenant(tenant)) == 0
+
+
+@pytest.mark.integration
+def test_a_fork_charges_only_what_runs_after_its_fork_point_and_its_budget_starts_there(spend: Settings) -> None:
+    from runjournal.consumers.ops.control import Operator
+    from runjournal.schemas import EventType
+
+    tenant = f"t-{uuid.uuid4().hex[:6]}"
+    settings = spend.model_copy(update={"spend_budgets": {"run": {"model_calls": 3}}})
+
+    def agent(run: Any) -> list[bool]:
+        seen = []
+        for i in range(3):
+            with run.reserve("big", input_tokens=100, output_tokens=50) as r:
+                seen.append(r.recorded)
+                r.settle(input_tokens=10 * (i + 1), output_tokens=5)
+        return seen
+
+    with Journal(settings, producer_id=f"sp-{uuid.uuid4().hex[:8]}", lease_ttl_ms=1500) as journal, \
+            Operator(settings, wait_s=10, poll_s=0.1) as operator:
+        source = journal.start_run(tenant, "a", {})
+        agent(source)
+        source.succeed()
+        ledger = journal.spend_ledger
+        before = ledger.scope(tenant)["used"]
+        settles = [e.seq for e in events_of(read_committed(settings), source.run_id)
+                   if e.type is EventType.TOOL_CALL_COMMITTED and e.payload["tool"] == "runjournal.spend.settle"]
+        forked = operator.fork(source.run_id, at_seq=settles[1], reason="retry the last turn", requested_by="ops")
+        assert forked.outcome == "forked", forked
+        assert journal.claim_assignment(10) == forked.fork_run_id
+        fork = journal.resume(forked.fork_run_id)
+        assert agent(fork) == [True, True, False]  # two model calls recorded at the fork point: not charged again
+        # the fork's run budget (3 calls) started from the 2 recorded at its fork point: a fourth is refused
+        with pytest.raises(BudgetExceededError) as refused:
+            fork.reserve("big", input_tokens=1, output_tokens=1)
+        assert refused.value.scope == f"run:{fork.run_id}" and refused.value.used == 3
+        fork.succeed()
+        after = ledger.scope(tenant)["used"]
+        fork_scope = ledger.scope(tenant, "run", fork.run_id)["used"]
+    assert after["model_calls"] == before["model_calls"] + 1  # the tenant pays only the call after the fork point
+    assert after["input_tokens"] == before["input_tokens"] + 30
+    assert fork_scope == fold_spend(run_records(settings, fork.run_id)).settled  # its fold: the copied + its own
