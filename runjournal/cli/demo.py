@@ -20,7 +20,7 @@ _SUMMARY_KEYS = ("runs_total", "runs_completed", "runs_outcome_matches_input", "
                  "crashes_injected", "projector_kills", "runs_recovered", "side_effects_expected",
                  "side_effects_executed", "side_effect_duplicates", "outcome_unknown_reconciled",
                  "projection_mismatches", "acked_events", "acked_events_missing", "runs_unfinished", "runs_parked",
-                 "runs_orphaned", "runs_cancelled", "runs_forked", "controls_ok", "faults_injected",
+                 "runs_orphaned", "runs_cancelled", "runs_forked", "controls_ok", "spend_mismatches", "faults_injected",
                  "memory_items_written", "memory_items_without_provenance",
                  "projector_lag_ms_p50", "projector_lag_ms_p99", "contexts_built", "contexts_with_memory",
                  "contexts_with_knowledge", "elapsed_s", "ok")

@@ -44,6 +44,7 @@ from runjournal.core import dependency_errors, redis_client
 from runjournal.core.logs import setup_logging
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
+from runjournal.demo.spend import charge_turn, model_turns
 from runjournal.demo.tools import ProviderTool, RecordedTool
 from runjournal.demo.workload import RunScript, Step
 from runjournal.producers import Journal, OutcomeUnknownError, RunExistsError, RunHandle, RunStoppedError
@@ -214,6 +215,7 @@ def execute(handle: RunHandle, script: RunScript, *, provider_url: str, inbox: A
         OutcomeUnknownError: a call's outcome is unknown and its tool cannot reconcile.
     """
     asked = script.instruction
+    spend = model_turns(script)
     for i, step in enumerate(script.steps):
         if pace_s:
             time.sleep(pace_s)
@@ -222,6 +224,7 @@ def execute(handle: RunHandle, script: RunScript, *, provider_url: str, inbox: A
         elif contexts is not None:
             contexts.build(handle.run_id, asked)
         with handle.node(f"step{i}") as path:
+            charge_turn(handle, script, i, spend)  # a model turn's spend, reserved and settled (demo/spend.py)
             if step.kind == "message":
                 handle.message(step.role, step.content, user_id=script.user_id if step.role == "user" else None)
                 continue

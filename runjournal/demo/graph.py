@@ -21,6 +21,7 @@ import json
 import time
 from typing import TYPE_CHECKING, Annotated, Any, TypedDict
 
+from runjournal.demo.spend import charge_turn, model_turns
 from runjournal.demo.tools import ProviderTool
 from runjournal.demo.workload import RunScript, Step, turns
 from runjournal.producers import RunHandle
@@ -77,6 +78,7 @@ def execute_graph(runs: JournalRuns, handle: RunHandle, script: RunScript, *, pr
     effects = {s.tool: s.side_effect for s in steps if s.kind == "tool"}
     reconcile = {n: (lambda key, t=t: t.reconcile(key)) for n, t in providers.items()}
     plan = turns(script)
+    spend = model_turns(script)
 
     def agent(state: dict[str, Any]) -> dict[str, Any]:
         pos = state.get("pos", 0)
@@ -86,11 +88,14 @@ def execute_graph(runs: JournalRuns, handle: RunHandle, script: RunScript, *, pr
             step = steps[pos]
             if step.kind == "message":
                 with handle.node(f"step{pos}"):
+                    charge_turn(handle, script, pos, spend)  # as the plain agent: keyed by step (demo/spend.py)
                     handle.message(step.role, step.content,
                                    user_id=script.user_id if step.role == "user" else None)
                 pos += 1
                 continue
             turn = next(t for t in plan if t[0] == pos)
+            for i in turn:
+                charge_turn(handle, script, i, spend)
             if step.needs_approval:
                 with handle.node(f"step{pos}") as path:
                     granted = await_approval(handle, inbox, path, f"{step.tool} needs a human", tool=step.tool,

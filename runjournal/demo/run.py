@@ -52,6 +52,7 @@ from runjournal.demo.agent import DemoKeys
 from runjournal.demo.cleanup import remove_demo
 from runjournal.demo.faults import KINDS, Campaign, Scheduled, parse_faults, schedule
 from runjournal.demo.fleet import Fleet, write_workload
+from runjournal.demo.spend import with_spend_defaults
 from runjournal.demo.stackctl import StackControl, StackControlError
 from runjournal.demo.verify import verify
 from runjournal.demo.workload import RunScript, WorkloadError, generated_workload, load_tau_bench
@@ -205,6 +206,7 @@ def run_demo(opts: DemoOptions, *, progress: Any = None,
     prefix = f"demo-{datetime.now(UTC).strftime('%Y%m%d-%H%M%S')}-{opts.seed}"
     settings = base.model_copy(update={"topic_prefix": prefix, "partitions": opts.partitions,  # 1
                                        "outcome_commit": opts.outcome_commit or base.outcome_commit})
+    settings = with_spend_defaults(settings)  # budgets on: every model turn reserved and settled (demo/spend.py)
     if opts.memory:
         _check_qdrant(settings)
     plan, skipped, stack = plan_faults(opts, settings)
@@ -364,6 +366,8 @@ def _checks(summary: dict[str, Any], *, memory: bool) -> list[dict[str, Any]]:
             "side_effects_expected"] and summary["side_effect_duplicates"] == 0,
          f"{summary['side_effects_executed']} of {summary['side_effects_expected']}, "
          f"{summary['side_effect_duplicates']} duplicate(s)"),
+        ("model spend charged exactly once (the ledger equals the journal's fold)",
+         g("spend_mismatches", 0) == 0, _spend_observed(g("spend", {}))),
         ("the projection equals a fold of the topic", summary["projection_mismatches"] == 0,
          f"{summary['projection_mismatches']} mismatch(es)"),
         ("every acknowledged event is in the topic", summary["acked_events_missing"] == 0 < summary["acked_events"],
@@ -384,6 +388,18 @@ def _checks(summary: dict[str, Any], *, memory: bool) -> list[dict[str, Any]]:
          f"{g('knowledge_passages_without_provenance', 0)} without"),
     ]
     return [{"check": name, "held": bool(held), "observed": observed} for name, held, observed in rows]
+
+
+def _spend_observed(spend: dict[str, Any]) -> str:
+    """One line: each tenant's model calls, money spent next to its budget, and what is still open."""
+    parts = []
+    for tenant, t in spend.get("tenants", {}).items():
+        cost, limit = t["used"].get("cost_micros", 0) / 1e6, t["limit"].get("cost_micros")
+        budget = f" of {limit / 1e6:.2f}" if limit is not None else ""
+        parts.append(f"{tenant}: {t['used'].get('model_calls', 0)} model calls, {cost:.2f}{budget} "
+                     f"{spend.get('currency', '')}, {t['open'].get('model_calls', 0)} open")
+    mism = spend.get("mismatches", [])
+    return "; ".join(parts + ([f"{len(mism)} mismatch(es): {mism[0]}"] if mism else [])) or "no spend"
 
 
 def _chaos_loop(opts: DemoOptions, settings: Settings, scripts: list[RunScript], fleet: Fleet, campaign: Campaign,

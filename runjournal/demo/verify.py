@@ -39,6 +39,7 @@ from runjournal.demo.provider import ledger_by_run, ledger_stats
 from runjournal.demo.workload import RunScript, turns
 from runjournal.model.reducer import RunStatus, fold, state_digest
 from runjournal.producers import idempotency_key
+from runjournal.producers.spend import DIMS, SpendLedger, fold_spend
 from runjournal.schemas import EventType
 from runjournal.schemas.keys import partition_for
 
@@ -103,6 +104,7 @@ def verify(settings: Settings, scripts: list[RunScript], workdir: Path, partitio
                for x in client.lrange(RedisKeys(settings.topic_prefix).projector_lag(), 0, -1)]
     lags = [lag for _, lag in samples]
     checked_controls = control_checks(controls, by_script, by_run, states, per_run, executed)
+    spend = spend_checks(settings, client, checked, states)
     return {
         "runs_total": len(scripts),
         "runs_completed": completed,
@@ -119,6 +121,8 @@ def verify(settings: Settings, scripts: list[RunScript], workdir: Path, partitio
         "projector_lag_ms_p50": _percentile(lags, 0.5),
         "projector_lag_ms_p99": _percentile(lags, 0.99),
         "projector_lag_ms_mean": round(statistics.fmean(lags), 1) if lags else None,
+        "spend": spend,
+        "spend_mismatches": len(spend["mismatches"]),
         "runs_cancelled": len(cancelled),
         "runs_forked": len(forks),
         "controls": checked_controls,
@@ -413,3 +417,42 @@ def _events_per_s(by_run: dict[str, list[tuple[Any, int, int]]]) -> list[tuple[i
             sec = int(e.occurred_at.timestamp())
             buckets[sec] = buckets.get(sec, 0) + 1
     return sorted(buckets.items())
+
+
+def spend_checks(settings: Settings, client: Any, checked: list[tuple[str, RunScript, str | None]],
+                 states: dict[str, Any]) -> dict[str, Any]:
+    """Model spend charged exactly once (docs/design/decisions/0053-spend-ledger.md): for every run, the ledger's
+    run scope equals the fold of its projected records (settled + open, a fork's copied spend included), and each
+    tenant's ledger equals the sum of its runs' (``used - base``: a fork's copied spend is never charged again).
+
+    Returns ``{"currency", "tenants": {tenant: {"used", "open", "limit"}}, "runs_with_spend", "mismatches": [...]}``
+    (amounts in base units: tokens, calls, micro-units of the currency).
+    """
+    ledger = SpendLedger(client, settings.topic_prefix, settings.spend_policy())
+    mismatches: list[str] = []
+    sums: dict[str, dict[str, int]] = {}
+    with_spend = 0
+    for run_id, _script, _fork_of in checked:
+        state = states.get(run_id)
+        if state is None:
+            continue
+        tenant = state.tenant_id or ""
+        folded = fold_spend(state.records.values()).charged()
+        scope = ledger.scope(tenant, "run", run_id)
+        used = {d: scope["used"].get(d, 0) for d in DIMS}
+        if used != folded:
+            mismatches.append(f"run {run_id}: ledger {used} != journal {folded}")
+        with_spend += any(folded.values())
+        total = sums.setdefault(tenant, dict.fromkeys(DIMS, 0))
+        for d in DIMS:
+            total[d] += used[d] - scope["base"].get(d, 0)
+    tenants: dict[str, Any] = {}
+    for tenant, total in sorted(sums.items()):
+        scope = ledger.scope(tenant)
+        used = {d: scope["used"].get(d, 0) for d in DIMS}
+        if used != total:
+            mismatches.append(f"tenant {tenant}: ledger {used} != its runs' {total}")
+        tenants[tenant] = {"used": used, "open": {d: scope["open"].get(d, 0) for d in DIMS},
+                           "limit": scope["limit"]}
+    return {"currency": settings.spend_currency, "tenants": tenants, "runs_with_spend": with_spend,
+            "mismatches": mismatches[:20]}

@@ -47,7 +47,7 @@ from runjournal.core.spend_policy import (
     check_currency,
 )
 from runjournal.producers.errors import JournalError
-from runjournal.producers.tools import Outcome
+from runjournal.producers.tools import Outcome, ToolOutcomeUnknownError
 
 __all__ = [
     "DIMS",
@@ -70,6 +70,8 @@ __all__ = [
     "fold_spend",
 ]
 
+REDIS_RETRY_S = 60.0
+"""How long a reserve or settle waits for an unreachable (or loading) Redis before its outcome is unknown, s."""
 RESERVE_TOOL = "runjournal.spend.reserve"
 SETTLE_TOOL = "runjournal.spend.settle"
 
@@ -116,7 +118,10 @@ if redis.call('HSETNX', KEYS[1], 'init', '1') == 1 then
   local base = cjson.decode(ARGV[5])
   for _, dim in ipairs(DIMS) do
     local add = tonumber(base[dim] or 0)
-    if add ~= 0 then redis.call('HINCRBY', KEYS[1], 'used:' .. dim, add) end
+    if add ~= 0 then
+      redis.call('HINCRBY', KEYS[1], 'used:' .. dim, add)
+      redis.call('HSET', KEYS[1], 'base:' .. dim, add)
+    end
   end
 end
 for i = 1, #KEYS do
@@ -218,8 +223,8 @@ class SpendLedger:
         state = json.dumps({"state": "reserved", "model": model, "estimate": dict(estimate), "user_id": user_id,
                             "tenant_id": tenant_id}, sort_keys=True)
         defaults_json = json.dumps([d or {"_": None} for d in defaults])  # cjson: an empty {} decodes as an array
-        out = self._reserve(keys=keys, args=[key, json.dumps(dict(estimate)), defaults_json, state,
-                                             json.dumps(dict(recorded or {}) or {"_": 0})])
+        args = [key, json.dumps(dict(estimate)), defaults_json, state, json.dumps(dict(recorded or {}) or {"_": 0})]
+        out = _with_retries(f"reserve {key}", lambda: self._reserve(keys=keys, args=args))
         tag = _text(out[0])
         if tag == "refused":
             i, dim, limit, used, asked = int(_text(out[1])), _text(out[2]), *(int(float(_text(v))) for v in out[3:6])
@@ -235,7 +240,8 @@ class SpendLedger:
             SettleWithoutReservationError: the ledger holds no reservation ``key`` for this run.
         """
         keys, _ = self._scope_keys(tenant_id, run_id, user_id)
-        out = self._settle(keys=keys, args=[key, settle_key, json.dumps(dict(actual))])
+        args = [key, settle_key, json.dumps(dict(actual))]
+        out = _with_retries(f"settle {key}", lambda: self._settle(keys=keys, args=args))
         if _text(out[0]) == "missing":
             raise SettleWithoutReservationError(f"run {run_id}: no reservation {key} to settle (reserve first; a "
                                                 "settle names the reservation its reserve returned)")
@@ -253,8 +259,10 @@ class SpendLedger:
         return None if res is None else self.reservation(tenant_id, run_id, _text(res))
 
     def scope(self, tenant_id: str, kind: str = "tenant", ident: str | None = None) -> dict[str, dict[str, int]]:
-        """One scope's amounts: ``{"used": {dim: n}, "open": {dim: n}, "limit": {dim: n}}`` (limit: the operator's
-        budget, else the settings' default; absent dims have none)."""
+        """One scope's amounts: ``{"used": {dim: n}, "open": {dim: n}, "base": {dim: n}, "limit": {dim: n}}`` —
+        ``base``: a run's recorded spend its scope started from (a fork's copied steps; never charged to the tenant,
+        so a tenant's ``used`` is the sum of its runs' ``used - base``); ``limit``: the operator's budget, else the
+        settings' default; absent dims have none."""
         if kind == "tenant":
             key, ident = self.keys.spend_tenant(tenant_id), tenant_id
         elif kind == "run":
@@ -262,10 +270,11 @@ class SpendLedger:
         else:
             key = self.keys.spend_user(tenant_id, str(ident))
         raw = {_text(k): _text(v) for k, v in (self.r.hgetall(key) or {}).items()}
-        out: dict[str, dict[str, int]] = {"used": {}, "open": {}, "limit": dict(self.policy.defaults(kind, ident))}
+        out: dict[str, dict[str, int]] = {"used": {}, "open": {}, "base": {},
+                                          "limit": dict(self.policy.defaults(kind, ident))}
         for name, value in raw.items():
             part, _, dim = name.partition(":")
-            if part in ("used", "open", "limit") and dim in DIMS:
+            if part in ("used", "open", "limit", "base") and dim in DIMS:
                 out[part][dim] = int(value)
         return out
 
@@ -286,6 +295,25 @@ def _count_value(value: Any, dim: str) -> int:
         return Usage(input_tokens=value).input_tokens
     except SpendValueError as exc:
         raise SpendValueError(f"{dim}: {exc}") from None
+
+
+def _with_retries(what: str, fn: Any) -> Any:
+    """Run one ledger script, retried while Redis is unreachable or loading (the scripts are idempotent by key, so
+    a retry is always safe) for up to :data:`REDIS_RETRY_S`; then raise ``ToolOutcomeUnknownError`` (the script may
+    have run): the step stays intended and is reconciled by key."""
+    import redis
+    from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
+
+    try:
+        for attempt in Retrying(retry=retry_if_exception_type((redis.ConnectionError, redis.TimeoutError)),
+                                stop=stop_after_delay(REDIS_RETRY_S), wait=wait_exponential(0.05, max=2.0),
+                                reraise=True):
+            with attempt:
+                return fn()
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise ToolOutcomeUnknownError(f"{what}: Redis unreachable for {REDIS_RETRY_S:.0f} s; the ledger may or may "
+                                      "not hold it — call again to reconcile by key") from exc
+    raise AssertionError("unreachable")
 
 
 def _text(value: Any) -> str:
