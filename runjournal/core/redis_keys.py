@@ -272,5 +272,5 @@ class RedisKeys:
     def patterns(self) -> list[str]:
         """Globs covering every key of this prefix (and none of another): cleanup of a whole prefix."""
         return [*self.partition_globs(), f"rj:{{{self.prefix}:i:*", f"rj:{{{self.prefix}:r:*",
-                f"rj:{{{self.prefix}:t:*", f"rj:{{{self.prefix}:s:*", f"rj:{{{self.prefix}:demo}}:*", f"rj:{{{self.prefix}:ctl}}:*",
-                f"rj:{self.prefix}:*"]
+                f"rj:{{{self.prefix}:t:*", f"rj:{{{self.prefix}:s:*", f"rj:{{{self.prefix}:demo}}:*",
+                f"rj:{{{self.prefix}:ctl}}:*", f"rj:{self.prefix}:*"]

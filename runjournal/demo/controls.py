@@ -45,6 +45,7 @@ from runjournal.demo.agent import DemoKeys
 from runjournal.demo.fleet import Fleet
 from runjournal.demo.workload import RunScript
 from runjournal.model.reducer import RunState, RunStatus
+from runjournal.producers.tools import is_builtin
 from runjournal.schemas import EventType
 
 __all__ = ["ATTEMPTS", "CONTROL_RUNS", "OPERATOR", "ControlAction", "Controls"]
@@ -209,7 +210,8 @@ class Controls:
         deadline = time.monotonic() + wait_s
         while True:
             state = op.state(run_id)
-            done = sum(1 for rec in state.records.values() if rec.side_effect and rec.effect_committed) \
+            done = sum(1 for rec in state.records.values()
+                       if rec.side_effect and rec.effect_committed and not is_builtin(rec.tool)) \
                 if state is not None else 0
             if done >= 1 or self.scripts[run_id].side_effects < 2 or time.monotonic() > deadline \
                     or (state is not None and state.status in _ENDED) or self.aborted.is_set():
@@ -272,7 +274,8 @@ class Controls:
         """Tool steps of the run's script it has not called yet (by its projected records)."""
         state = op.state(run_id)
         tools = sum(1 for s in self.scripts[run_id].steps if s.kind == "tool")
-        return tools - (len(state.records) if state is not None else 0)
+        return tools - (sum(1 for rec in state.records.values() if not is_builtin(rec.tool))
+                        if state is not None else 0)
 
     def _agent_saw(self, run_id: str, request_id: str | None, wait_s: float = 15.0) -> dict[str, Any] | None:
         """The agent's note that its code met the request (``DemoKeys.stopped``), waiting up to ``wait_s``."""
@@ -331,7 +334,8 @@ class Controls:
             fork_id = f"{source}-fork-{self.rng.getrandbits(32):08x}"
             result = op.fork(source, at_seq=at_seq, new_run_id=fork_id, reason="the campaign's controls fault",
                              requested_by=OPERATOR)
-        may_repeat = [c["call_id"] for c in dry.preview["may_repeat"]]
+        # the provider's effects (a spend step after the fork point is charged again on the ledger, not the provider)
+        may_repeat = [c["call_id"] for c in dry.preview["may_repeat"] if not is_builtin(str(c.get("tool", "")))]
         live = {"handed to a live instance": result.outcome == "forked" and bool(result.assigned_to),
                 "the fork's preview is its dry run's": result.preview == dry.preview}
         into.append(ControlAction("fork", source, result.outcome, self._t(), result.detail,

@@ -40,6 +40,7 @@ from runjournal.demo.workload import RunScript, turns
 from runjournal.model.reducer import RunStatus, fold, state_digest
 from runjournal.producers import idempotency_key
 from runjournal.producers.spend import DIMS, SpendLedger, fold_spend
+from runjournal.producers.tools import is_builtin
 from runjournal.schemas import EventType
 from runjournal.schemas.keys import partition_for
 
@@ -165,7 +166,7 @@ def outcome_differs(script: RunScript, state: Any, *, cancelled: bool = False) -
                f"{want_status}"
     want = [(s.tool, args_digest(s.args)) for s in script.steps if s.kind == "tool"]
     got = [(rec.tool, rec.args_digest) for rec in sorted(state.records.values(), key=_journal_order)
-           if _committed(rec)]
+           if _committed(rec) and not is_builtin(rec.tool)]  # spend steps are the journal's, not the script's
     if cancelled and len(got) <= len(want):
         return _prefix_differs(script, got, want)
     if len(got) == len(want):
@@ -240,7 +241,8 @@ def _effects(events: list[Any]) -> tuple[set[str], set[str]]:
     """(keys of the run's side-effect intents, keys of those the journal records committed — COMMITTED or
     RECONCILED with outcome COMMITTED)."""
     intended = {e.payload["idempotency_key"] for e in events
-                if e.type == EventType.TOOL_CALL_INTENDED and e.payload.get("side_effect")}
+                if e.type == EventType.TOOL_CALL_INTENDED and e.payload.get("side_effect")
+                and not is_builtin(e.payload["tool"])}  # a spend step's effect is on the ledger, not the provider
     committed = {e.payload["call_id"] for e in events if e.type == EventType.TOOL_CALL_COMMITTED
                  or (e.type == EventType.TOOL_CALL_RECONCILED and e.payload.get("outcome") == "COMMITTED")}
     return intended, intended & committed

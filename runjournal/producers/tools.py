@@ -10,7 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Outcome", "Reconcilable", "Tool", "ToolOutcomeUnknownError"]
+__all__ = ["BUILTIN_PREFIX", "Outcome", "Reconcilable", "Tool", "ToolOutcomeUnknownError", "is_builtin"]
+
+BUILTIN_PREFIX = "runjournal."
+"""Names of the journal's own built-in tools start with it: ``runjournal.timer``, ``runjournal.signal``
+(``producers.waits``), ``runjournal.spend.reserve`` / ``.settle`` (``producers.spend``)."""
+
+
+def is_builtin(tool: str) -> bool:
+    """True for a built-in tool's name (a durable wait, a spend step): a step of the journal's, not an agent's tool —
+    what compares an agent's calls with its script or its provider's witness leaves these out."""
+    return tool.startswith(BUILTIN_PREFIX)
 
 
 class ToolOutcomeUnknownError(Exception):
