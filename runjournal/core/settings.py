@@ -337,7 +337,9 @@ class Settings(BaseSettings):
             # the console's operator token stays with the console: no child process needs it
             if name in ("kafka_properties", "kafka_properties_file", "console_operator_token") or value is None:
                 continue
-            env[f"RUNJOURNAL_{name.upper()}"] = value.get_secret_value() if isinstance(value, SecretStr) else str(value)
+            env[f"RUNJOURNAL_{name.upper()}"] = (value.get_secret_value() if isinstance(value, SecretStr) else
+                                                 json.dumps(value, default=str) if isinstance(value, (dict, list))
+                                                 else str(value))  # a dict as JSON: how Settings.load() reads it
         env["RUNJOURNAL_QDRANT_PATH"] = str(self.effective_qdrant_path)
         for key, secret in self.kafka_properties.items():
             env[_kafka_props.env_name(key)] = secret.get_secret_value()
