@@ -93,7 +93,8 @@ def _ledger(settings: Settings) -> Any:
 def spend_command(
     ctx: typer.Context,
     run_id: Annotated[str | None, typer.Option("--run", metavar="RUN_ID",
-                                               help="The run (same as the RUN_ID argument: `spend RUN_ID`).")] = None,
+                                               help="The run (same as the RUN_ID argument: `spend RUN_ID`; "
+                                                    "spell a run named `budget` or starting with `-` so).")] = None,
     tenant: Annotated[str | None, typer.Option("--tenant", help="Show this tenant's budgets (ledger).")] = None,
     user: Annotated[str | None, typer.Option("--user", help="With --tenant: this user's budgets too.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object (integer base units).")] = False,
@@ -103,7 +104,7 @@ def spend_command(
     if ctx.invoked_subcommand is not None:
         return
     if (run_id is None) == (tenant is None):
-        raise fail("name a run (runjournal spend RUN_ID) or a tenant (runjournal spend --tenant T), not both",
+        raise fail("name a run (runjournal spend RUN_ID) or a tenant (runjournal spend --tenant T): one of the two",
                    as_json=as_json, code=2, kind="UsageError")
     if user is not None and tenant is None:
         raise fail("--user needs --tenant", as_json=as_json, code=2, kind="UsageError")

@@ -112,8 +112,22 @@ def test_spend_of_a_tenant_and_a_user_from_the_ledger(spend: Settings, env: dict
     assert doc["scopes"][0]["used"]["cost_micros"] == 250 and isinstance(doc["scopes"][0]["used"]["cost_micros"], int)
     text = ok(env, "spend", "--tenant", tenant).stdout
     assert "0.000250 USD" in text and f"tenant:{tenant}" in text
-    both, _ = rj(env, "spend", run.run_id, "--tenant", tenant, "--json")
-    assert both.returncode == 2 and json_error(both)["error"] == "UsageError"
+    for argv in ((run.run_id, "--tenant", tenant), ("--user", "u1")):  # a run and a tenant; neither
+        usage, _ = rj(env, "spend", *argv, "--json")
+        assert usage.returncode == 2 and json_error(usage)["error"] == "UsageError", argv
+
+
+@pytest.mark.parametrize("argv", [["spend", "r1", "--json"], ["spend", "--tenant", "t", "--json"],
+                                  ["spend", "budget", "--tenant", "t", "--dim", "model_calls", "--limit", "3",
+                                   "--json"]], ids=lambda a: "-".join(a[:2]))
+def test_no_stack_is_named_with_the_fix(service_env: dict[str, str], argv: list[str]) -> None:
+    from runjournal.deploy.procs import free_port
+
+    env = {**service_env, "PYTHONPATH": str(ROOT), "RUNJOURNAL_BOOTSTRAP": f"127.0.0.1:{free_port()}",
+           "RUNJOURNAL_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
+    proc, _ = rj(env, *argv, timeout=60)
+    doc = json_error(proc)
+    assert doc["error"] == "StackUnavailableError" and "runjournal stack up" in doc["message"], doc
 
 
 def test_spend_budget_sets_the_limit_the_next_reserve_meets(spend: Settings, env: dict[str, str]) -> None:
