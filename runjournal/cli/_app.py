@@ -20,6 +20,7 @@ from runjournal.cli.projector import inspect_command, projector_command
 from runjournal.cli.recovery import recover_command
 from runjournal.cli.replay import replay_command
 from runjournal.cli.schemas import app as schemas_app
+from runjournal.cli.spend import spend_app
 from runjournal.cli.stack import stack_app, topics_app
 from runjournal.core import logs
 from runjournal.core.errors import ConfigError
@@ -66,6 +67,7 @@ app.add_typer(schemas_app, name="schemas")
 app.add_typer(memory_app, name="memory")
 app.add_typer(knowledge_app, name="knowledge")
 app.add_typer(acls_app, name="acls")
+app.add_typer(spend_app, name="spend")
 app.command("projector")(projector_command)
 app.command("inspect")(inspect_command)
 app.command("memory-extractor")(memory_extractor_command)

@@ -117,6 +117,16 @@ def _ms(value: int | None) -> str:
     return datetime.fromtimestamp(value / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
 
 
+def _spend_amount(dim: str, value: int, currency: str) -> str:
+    """A spend amount for people: ``cost_micros`` in currency units with the code (``3450`` → ``0.003450 USD``),
+    tokens and model calls as the integers they are."""
+    if dim != "cost_micros":
+        return str(value)
+    from decimal import Decimal
+
+    return f"{Decimal(int(value)).scaleb(-6):f} {currency}"
+
+
 def _num(value: float | None) -> str:
     if value is None:
         return "—"
@@ -161,6 +171,8 @@ class _Console:
         self.templates.env.globals["fmt_lag"] = lambda v: "—" if v is None else f"{v:.2f} s"
         self.templates.env.globals["prefix"] = config.settings.topic_prefix
         self.templates.env.globals["event_budget"] = config.settings.run_events_warn  # README § Limits
+        currency = config.settings.spend_currency
+        self.templates.env.globals["spend_amount"] = lambda dim, value: _spend_amount(dim, value, currency)
 
     def _page(self, request: Request, name: str, context: dict[str, Any], status_code: int = 200) -> Response:
         operator = self.auth.is_operator(request)

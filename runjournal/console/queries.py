@@ -29,6 +29,7 @@ from runjournal.model.reducer import CallStatus, RunState, RunStatus
 from runjournal.producers.approvals import ApprovalInbox
 from runjournal.producers.control import ControlRequest, ControlStore
 from runjournal.producers.handle import approval_scope
+from runjournal.producers.spend import RESERVE_TOOL, SETTLE_TOOL, fold_spend
 from runjournal.schemas.keys import partition_for
 
 __all__ = ["ConsoleData", "RunPage", "RunsPage", "rank", "record_class", "run_page"]
@@ -119,6 +120,10 @@ class RunPage:
     """Why memory is not shown (not installed, unavailable …), when it is not."""
     control: ControlRequest | None = None
     """The operator's cancel or pause pending on the run (``ControlStore.get``): stored, not yet carried out."""
+    spend: dict[str, Any] | None = None
+    """The run's spend, when it reserved any (``fold_spend`` of its records, ``SpendSummary.as_dict``): settled,
+    open (unknown spend: reserved, never settled), charged, by model — base units (tokens, model calls,
+    ``cost_micros``: micro-units of ``Settings.spend_currency``). None: no spend records."""
 
     @property
     def actions(self) -> list[str]:
@@ -150,7 +155,7 @@ class RunPage:
                 "behind": self.behind, "behind_note": self.behind_note, "timeline": self.timeline,
                 "timeline_total": self.timeline_total, "records_total": self.records_total,
                 "epochs": self.epochs, "records": self.records, "pending": self.pending, "decided": self.decided,
-                "memory": [h.as_dict() for h in self.memory], "memory_note": self.memory_note}
+                "memory": [h.as_dict() for h in self.memory], "memory_note": self.memory_note, "spend": self.spend}
 
 
 def record_class(status: CallStatus, reconciled: Any) -> str:
@@ -296,7 +301,13 @@ def run_page(run_id: str, partition: int, state: RunState, rows: list[dict[str, 
                    records=_records(state), pending=_pending(state, rows, inbox_decision), decided=decided,
                    nodes=_nodes(state), run_input=_pretty_json(state.input_json),
                    run_output=_pretty_json(state.output_json), behind=behind, behind_note=note, control=control,
-                   timeline_total=len(rows), records_total=len(state.records))
+                   timeline_total=len(rows), records_total=len(state.records), spend=_spend(state))
+
+
+def _spend(state: RunState) -> dict[str, Any] | None:
+    """The run's spend (docs/guide/spend.md § See it), or None when no record is a reserve or a settle."""
+    records = [r for r in state.records.values() if r.tool in (RESERVE_TOOL, SETTLE_TOOL)]
+    return fold_spend(records).as_dict() if records else None
 
 
 def _pending(state: RunState, rows: list[dict[str, Any]],

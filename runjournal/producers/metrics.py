@@ -17,13 +17,19 @@ journal's counters at scrape time, ``runjournal_journal_transactions_committed_t
 ``runjournal_journal_producer_rebuilds_total``, ``runjournal_journal_fences_total`` and
 ``runjournal_journal_lease_lapses_total``, ``runjournal_journal_runs_surrendered_total`` and
 ``runjournal_journal_runs_over_event_budget_total`` (README § Limits).
+
+Spend (docs/guide/spend.md § See it), in base units — tokens, model calls, and micro-units of
+``Settings.spend_currency`` for dim ``cost_micros``: ``runjournal_spend_reserved_total{model,dim}`` (estimates
+charged by reserves this process ran), ``runjournal_spend_settled_total{model,dim}`` (actual usage settled) and
+``runjournal_spend_refused_total{dim,scope_kind}`` (reserves refused by a budget; ``scope_kind`` run, tenant or
+user). A step the journal answered (a resumed run's recorded reservation) charges nothing and counts nothing.
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from runjournal.core import metrics as m
@@ -57,6 +63,15 @@ class _NoMetrics:
         """No-op."""
 
     def published(self, producer_id: str, event: Event, *, durable: bool, seconds: float) -> None:
+        """No-op."""
+
+    def spend_reserved(self, model: str, amounts: Mapping[str, int]) -> None:
+        """No-op."""
+
+    def spend_settled(self, model: str, amounts: Mapping[str, int]) -> None:
+        """No-op."""
+
+    def spend_refused(self, dim: str, scope_kind: str) -> None:
         """No-op."""
 
 
@@ -102,6 +117,12 @@ class JournalMetrics:
                                            "seconds", ("producer_id",))
         self.outcomes = m.counter(r, "runjournal_journal_tool_call_outcomes", "Tool call outcomes journaled, by class",
                                   ("producer_id", "outcome"))
+        self.spend_reserved_total = m.counter(r, "runjournal_spend_reserved", "Spend reserved (estimates charged), "
+                                              "base units: tokens, model calls, cost_micros", ("model", "dim"))
+        self.spend_settled_total = m.counter(r, "runjournal_spend_settled", "Spend settled (actual usage), base "
+                                             "units: tokens, model calls, cost_micros", ("model", "dim"))
+        self.spend_refused_total = m.counter(r, "runjournal_spend_refused", "Reserves refused by a budget",
+                                             ("dim", "scope_kind"))
         with _collectors_lock:
             collector = _collectors.get(r)
             if collector is None:
@@ -136,3 +157,17 @@ class JournalMetrics:
             outcome = f"reconciled_{str(event.payload.get('outcome', 'unknown')).lower()}"
         if outcome is not None:
             self.outcomes.labels(producer_id, outcome).inc()
+
+    def spend_reserved(self, model: str, amounts: Mapping[str, int]) -> None:
+        """Count a reservation's estimate ``{dim: amount}`` (base units) charged to the ledger."""
+        for dim, amount in amounts.items():
+            self.spend_reserved_total.labels(model, dim).inc(int(amount))
+
+    def spend_settled(self, model: str, amounts: Mapping[str, int]) -> None:
+        """Count a settle's actual usage ``{dim: amount}`` (base units)."""
+        for dim, amount in amounts.items():
+            self.spend_settled_total.labels(model, dim).inc(int(amount))
+
+    def spend_refused(self, dim: str, scope_kind: str) -> None:
+        """Count one reserve refused by the budget of ``scope_kind`` (run, tenant, user) in ``dim``."""
+        self.spend_refused_total.labels(dim, scope_kind).inc()

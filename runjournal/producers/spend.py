@@ -361,8 +361,10 @@ class SpendSettle:
 
     def __init__(self, ledger: SpendLedger, tenant_id: str, run_id: str) -> None:
         self.ledger, self.tenant_id, self.run_id = ledger, tenant_id, run_id
+        self.invoked = False
 
     def __call__(self, args: dict[str, Any], idempotency_key: str) -> Any:
+        self.invoked = True
         state = self.ledger.settle(tenant_id=self.tenant_id, run_id=self.run_id, user_id=args.get("user_id"),
                                    key=args["reservation"], settle_key=idempotency_key, actual=args["usage"])
         return _settled(state)
@@ -422,10 +424,11 @@ class Reservation:
                                 "user_id": self.user_id}
         if estimated:
             args["estimated"] = True
-        result = self._handle.call(SpendSettle(self._handle.spend_ledger(), self._handle.tenant_id,
-                                               self._handle.run_id), args,
-                                   step=None if self._step is None else f"{self._step}/settle")
+        tool = SpendSettle(self._handle.spend_ledger(), self._handle.tenant_id, self._handle.run_id)
+        result = self._handle.call(tool, args, step=None if self._step is None else f"{self._step}/settle")
         self.charge = dict(result["usage"])
+        if tool.invoked:
+            _meter(self._handle, "spend_settled", self.model, self.charge)
         return self.charge
 
     def __enter__(self) -> Reservation:
@@ -448,9 +451,24 @@ def reserve(handle: Any, model: str, *, input_tokens: int, output_tokens: int, u
     plan = getattr(handle, "plan", None)
     recorded = fold_spend(plan.calls.values()).charged() if plan is not None else None
     tool = SpendReserve(handle.spend_ledger(), handle.tenant_id, handle.run_id, recorded)
-    result = handle.call(tool, {"model": model, "estimate": estimate, "user_id": user_id},
-                         step=None if step is None else f"{step}/reserve")
+    try:
+        result = handle.call(tool, {"model": model, "estimate": estimate, "user_id": user_id},
+                             step=None if step is None else f"{step}/reserve")
+    except BudgetExceededError as exc:
+        if tool.invoked:
+            _meter(handle, "spend_refused", exc.dim, exc.scope.partition(":")[0])
+        raise
+    if tool.invoked:
+        _meter(handle, "spend_reserved", model, estimate)
     return Reservation(handle, result, step=step, recorded=not tool.invoked)
+
+
+def _meter(handle: Any, name: str, *args: Any) -> None:
+    """Count on the journal's metrics (``runjournal.producers.metrics``: ``runjournal_spend_*_total``, opt-in) when
+    the handle's journal has them; a handle without (a replay's, a test double) counts nothing."""
+    method = getattr(getattr(getattr(handle, "journal", None), "_metrics", None), name, None)
+    if method is not None:
+        method(*args)
 
 
 # -- the fold: spend from a run's execution records ----------------------------------------------------------------

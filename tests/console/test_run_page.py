@@ -214,3 +214,43 @@ def test_a_long_runs_page_shows_its_newest_events_and_open_records() -> None:
     assert page.records[0]["call_id"] == "c0" and page.records[0]["status"] == "INTENDED"  # the open one kept
     html = _get(Reads(events, projected=len(events)))
     assert f"the newest {TIMELINE_ROWS} of {len(events)} events" in html and len(html) < 2_000_000
+
+
+def test_a_run_with_spend_shows_it_settled_open_and_by_model() -> None:
+    """Issue 32 (docs/guide/spend.md § See it): the run page folds the reserve and settle steps (``fold_spend``):
+    settled, open (unknown spend: reserved and never settled) and by model, money in currency units with the code;
+    a run without spend records has no spend section, and ``/api`` carries the same fold in base units."""
+    import json
+
+    from runjournal.producers.spend import RESERVE_TOOL, SETTLE_TOOL
+
+    est = {"input_tokens": 1000, "output_tokens": 500, "cost_micros": 7500, "model_calls": 1}
+    usage = {"input_tokens": 900, "output_tokens": 120, "cost_micros": 3450, "model_calls": 1}
+    small = {"input_tokens": 10, "output_tokens": 10, "cost_micros": 8, "model_calls": 1}
+    steps = [("r1", RESERVE_TOOL, {"reservation": "k1", "model": "big", "estimate": est, "user_id": None}),
+             ("s1", SETTLE_TOOL, {"reservation": "k1", "model": "big", "estimate": est, "usage": usage}),
+             ("r2", RESERVE_TOOL, {"reservation": "k2", "model": "small", "estimate": small, "user_id": None})]
+    events = _events()[:1]
+    for call_id, tool, result in steps:
+        seq = len(events) + 1
+        common = {"call_id": call_id, "tool": tool, "idempotency_key": f"key-{call_id}", "args_digest": "d"}
+        events.append(Event(event_id=f"00000000-0000-4000-8000-{seq:012d}", run_id=RUN, tenant_id="t", seq=seq,
+                            epoch=1, producer_id="agent-a", type=EventType.TOOL_CALL_INTENDED,
+                            occurred_at=AT + timedelta(seconds=seq),
+                            payload={**common, "side_effect": True, "attempt": 1, "timeout_ms": 5000}))
+        events.append(Event(event_id=f"00000000-0000-4000-8000-{seq + 1:012d}", run_id=RUN, tenant_id="t",
+                            seq=seq + 1, epoch=1, producer_id="agent-a", type=EventType.TOOL_CALL_COMMITTED,
+                            occurred_at=AT + timedelta(seconds=seq + 1),
+                            payload={**common, "result_json": json.dumps(result), "result_ref": None,
+                                     "result_digest": "r"}))
+    reads = Reads(events, projected=len(events))
+    app = build_app(ConsoleConfig(Settings.load(topic_prefix="page", spend_currency="EUR")), data=reads)  # type: ignore[arg-type]
+    client = TestClient(app)
+    spend = _section(client.get(f"/runs/{path_segment(RUN)}").text, "spend")
+    assert "0.003450 EUR" in spend and "0.000008 EUR" in spend  # settled; open (unknown spend)
+    assert re.search(r'dim-model_calls"><td>model_calls</td><td>1</td><td class="warn">1</td><td>2</td>', spend)
+    assert "spend-by-model" in spend and ">big<" in spend
+    api = client.get(f"/api/runs/{path_segment(RUN)}").json()["spend"]
+    assert api["settled"] == usage and api["open"] == small and api["reservations"] == 2
+    assert api["by_model"] == {"big": usage}
+    assert 'id="spend"' not in _get(Reads(_events(), projected=7))  # no spend records: no section

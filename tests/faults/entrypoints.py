@@ -254,6 +254,8 @@ READERS: frozenset[str] = frozenset({
     "cli topics create", "cli topics describe", "cli schemas check", "cli schemas publish", "cli memory serve",
     "cli memory search", "cli memory stats", "cli knowledge ingest", "cli knowledge search", "cli knowledge stats",
     "cli acls show", "cli acls create",
+    "cli spend",  # reads the projection and the spend ledger
+    "cli spend budget",  # writes an operator's limit to the tenant's spend ledger (Redis), never the journal
 })
 """Entry points that write nothing to the journal and take no run (they may write elsewhere: topics, ACLs,
 the knowledge corpus)."""

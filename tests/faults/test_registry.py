@@ -23,7 +23,8 @@ def _cli_commands() -> list[str]:
         subs = getattr(command, "commands", None)
         if subs is None:
             return [prefix]
-        return [name for key, sub in sorted(subs.items()) for name in walk(sub, f"{prefix} {key}")]
+        own = [prefix] if getattr(command, "invoke_without_command", False) else []  # `spend RUN_ID`: a command too
+        return own + [name for key, sub in sorted(subs.items()) for name in walk(sub, f"{prefix} {key}")]
 
     return walk(get_command(app), "cli")
 

@@ -176,9 +176,9 @@ def app_commands() -> dict[str, frozenset[str]]:
     def walk(command: object, path: str) -> None:
         subs = getattr(command, "commands", None)
         if subs is not None:
-            if not path:
-                out[""] = frozenset(o for p in command.params  # type: ignore[attr-defined]
-                                    for o in (*p.opts, *p.secondary_opts) if o.startswith("--")) - TYPER_BUILTINS
+            if not path or getattr(command, "invoke_without_command", False):  # the root; a group that runs alone
+                out[path] = frozenset(o for p in command.params  # type: ignore[attr-defined]
+                                      for o in (*p.opts, *p.secondary_opts) if o.startswith("--")) - TYPER_BUILTINS
             for name, sub in subs.items():
                 walk(sub, f"{path} {name}".strip())
             return
