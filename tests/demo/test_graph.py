@@ -15,11 +15,13 @@ import redis
 from runjournal.adapters.langgraph import JournalRuns
 from runjournal.core.settings import Settings
 from runjournal.demo.graph import execute_graph
+from runjournal.demo.spend import model_turns
 from runjournal.demo.verify import outcome_differs
 from runjournal.demo.workload import RunScript, Step, turns
 from runjournal.model.reducer import fold
 from runjournal.producers import Journal, idempotency_key
 from runjournal.producers.approvals import ApprovalInbox
+from runjournal.producers.tools import is_builtin
 from runjournal.schemas import EventType
 from tests.support.provider import Provider, running_provider
 from tests.support.readback import events_of, read_committed
@@ -66,7 +68,13 @@ def test_a_parallel_turn_journals_each_call_once_under_the_plain_agents_keys(top
     assert outcome_differs(script, state) is None
     stats = httpx.get(f"{provider.url}/stats", timeout=10).json()
     assert stats["executions"] == 3 and not stats["duplicates"]  # book 1, book 2, pay 4: each once
-    intents = Counter(e.payload["idempotency_key"] for e in events if e.type is EventType.TOOL_CALL_INTENDED)
+    intents = Counter(e.payload["idempotency_key"] for e in events if e.type is EventType.TOOL_CALL_INTENDED
+                      and not is_builtin(e.payload["tool"]))
+    # every model turn's spend, reserved and settled under the step names the plain agent uses (demo/spend.py)
+    spend = {e.payload["idempotency_key"] for e in events if e.type is EventType.TOOL_CALL_COMMITTED
+             and is_builtin(e.payload["tool"])}
+    assert spend == {idempotency_key(run_id, f"#step{i}/model/{part}", 1) for i in model_turns(script)
+                     for part in ("reserve", "settle")}
     # the plain agent (runjournal.demo.agent.execute) calls step i with step="step<i>": a run either agent started
     # is resumed by the other under the same keys, its recorded results answering
     assert set(intents) == {idempotency_key(run_id, f"#step{i}", 1) for i in (1, 2, 3, 5)}
