@@ -227,13 +227,14 @@ WRITERS: dict[str, Writer] = {
                     "as RunHandle.sleep / wait_signal: a node re-run from its checkpoint meets the recorded answer",
                     covered_by="tests/adapters/test_langgraph_controls.py")
        for name in ("JournalRuns.wait_signal", "JournalRuns.await_signal", "JournalRuns.sleep", "JournalRuns.asleep")},
-    "RunHandle.reserve": Writer((), _HANDLE_RACE + "; a reservation and its settle are calls of two built-in tools "
-                                "whose effect is one script on the tenant's ledger (one slot), idempotent by key: "
-                                "agents on many hosts reserving against one budget never pass it",
-                                "as RunHandle.call: killed between reserve and settle, the estimate stays charged "
-                                "(open) and the resumed run meets its recorded reservation; killed inside a step, "
-                                "the step is reconciled by key against the ledger, never charged twice",
-                                covered_by="tests/producers/test_spend.py, tests/faults/test_spend_crash.py"),
+    **{name: Writer((), _HANDLE_RACE + "; a reservation and its settle are calls of two built-in tools whose effect "
+                    "is one script on the tenant's ledger (one slot), idempotent by key: agents on many hosts "
+                    "reserving against one budget never pass it",
+                    "as RunHandle.call: killed between reserve and settle, the estimate stays charged (open) and the "
+                    "resumed run meets its recorded reservation; killed inside a step, the step is reconciled by key "
+                    "against the ledger, never charged twice",
+                    covered_by="tests/producers/test_spend.py, tests/producers/test_spend_async.py")
+       for name in ("RunHandle.reserve", "AsyncRunHandle.reserve")},
 }
 
 READERS: frozenset[str] = frozenset({
