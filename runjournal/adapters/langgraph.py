@@ -620,7 +620,9 @@ class GraphSpendJournal(BaseCallbackHandler):
       ``interrupt()`` or a crash). So a node re-executed on a resumed run meets its recorded reservations and
       settles: nothing is charged twice (the re-made request's usage is not charged either, as decision 0053 says
       of re-executed code). Where the re-made call reports other usage than the recorded settle, the recorded settle
-      stands (the mismatch is logged). Model calls made concurrently in one node number in the order they start.
+      stands (the mismatch is logged); one whose prompt differs from the recorded call's (another estimate) raises
+      ``PlanMismatchError``, as any re-executed call with other arguments. Model calls made concurrently in one node
+      number in the order they start.
       A model call outside a graph task on a journaled thread is keyed as the handle keys any call.
     * A refused reservation raises ``BudgetExceededError`` out of the model call (the handler raises its errors):
       the node fails with it and so does ``graph.invoke``; the model is not called.

@@ -113,7 +113,8 @@ class JournalRunHooks(RunHooks[Any]):
       its recorded reservations and settles — nothing is charged twice — and one continued from its recorded state
       (``resume_agent``) numbers on after the calls already made. Where a re-made call reports other usage than the
       recorded settle, the recorded settle stands (logged).
-    * A refused reservation raises ``BudgetExceededError`` out of ``Runner.run``; the model is not called.
+    * A refused reservation raises ``BudgetExceededError`` out of ``Runner.run``; the model is not called. A
+      re-executed call whose input differs from the recorded call's (another estimate) raises ``PlanMismatchError``.
 
     Args:
         run: the run's async handle.
@@ -289,8 +290,11 @@ async def run_agent(agent: Agent[Any], input: Any, *, run: AsyncRunHandle, inbox
                     store: FrameworkRecordStore, approval_timeout_s: float = 300.0, **runner_options: Any) -> Any:
     """``Runner.run(agent, input)`` with its tool approvals on the journal (module docstring); returns the result.
 
-    ``runner_options`` go to ``Runner.run`` (``run_config``, ``session``, ``hooks`` …). Raises
-    ``ApprovalTimeoutError`` when no decision came within ``approval_timeout_s`` (the request stays durable).
+    ``runner_options`` go to ``Runner.run`` (``run_config``, ``session``, ``hooks`` …). With ``hooks`` a
+    :class:`JournalRunHooks`, a run that raises first settles the spend reservations its failed model call left open,
+    at their estimates (:meth:`JournalRunHooks.settle_open`). Raises ``ApprovalTimeoutError`` when no decision came
+    within ``approval_timeout_s`` (the request stays durable); ``BudgetExceededError`` when a model call's
+    reservation is refused.
     """
     token = _RUN.set(run)
     try:

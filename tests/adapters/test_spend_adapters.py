@@ -282,3 +282,56 @@ def test_an_agent_run_again_on_a_resumed_run_charges_nothing_twice(topics: Setti
     assert asyncio.run(second()) == before
     assert _spend_intents(settings, run_id) == {RESERVE_TOOL: 2, SETTLE_TOOL: 2}
     assert fold_spend(_records(settings, run_id)).charged() == before
+
+
+class ModelDown(RuntimeError):
+    """The provider failed the request."""
+
+
+def _failing() -> Any:
+    raise ModelDown("the provider failed the request")
+    yield  # pragma: no cover - a generator whose first next() raises
+
+
+def test_a_failed_model_call_is_settled_at_its_estimate(topics: Settings) -> None:
+    """LangGraph: ``on_llm_error`` settles at the estimate (``estimated``); the Agents SDK: ``run_agent`` settles
+    the reservation its failed model call left open. Nothing stays open."""
+    from agents import Agent, RunConfig
+    from agents.testing import ModelStep, ScriptedModel
+
+    from runjournal.adapters._checkpoints import FrameworkRecordStore
+    from runjournal.adapters.openai_agents import JournalRunHooks, run_agent
+    from runjournal.producers.approvals import ApprovalInbox
+
+    settings = _spend(topics)
+    graph_run, agent_run = f"lg-err-{uuid.uuid4().hex[:6]}", f"ag-err-{uuid.uuid4().hex[:6]}"
+    with Journal(settings, producer_id=f"lgs-{uuid.uuid4().hex[:6]}") as journal:
+        runs = JournalRuns(journal)
+        with pytest.raises(ModelDown):
+            _two_model_nodes(runs, GenericFakeChatModel(messages=_failing())).invoke(
+                {"messages": [HumanMessage(content="x" * 8)]}, {"configurable": {"thread_id": graph_run}})
+        assert _run_scope(journal, graph_run) == {"input_tokens": 2, "output_tokens": 1024,
+                                                  "cost_micros": 2 + 4096, "model_calls": 1}
+        runs.handle(graph_run).fail("the model failed")
+
+    async def agents() -> dict[str, int]:
+        async with await AsyncJournal.open(settings, producer_id=f"ags-{uuid.uuid4().hex[:6]}",
+                                           producer_threads=4) as j:
+            run = await j.start_run("default", "agents", {}, run_id=agent_run)
+            agent = Agent(name="down", model=ScriptedModel([ModelStep.raise_error(ModelDown("down"))]))
+            hooks = JournalRunHooks(run, model="scripted", output_tokens=100)
+            with pytest.raises(ModelDown):
+                await run_agent(agent, "hi", run=run, store=FrameworkRecordStore(j.sync),
+                                inbox=ApprovalInbox(redis.Redis.from_url(settings.redis_url), settings.topic_prefix),
+                                hooks=hooks, run_config=RunConfig(tracing_disabled=True))
+            used = _run_scope(j.sync, agent_run)
+            await run.fail("the model failed")
+            return used
+
+    used = asyncio.run(agents())
+    assert used["model_calls"] == 1 and used["output_tokens"] == 100
+    for run_id in (graph_run, agent_run):
+        settles = [json.loads(e.payload["args_json"]) for e in events_of(read_committed(settings), run_id)
+                   if e.type is EventType.TOOL_CALL_INTENDED and e.payload["tool"] == SETTLE_TOOL]
+        assert len(settles) == 1 and settles[0]["estimated"] is True, run_id
+        assert fold_spend(_records(settings, run_id)).open == dict.fromkeys(DIMS, 0)
