@@ -2,8 +2,8 @@
 
 * :class:`JournaledTool` / :func:`journaled` — a plain function, a LangChain tool or an Agents SDK function tool
   under the side-effect protocol (core install; no framework needed); :func:`current_idempotency_key`.
-* :class:`JournalCheckpointSaver`, :class:`JournalRuns`, :func:`journaled_tool_node`, :class:`GraphNodeJournal`
-  — LangGraph (``pip install 'runjournal[langgraph]'``).
+* :class:`JournalCheckpointSaver`, :class:`JournalRuns`, :func:`journaled_tool_node`, :class:`GraphNodeJournal`,
+  :class:`GraphSpendJournal` — LangGraph (``pip install 'runjournal[langgraph]'``).
 * :class:`JournalSession`, :class:`JournalRunHooks`, :func:`journal_function_tool`, :func:`run_agent`,
   :func:`resume_agent` — the OpenAI Agents SDK (``pip install 'runjournal[openai-agents]'``).
 * :class:`FrameworkRecordStore` — where both keep framework state: records in the journal's transaction,
@@ -22,8 +22,8 @@ from runjournal.adapters.tools import JournaledTool, current_idempotency_key, jo
 
 _LAZY: dict[str, str] = {
     "FrameworkRecordStore": "runjournal.adapters._checkpoints",
-    **dict.fromkeys(["GraphNodeJournal", "JournalCheckpointSaver", "JournalRuns", "ThreadNotOwnedError",
-                     "journaled_tool_node"], "runjournal.adapters.langgraph"),
+    **dict.fromkeys(["GraphNodeJournal", "GraphSpendJournal", "JournalCheckpointSaver", "JournalRuns",
+                     "ThreadNotOwnedError", "journaled_tool_node"], "runjournal.adapters.langgraph"),
     **dict.fromkeys(["JournalRunHooks", "JournalSession", "journal_function_tool", "resume_agent", "run_agent"],
                     "runjournal.adapters.openai_agents"),
 }
@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from runjournal.adapters._checkpoints import FrameworkRecordStore
     from runjournal.adapters.langgraph import (
         GraphNodeJournal,
+        GraphSpendJournal,
         JournalCheckpointSaver,
         JournalRuns,
         ThreadNotOwnedError,
@@ -48,6 +49,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "FrameworkRecordStore",
     "GraphNodeJournal",
+    "GraphSpendJournal",
     "JournalCheckpointSaver",
     "JournalRunHooks",
     "JournalRuns",

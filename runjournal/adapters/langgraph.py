@@ -16,6 +16,10 @@
   graph runs: NODE_STARTED / NODE_SUCCEEDED / NODE_FAILED with the node's name as ``node_id`` (``outer/inner``
   inside a subgraph), so the run's projected state lists the graph's nodes. :meth:`JournalRuns.compile` compiles
   a graph with the checkpointer and this handler.
+* :class:`GraphSpendJournal` — a callback handler (``runs.graph_spend``) that reserves spend before every chat model
+  or LLM call the graph makes and settles it with the usage the model reports (``RunHandle.reserve``; issue 32,
+  docs/guide/spend.md). On when the settings configure spend (``JournalRuns(spend=…)`` overrides);
+  :meth:`JournalRuns.compile` adds it then.
 
 Durable waits and operator controls (docs/design/decisions/0047-operator-controls.md, 0050-durable-waits.md): a node
 waits for an external event with :meth:`JournalRuns.wait_signal` (its payload is the answer: ``runjournal signal
@@ -68,17 +72,19 @@ except ModuleNotFoundError as exc:  # pragma: no cover - the core install
                               name=exc.name) from exc
 
 from runjournal.adapters._checkpoints import SEP, FrameworkRecordStore, Record, join_field
+from runjournal.adapters.spend import DEFAULT_OUTPUT_TOKENS, estimate_input_tokens, output_limit, spend_enabled
 from runjournal.adapters.tools import JournaledTool, Reconciler
 from runjournal.core.ids import NODE_NAME, NODE_PATH, THREAD_ID
 from runjournal.producers import Journal, RunHandle, canonical_value, digest
 from runjournal.producers.aio import AsyncJournal, AsyncRunHandle
-from runjournal.producers.errors import JournalError, RunExistsError, RunStoppedError
+from runjournal.producers.errors import JournalError, PlanMismatchError, RunExistsError, RunStoppedError
 from runjournal.producers.handle import error_text
+from runjournal.producers.spend import Reservation, Usage
 from runjournal.producers.tools import Tool
 from runjournal.schemas import EventType
 
-__all__ = ["GraphNodeJournal", "JournalCheckpointSaver", "JournalRuns", "TaskStepError", "ThreadNotOwnedError",
-           "journaled_tool_node"]
+__all__ = ["GraphNodeJournal", "GraphSpendJournal", "JournalCheckpointSaver", "JournalRuns", "TaskStepError",
+           "ThreadNotOwnedError", "journaled_tool_node"]
 
 log = logging.getLogger("runjournal.adapters.langgraph")
 
@@ -117,13 +123,18 @@ class JournalRuns:
     Args:
         journal: a :class:`Journal`, or an :class:`AsyncJournal` (its producer threads run the async methods).
         tenant_id, agent: of runs started here.
+        spend: reserve and settle spend around every model call of the graphs compiled here
+            (:class:`GraphSpendJournal`); None (default): when the journal's settings configure spend (prices or
+            budgets: ``runjournal.adapters.spend``).
 
     Attributes:
         graph_nodes: the :class:`GraphNodeJournal` of these runs — among a graph's callbacks (:meth:`compile` puts
             it there), every node the graph runs is journaled on its thread's run.
+        graph_spend: the :class:`GraphSpendJournal` of these runs (:meth:`compile` adds it when it is enabled).
     """
 
-    def __init__(self, journal: Journal | AsyncJournal, *, tenant_id: str = "default", agent: str = "langgraph"):
+    def __init__(self, journal: Journal | AsyncJournal, *, tenant_id: str = "default", agent: str = "langgraph",
+                 spend: bool | None = None):
         self.async_journal = journal if isinstance(journal, AsyncJournal) else None
         self.journal: Journal = journal.sync if isinstance(journal, AsyncJournal) else journal
         self.tenant_id = tenant_id
@@ -135,11 +146,13 @@ class JournalRuns:
         self._task_steps: OrderedDict[tuple[Any, str, str], _TaskSteps] = OrderedDict()
         self.store = FrameworkRecordStore(self.journal)
         self.graph_nodes = GraphNodeJournal(self)
+        self.graph_spend = GraphSpendJournal(self, enabled=spend_enabled(self.journal.settings, spend))
 
     def compile(self, graph: Any, *, checkpoint: bool = True, **options: Any) -> Any:
         """``graph`` (a LangGraph ``StateGraph``) compiled on the journal: checkpointed by a
         :class:`JournalCheckpointSaver` on these runs, and every node it runs journaled (:attr:`graph_nodes` among
-        the compiled graph's callbacks; invoke-time callbacks are added to it).
+        the compiled graph's callbacks; invoke-time callbacks are added to it) — and, when spend is on, every model
+        call it makes reserved and settled (:attr:`graph_spend`).
 
         Args:
             graph: the graph builder (anything with LangGraph's ``compile(checkpointer=…, **options)``).
@@ -153,7 +166,8 @@ class JournalRuns:
         """
         app = graph.compile(checkpointer=JournalCheckpointSaver(self), **options) if checkpoint \
             else graph.compile(**options)
-        return app.with_config(callbacks=[self.graph_nodes])
+        return app.with_config(callbacks=[self.graph_nodes, self.graph_spend] if self.graph_spend.enabled
+                               else [self.graph_nodes])
 
     def handle(self, thread_id: str) -> RunHandle:
         """The thread's handle; a thread never seen starts its run (RUN_STARTED, ``run_id = thread_id``).
@@ -577,6 +591,211 @@ class GraphNodeJournal(BaseCallbackHandler):
                 _node_failed(handle, path, node.error)
             elif not node.paused:
                 handle.emit(EventType.NODE_SUCCEEDED, {"node_path": path}, node_id=path)
+
+
+_SPEND_TASKS_KEPT = 4096
+"""How many graph tasks' counts of model calls a :class:`GraphSpendJournal` keeps (least recently used out)."""
+
+
+class GraphSpendJournal(BaseCallbackHandler):
+    """Reserves spend before every model call a graph makes and settles it after, from the usage the model reports
+    (``RunHandle.reserve`` on the thread's run; docs/guide/spend.md). Get it as ``runs.graph_spend``;
+    :meth:`JournalRuns.compile` adds it to the graph's callbacks when it is enabled (``JournalRuns(spend=…)``; by
+    default when the settings configure spend: ``runjournal.adapters.spend``), or pass it yourself.
+
+    * **Reserve** on ``on_chat_model_start`` / ``on_llm_start``: the model is :attr:`model` when set, else the
+      request's ``model`` / ``model_name`` parameter, else LangChain's ``ls_model_name``, else the model class's
+      ``_type`` (prices: ``Settings.spend_prices``; an unpriced name while prices are set is
+      ``UnknownModelError``). The estimate: input tokens ``ceil(characters of the prompt's text / 4)`` (every
+      message's content as text), output tokens the request's ``max_tokens`` (or ``max_completion_tokens``,
+      ``max_output_tokens``, ``max_new_tokens``, ``num_predict``), else :attr:`output_tokens` (default 1024).
+    * **Settle** on ``on_llm_end`` with ``response.llm_output["token_usage"]`` (or ``["usage"]``: OpenAI's
+      ``prompt_tokens`` / ``completion_tokens`` or ``input_tokens`` / ``output_tokens``), else the sum of the
+      generations' ``message.usage_metadata``; a response reporting neither settles at the estimate
+      (``estimated``). On ``on_llm_error`` it settles at the estimate (the call may have been billed).
+    * **Keys.** A model call in a graph task is the step ``runjournal.spend:<task>#<n>`` (reserve: ``…/reserve``,
+      settle: ``…/settle``): ``<task>`` the task's checkpoint namespace (its sha256 past 200 bytes), which LangGraph
+      keeps when it executes the task again from its checkpoint, and ``<n>`` the call's number among the model calls
+      of this execution of the task (counted from 1 at each start of the task: a retry, a re-run after an
+      ``interrupt()`` or a crash). So a node re-executed on a resumed run meets its recorded reservations and
+      settles: nothing is charged twice (the re-made request's usage is not charged either, as decision 0053 says
+      of re-executed code). Where the re-made call reports other usage than the recorded settle, the recorded settle
+      stands (the mismatch is logged); one whose prompt differs from the recorded call's (another estimate) raises
+      ``PlanMismatchError``, as any re-executed call with other arguments. Model calls made concurrently in one node
+      number in the order they start.
+      A model call outside a graph task on a journaled thread is keyed as the handle keys any call.
+    * A refused reservation raises ``BudgetExceededError`` out of the model call (the handler raises its errors):
+      the node fails with it and so does ``graph.invoke``; the model is not called.
+
+    Args:
+        runs: the thread → run registry.
+        enabled: whether :meth:`JournalRuns.compile` adds it (the handler itself acts whenever it is attached).
+
+    Attributes:
+        model: the model name every reservation names (None: from the request, above).
+        output_tokens: the output estimate of a request without an output limit (tokens).
+    """
+
+    raise_error = True
+    """A refused reservation (or one that cannot be journaled) stops the model call."""
+
+    def __init__(self, runs: JournalRuns, *, enabled: bool = True) -> None:
+        self.runs = runs
+        self.enabled = enabled
+        self.model: str | None = None
+        self.output_tokens = DEFAULT_OUTPUT_TOKENS
+        self._lock = threading.Lock()
+        self._tasks: dict[UUID, tuple[str, str]] = {}
+        self._counts: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self._open: dict[UUID, Reservation] = {}
+
+    # -- graph tasks: where a model call's count restarts ------------------------------------------------------
+    def on_chain_start(self, serialized: dict[str, Any] | None, inputs: Any, *, run_id: UUID,
+                       parent_run_id: UUID | None = None, tags: list[str] | None = None,
+                       metadata: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        """A graph task's execution starts: its count of model calls restarts (other chains: nothing).
+
+        Raises:
+            InvalidIdError: the node's name breaks its rule (as :class:`GraphNodeJournal`)."""
+        if _task_path(kwargs.get("name"), tags, metadata) is None:
+            return
+        meta = metadata or {}
+        task = (str(meta.get("thread_id")), str(meta.get("langgraph_checkpoint_ns") or meta.get("langgraph_node")))
+        with self._lock:
+            self._tasks[run_id] = task
+            self._counts[task] = 0
+            self._counts.move_to_end(task)
+            while len(self._counts) > _SPEND_TASKS_KEPT:
+                self._counts.popitem(last=False)
+
+    def on_chain_end(self, outputs: Any, *, run_id: UUID, parent_run_id: UUID | None = None,
+                     **kwargs: Any) -> None:
+        """A graph task ended: its count is dropped."""
+        self._task_done(run_id)
+
+    def on_chain_error(self, error: BaseException, *, run_id: UUID, parent_run_id: UUID | None = None,
+                       **kwargs: Any) -> None:
+        """A graph task raised: its count is dropped."""
+        self._task_done(run_id)
+
+    def _task_done(self, run_id: UUID) -> None:
+        with self._lock:
+            task = self._tasks.pop(run_id, None)
+            if task is not None:
+                self._counts.pop(task, None)
+
+    # -- model calls ---------------------------------------------------------------------------------------------
+    def on_chat_model_start(self, serialized: dict[str, Any], messages: list[list[Any]], *, run_id: UUID,
+                            parent_run_id: UUID | None = None, tags: list[str] | None = None,
+                            metadata: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        """Reserve the chat model call's estimate (class docstring).
+
+        Raises:
+            BudgetExceededError: a budget would pass its limit; the model is not called, nothing was charged.
+            UnknownModelError / SpendValueError: no price for the model, or a bad estimate.
+            ThreadNotOwnedError: the thread's run is not attached here. As ``RunHandle.call`` for publishing.
+        """
+        chars = sum(len(_text_of(m)) for batch in messages for m in batch)
+        self._reserve(run_id, chars, metadata, kwargs)
+
+    def on_llm_start(self, serialized: dict[str, Any], prompts: list[str], *, run_id: UUID,
+                     parent_run_id: UUID | None = None, tags: list[str] | None = None,
+                     metadata: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        """Reserve the (text) LLM call's estimate. Raises as :meth:`on_chat_model_start`."""
+        self._reserve(run_id, sum(len(p) for p in prompts), metadata, kwargs)
+
+    def on_llm_end(self, response: Any, *, run_id: UUID, parent_run_id: UUID | None = None,
+                   **kwargs: Any) -> None:
+        """Settle the call's reservation with the usage the model reported (at the estimate when it reported
+        none).
+
+        Raises:
+            SpendValueError: the reported usage is not whole token counts. As ``RunHandle.call`` for publishing.
+        """
+        with self._lock:
+            held = self._open.pop(run_id, None)
+        if held is not None:
+            usage = _reported_usage(response)
+            self._settle(held, usage if usage is not None else held.estimated_usage(), estimated=usage is None)
+
+    def on_llm_error(self, error: BaseException, *, run_id: UUID, parent_run_id: UUID | None = None,
+                     **kwargs: Any) -> None:
+        """Settle the call's reservation at its estimate (the request may have been billed). A settle that fails is
+        noted on ``error`` (which propagates as it is); the reservation then stays open (unknown spend)."""
+        with self._lock:
+            held = self._open.pop(run_id, None)
+        if held is None:
+            return
+        try:
+            self._settle(held, held.estimated_usage(), estimated=True)
+        except Exception as exc:  # noqa: BLE001 - the model's own error is the one to propagate
+            error.add_note(f"its spend reservation {held.key} was not settled: {error_text(exc)}")
+
+    def _reserve(self, run_id: UUID, chars: int, metadata: dict[str, Any] | None, kwargs: dict[str, Any]) -> None:
+        meta = metadata or {}
+        if meta.get("thread_id") is None:
+            return  # not a journaled graph's call: no run to charge
+        handle = self.runs.handle(_thread({"configurable": meta}))
+        params = kwargs.get("invocation_params") or {}
+        model = self.model or params.get("model") or params.get("model_name") or meta.get("ls_model_name") \
+            or params.get("_type") or "unknown"
+        held = handle.reserve(str(model), input_tokens=estimate_input_tokens(chars),
+                              output_tokens=output_limit(params, self.output_tokens), step=self._step(meta))
+        with self._lock:
+            self._open[run_id] = held
+
+    def _step(self, meta: dict[str, Any]) -> str | None:
+        """``runjournal.spend:<task>#<n>`` (class docstring), or None outside a graph task."""
+        ns = meta.get("langgraph_checkpoint_ns")
+        if not ns:
+            return None
+        task = (str(meta.get("thread_id")), str(ns))
+        with self._lock:
+            n = self._counts.get(task, 0) + 1
+            self._counts[task] = n
+            self._counts.move_to_end(task)
+        name = str(ns)
+        if len(name.encode("utf-8")) > 200:
+            name = hashlib.sha256(name.encode("utf-8")).hexdigest()
+        return f"runjournal.spend:{name}#{n}"
+
+    @staticmethod
+    def _settle(held: Reservation, usage: Usage | dict[str, Any], *, estimated: bool) -> None:
+        try:
+            held.settle(usage, estimated=estimated)
+        except PlanMismatchError:
+            if not held.recorded:
+                raise
+            # a re-executed call reported other usage than the recorded settle: the recorded settle stands
+            log.info("spend reservation %s: the re-made model call reported other usage than its recorded settle; "
+                     "the recorded settle stands", held.key)
+
+
+def _text_of(message: Any) -> str:
+    """A message's content as text (a content-block list as its JSON-ish text: the estimate counts characters)."""
+    content = getattr(message, "content", message)
+    return content if isinstance(content, str) else str(content)
+
+
+def _reported_usage(response: Any) -> Usage | None:
+    """The usage a LangChain ``LLMResult`` reports: ``llm_output["token_usage"]`` / ``["usage"]``, else the sum of
+    the generations' ``message.usage_metadata``; None when it reports neither.
+
+    Raises:
+        SpendValueError: a reported count is not a whole number >= 0."""
+    output = getattr(response, "llm_output", None) or {}
+    for key in ("token_usage", "usage"):
+        value = output.get(key) if isinstance(output, dict) else None
+        if isinstance(value, dict) and value:
+            return Usage.of(value)
+    found, inp, out = False, 0, 0
+    for batch in getattr(response, "generations", None) or []:
+        for generation in batch:
+            meta = getattr(getattr(generation, "message", None), "usage_metadata", None)
+            if meta:
+                found, usage = True, Usage.of(meta)
+                inp, out = inp + usage.input_tokens, out + usage.output_tokens
+    return Usage(input_tokens=inp, output_tokens=out) if found else None
 
 
 def _node_failed(handle: RunHandle, path: str, error: BaseException) -> None:

@@ -5,7 +5,9 @@
   available as ``runjournal.adapters.current_idempotency_key()``, the output recorded; a resumed run returns
   the recorded output instead of calling the function again.
 * :class:`JournalRunHooks` — ``RunHooks`` that put every tool call (wrapped or not: hosted tools, MCP) on the
-  run's timeline as NODE_STARTED / NODE_SUCCEEDED (node ``tool-<call_id>``).
+  run's timeline as NODE_STARTED / NODE_SUCCEEDED (node ``tool-<call_id>``), and — when spend is on — reserve
+  spend before every model call and settle it with the usage the SDK reports (``AsyncRunHandle.reserve``; issue 32,
+  docs/guide/spend.md).
 * :class:`JournalSession` — an Agents SDK ``Session`` whose items are records in the journal's transaction
   (``{prefix}.checkpoints``, kind ``item``), projected into Redis for reads; message turns are also MESSAGE
   events (memory input, never recovery).
@@ -24,6 +26,7 @@ from __future__ import annotations
 import contextvars
 import dataclasses
 import json
+import logging
 from typing import Any
 
 try:
@@ -35,12 +38,17 @@ except ModuleNotFoundError as exc:  # pragma: no cover - the core install
                               "pip install 'runjournal[openai-agents]'", name=exc.name) from exc
 
 from runjournal.adapters._checkpoints import FrameworkRecordStore, Record
+from runjournal.adapters.spend import DEFAULT_OUTPUT_TOKENS, estimate_input_tokens, spend_enabled
 from runjournal.adapters.tools import JournaledTool, Reconciler
 from runjournal.producers.aio import AsyncRunHandle
 from runjournal.producers.approvals import ApprovalInbox
+from runjournal.producers.errors import PlanMismatchError
+from runjournal.producers.spend import AsyncReservation, Usage
 from runjournal.schemas import EventType
 
 __all__ = ["JournalRunHooks", "JournalSession", "journal_function_tool", "resume_agent", "run_agent"]
+
+log = logging.getLogger("runjournal.adapters.openai_agents")
 
 _RUN: contextvars.ContextVar[AsyncRunHandle | None] = contextvars.ContextVar("runjournal_agents_run", default=None)
 _STATE_FIELD = "agents-run-state"
@@ -85,10 +93,45 @@ def _node_name(call_id: str) -> str:
 
 
 class JournalRunHooks(RunHooks[Any]):
-    """Every tool call on the run's timeline: NODE_STARTED on start, NODE_SUCCEEDED on end (non-durable)."""
+    """Every tool call on the run's timeline: NODE_STARTED on start, NODE_SUCCEEDED on end (non-durable); and, when
+    spend is on, a reservation before every model call settled after it with the usage the SDK reports.
 
-    def __init__(self, run: AsyncRunHandle) -> None:
+    Spend (``runjournal.adapters.spend``; docs/guide/spend.md):
+
+    * **Reserve** in :meth:`on_llm_start` (``AsyncRunHandle.reserve``): the model is ``model`` when given, else the
+      agent's ``model`` when it is a name, else the model object's ``model`` attribute, else the SDK's default
+      model. The estimate: input tokens ``ceil(characters of the system prompt and the input items as JSON / 4)``;
+      output tokens the agent's ``model_settings.max_tokens``, else ``output_tokens`` (default 1024).
+    * **Settle** in :meth:`on_llm_end` with ``ModelResponse.usage`` (``input_tokens`` / ``output_tokens``); a
+      response that reports no usage (no request, no tokens) settles at the estimate (``estimated``). The SDK has no
+      hook for a model call that raised: :func:`run_agent` / :func:`resume_agent` settle what is left open at the
+      estimate when the run raises (:meth:`settle_open`); a new model call of the same agent settles a stale one
+      first.
+    * **Keys.** The n-th model call of the run is the step ``runjournal.spend:agents#<n>`` (``…/reserve``,
+      ``…/settle``), n counted by these hooks and never below the SDK's own count of requests (``usage.requests``,
+      kept in a recorded ``RunState``): a run executed again from its start (``run_agent`` on a resumed run) meets
+      its recorded reservations and settles — nothing is charged twice — and one continued from its recorded state
+      (``resume_agent``) numbers on after the calls already made. Where a re-made call reports other usage than the
+      recorded settle, the recorded settle stands (logged).
+    * A refused reservation raises ``BudgetExceededError`` out of ``Runner.run``; the model is not called. A
+      re-executed call whose input differs from the recorded call's (another estimate) raises ``PlanMismatchError``.
+
+    Args:
+        run: the run's async handle.
+        spend: reserve and settle around model calls; None (default): when the journal's settings configure spend
+            (prices or budgets).
+        model: the model name every reservation names (priced by ``Settings.spend_prices``).
+        output_tokens: the output estimate when the agent sets no ``max_tokens`` (tokens).
+    """
+
+    def __init__(self, run: AsyncRunHandle, *, spend: bool | None = None, model: str | None = None,
+                 output_tokens: int = DEFAULT_OUTPUT_TOKENS) -> None:
         self.run = run
+        self.spend = spend_enabled(run.journal.settings, spend)
+        self.model = model
+        self.output_tokens = output_tokens
+        self._calls = 0
+        self._open: dict[int, AsyncReservation] = {}
 
     async def on_tool_start(self, context: Any, agent: Any, tool: Any) -> None:
         """NODE_STARTED ``tool-<call_id>``."""
@@ -99,6 +142,82 @@ class JournalRunHooks(RunHooks[Any]):
         """NODE_SUCCEEDED ``tool-<call_id>``."""
         node = _node_name(str(getattr(context, "tool_call_id", None) or getattr(tool, "name", "tool")))
         await self.run.emit(EventType.NODE_SUCCEEDED, {"node_path": node}, node_id=node)
+
+    async def on_llm_start(self, context: Any, agent: Any, system_prompt: str | None, input_items: list[Any]) -> None:
+        """Reserve the model call's estimate (class docstring); nothing when spend is off.
+
+        Raises:
+            BudgetExceededError: a budget would pass its limit; the model is not called, nothing was charged.
+            UnknownModelError / SpendValueError: no price for the model, or a bad estimate.
+            As ``AsyncRunHandle.call`` for publishing.
+        """
+        if not self.spend:
+            return
+        stale = self._open.pop(id(agent), None)
+        if stale is not None:  # the agent's previous call raised (no on_llm_end): billed or not, the estimate stands
+            await _settle(stale, stale.estimated_usage(), estimated=True)
+        usage = getattr(context, "usage", None)
+        self._calls = max(self._calls, int(getattr(usage, "requests", 0) or 0)) + 1
+        chars = len(system_prompt or "") + len(json.dumps(input_items, default=str))
+        settings = getattr(agent, "model_settings", None)
+        limit = getattr(settings, "max_tokens", None)
+        held = await self.run.reserve(_model_name(self.model, agent), input_tokens=estimate_input_tokens(chars),
+                                      output_tokens=limit if isinstance(limit, int) and limit > 0
+                                      else self.output_tokens, step=f"runjournal.spend:agents#{self._calls}")
+        self._open[id(agent)] = held
+
+    async def on_llm_end(self, context: Any, agent: Any, response: Any) -> None:
+        """Settle the call's reservation with ``response.usage`` (at the estimate when it reports none).
+
+        Raises:
+            SpendValueError: the reported usage is not whole token counts. As ``AsyncRunHandle.call`` for publishing.
+        """
+        held = self._open.pop(id(agent), None)
+        if held is None:
+            return
+        usage = getattr(response, "usage", None)
+        inp, out = int(getattr(usage, "input_tokens", 0) or 0), int(getattr(usage, "output_tokens", 0) or 0)
+        if usage is None or (not getattr(usage, "requests", 0) and not inp and not out):
+            await _settle(held, held.estimated_usage(), estimated=True)
+        else:
+            await _settle(held, Usage(input_tokens=inp, output_tokens=out), estimated=False)
+
+    async def settle_open(self) -> int:
+        """Settle every reservation still open (its model call raised: the SDK calls no hook) at its estimate;
+        returns how many. :func:`run_agent` / :func:`resume_agent` call it when the run raises.
+
+        Raises:
+            As ``AsyncRunHandle.call`` for publishing (the reservations not settled stay open: unknown spend).
+        """
+        held, self._open = list(self._open.values()), {}
+        for reservation in held:
+            await _settle(reservation, reservation.estimated_usage(), estimated=True)
+        return len(held)
+
+
+def _model_name(model: str | None, agent: Any) -> str:
+    """The name a reservation names (:class:`JournalRunHooks`)."""
+    if model:
+        return model
+    named = getattr(agent, "model", None)
+    if isinstance(named, str) and named:
+        return named
+    inner = getattr(named, "model", None)
+    if isinstance(inner, str) and inner:
+        return inner
+    from agents.models import get_default_model
+
+    return str(get_default_model())
+
+
+async def _settle(held: AsyncReservation, usage: Usage, *, estimated: bool) -> None:
+    try:
+        await held.settle(usage, estimated=estimated)
+    except PlanMismatchError:
+        if not held.recorded:
+            raise
+        log.info("spend reservation %s: the re-made model call reported other usage than its recorded settle; the "
+                 "recorded settle stands", held.key)
 
 
 class JournalSession:
@@ -171,8 +290,11 @@ async def run_agent(agent: Agent[Any], input: Any, *, run: AsyncRunHandle, inbox
                     store: FrameworkRecordStore, approval_timeout_s: float = 300.0, **runner_options: Any) -> Any:
     """``Runner.run(agent, input)`` with its tool approvals on the journal (module docstring); returns the result.
 
-    ``runner_options`` go to ``Runner.run`` (``run_config``, ``session``, ``hooks`` …). Raises
-    ``ApprovalTimeoutError`` when no decision came within ``approval_timeout_s`` (the request stays durable).
+    ``runner_options`` go to ``Runner.run`` (``run_config``, ``session``, ``hooks`` …). With ``hooks`` a
+    :class:`JournalRunHooks`, a run that raises first settles the spend reservations its failed model call left open,
+    at their estimates (:meth:`JournalRunHooks.settle_open`). Raises ``ApprovalTimeoutError`` when no decision came
+    within ``approval_timeout_s`` (the request stays durable); ``BudgetExceededError`` when a model call's
+    reservation is refused.
     """
     token = _RUN.set(run)
     try:
@@ -184,6 +306,9 @@ async def run_agent(agent: Agent[Any], input: Any, *, run: AsyncRunHandle, inbox
             result = await Runner.run(agent, state, **runner_options)
         await _record_state(run, store, None)
         return result
+    except Exception as exc:
+        await _settle_open(runner_options.get("hooks"), exc)
+        raise
     finally:
         _RUN.reset(token)
 
@@ -205,6 +330,9 @@ async def resume_agent(agent: Agent[Any], *, run: AsyncRunHandle, inbox: Approva
     try:
         await _decide(run, inbox, state, approval_timeout_s)
         result = await Runner.run(agent, state, **runner_options)
+    except Exception as exc:
+        await _settle_open(runner_options.get("hooks"), exc)
+        raise
     finally:
         _RUN.reset(token)
     if result.interruptions:
@@ -212,6 +340,16 @@ async def resume_agent(agent: Agent[Any], *, run: AsyncRunHandle, inbox: Approva
                                approval_timeout_s=approval_timeout_s, **runner_options)
     await _record_state(run, store, None)
     return result
+
+
+async def _settle_open(hooks: Any, error: BaseException) -> None:
+    """Settle the spend reservations ``hooks`` left open when the run raised ``error`` (a failed settle is noted on
+    ``error``, which propagates as it is)."""
+    if isinstance(hooks, JournalRunHooks):
+        try:
+            await hooks.settle_open()
+        except Exception as exc:  # noqa: BLE001 - the run's own error is the one to propagate
+            error.add_note(f"open spend reservations were not settled: {exc}")
 
 
 async def _record_state(run: AsyncRunHandle, store: FrameworkRecordStore, state: Any) -> None:

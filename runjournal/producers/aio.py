@@ -38,6 +38,7 @@ from runjournal.producers.approvals import ApprovalInbox, approval_steps
 from runjournal.producers.control import ControlRequest, current_stop, reset_stop
 from runjournal.producers.handle import RunHandle
 from runjournal.producers.journal import Journal
+from runjournal.producers.spend import AsyncReservation, reserve_step
 
 if TYPE_CHECKING:
     from runjournal.core.settings import Settings
@@ -306,6 +307,32 @@ class AsyncRunHandle:
                           step: str | None = None) -> Any:
         """As :meth:`RunHandle.wait_signal` (the same steps; the polls are ``asyncio.sleep``)."""
         return await self._drive(self.sync.wait_signal_steps(name, timeout_s=timeout_s, poll_s=poll_s, step=step))
+
+    async def reserve(self, model: str, *, input_tokens: int, output_tokens: int, user_id: str | None = None,
+                      step: str | None = None) -> AsyncReservation:
+        """As :meth:`RunHandle.reserve` — the same reserve step (``runjournal.producers.spend.reserve_step``) driven by
+        :meth:`call`; returns an :class:`~runjournal.producers.spend.AsyncReservation` to ``await r.settle(usage)``.
+
+        Awaited like every other step of this handle, and an async context manager (left without a settle: settled
+        at the estimate)::
+
+            async with await run.reserve("gpt-4o", input_tokens=1200, output_tokens=512) as r:
+                resp = await client.chat.completions.create(...)
+                await r.settle(resp.usage)
+
+        Args:
+            model, input_tokens, output_tokens, user_id, step: as :meth:`RunHandle.reserve` (tokens: whole, >= 0).
+
+        Raises:
+            BudgetExceededError: a budget would pass its limit (``left``: what may still be reserved); nothing was
+                charged.
+            SpendValueError / UnknownModelError / InvalidIdError: bad input; nothing was published.
+            As :meth:`call` otherwise.
+        """
+        tool, args, key = reserve_step(self.sync, model, input_tokens=input_tokens, output_tokens=output_tokens,
+                                       user_id=user_id, step=step)
+        result = await self.call(tool, args, step=key)
+        return AsyncReservation(self, result, step=step, recorded=not tool.invoked)
 
     def pending_request(self) -> ControlRequest | None:
         """As :meth:`RunHandle.pending_request` (no I/O: the instance's last read)."""

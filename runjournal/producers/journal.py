@@ -331,6 +331,11 @@ class Journal:
 
     # -- properties ------------------------------------------------------------------------------
     @property
+    def metrics(self) -> Any:
+        """This instance's journal metrics (``runjournal.producers.metrics``; a no-op set unless given)."""
+        return self._metrics
+
+    @property
     def spend_ledger(self) -> SpendLedger:
         """This instance's spend ledger (``runjournal.producers.spend``): the tenant budgets ``RunHandle.reserve``
         checks, with the prices and default budgets of ``Settings.spend_*`` (made on first use)."""

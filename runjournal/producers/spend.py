@@ -52,6 +52,7 @@ from runjournal.producers.tools import Outcome, ToolOutcomeUnknownError
 __all__ = [
     "DIMS",
     "RESERVE_TOOL",
+    "AsyncReservation",
     "SETTLE_TOOL",
     "BudgetExceededError",
     "Reservation",
@@ -68,6 +69,7 @@ __all__ = [
     "Usage",
     "check_currency",
     "fold_spend",
+    "reserve_step",
 ]
 
 REDIS_RETRY_S = 60.0
@@ -329,16 +331,22 @@ class SpendReserve:
     timeout_ms = 1000  # a script's request cannot act after its connection closed: a short effect window
 
     def __init__(self, ledger: SpendLedger, tenant_id: str, run_id: str,
-                 recorded: Mapping[str, int] | None = None) -> None:
+                 recorded: Mapping[str, int] | None = None, metrics: Any = None) -> None:
         self.ledger, self.tenant_id, self.run_id = ledger, tenant_id, run_id
         self.recorded = recorded
+        self.metrics = metrics
         self.invoked = False
 
     def __call__(self, args: dict[str, Any], idempotency_key: str) -> Any:
         self.invoked = True
-        state = self.ledger.reserve(tenant_id=self.tenant_id, run_id=self.run_id, user_id=args.get("user_id"),
-                                    key=idempotency_key, model=args["model"], estimate=args["estimate"],
-                                    recorded=self.recorded)
+        try:
+            state = self.ledger.reserve(tenant_id=self.tenant_id, run_id=self.run_id, user_id=args.get("user_id"),
+                                        key=idempotency_key, model=args["model"], estimate=args["estimate"],
+                                        recorded=self.recorded)
+        except BudgetExceededError as exc:
+            _meter(self.metrics, "spend_refused", exc.dim, exc.scope.partition(":")[0])
+            raise
+        _meter(self.metrics, "spend_reserved", args["model"], args["estimate"])
         return _reserved(idempotency_key, state)
 
     def reconcile(self, idempotency_key: str) -> Outcome | None:
@@ -359,14 +367,16 @@ class SpendSettle:
     side_effect = True
     timeout_ms = 1000  # a script's request cannot act after its connection closed: a short effect window
 
-    def __init__(self, ledger: SpendLedger, tenant_id: str, run_id: str) -> None:
+    def __init__(self, ledger: SpendLedger, tenant_id: str, run_id: str, metrics: Any = None) -> None:
         self.ledger, self.tenant_id, self.run_id = ledger, tenant_id, run_id
+        self.metrics = metrics
         self.invoked = False
 
     def __call__(self, args: dict[str, Any], idempotency_key: str) -> Any:
         self.invoked = True
         state = self.ledger.settle(tenant_id=self.tenant_id, run_id=self.run_id, user_id=args.get("user_id"),
                                    key=args["reservation"], settle_key=idempotency_key, actual=args["usage"])
+        _meter(self.metrics, "spend_settled", state["model"], state["usage"])
         return _settled(state)
 
     def reconcile(self, idempotency_key: str) -> Outcome | None:
@@ -380,7 +390,50 @@ def _settled(state: Mapping[str, Any]) -> dict[str, Any]:
             "usage": state["usage"]}
 
 
-class Reservation:
+class _Held:
+    """What a reservation holds, and the settle step built from it (shared by :class:`Reservation` and
+    :class:`AsyncReservation`: the two front ends differ only in how they drive the call)."""
+
+    def __init__(self, handle: Any, reserved: Mapping[str, Any], *, step: str | None, recorded: bool) -> None:
+        self._handle = handle  # the sync RunHandle: policy, ledger, ids (no I/O)
+        self.key: str = reserved["reservation"]
+        self.model: str = reserved["model"]
+        self.estimate: dict[str, int] = dict(reserved["estimate"])
+        self.user_id: str | None = reserved.get("user_id")
+        self.recorded = recorded
+        self.charge: dict[str, int] | None = None
+        self._step = step
+
+    def settle_step(self, usage: Usage | Mapping[str, Any] | None = None, *, input_tokens: int | None = None,
+                    output_tokens: int | None = None, estimated: bool = False
+                    ) -> tuple[SpendSettle, dict[str, Any], str | None]:
+        """The settle as a call: ``(tool, args, step)`` for ``RunHandle.call`` / ``AsyncRunHandle.call`` (no I/O).
+
+        Raises:
+            SpendValueError / UnknownModelError: bad counts.
+        """
+        if usage is None:
+            usage = Usage(input_tokens=input_tokens or 0, output_tokens=output_tokens or 0)
+        amounts = self._handle.spend_policy().amounts(self.model, Usage.of(usage))
+        args: dict[str, Any] = {"reservation": self.key, "model": self.model, "usage": amounts,
+                                "user_id": self.user_id}
+        if estimated:
+            args["estimated"] = True
+        tool = SpendSettle(self._handle.spend_ledger(), self._handle.tenant_id, self._handle.run_id,
+                           _metrics_of(self._handle))
+        return tool, args, None if self._step is None else f"{self._step}/settle"
+
+    def estimated_usage(self) -> Usage:
+        """The estimate as usage (what a settle without a reported usage charges)."""
+        return Usage(input_tokens=self.estimate.get("input_tokens", 0),
+                     output_tokens=self.estimate.get("output_tokens", 0))
+
+    def _settled(self, result: Mapping[str, Any]) -> dict[str, int]:
+        self.charge = dict(result["usage"])
+        return self.charge
+
+
+class Reservation(_Held):
     """A reservation of spend for one model call (``RunHandle.reserve``); settle it with the actual usage.
 
     Used as a context manager, leaving the block without a settle settles at the estimate (``estimated``: the
@@ -395,16 +448,6 @@ class Reservation:
         charge: the settled amounts once settled, else None.
     """
 
-    def __init__(self, handle: Any, reserved: Mapping[str, Any], *, step: str | None, recorded: bool) -> None:
-        self._handle = handle
-        self.key: str = reserved["reservation"]
-        self.model: str = reserved["model"]
-        self.estimate: dict[str, int] = dict(reserved["estimate"])
-        self.user_id: str | None = reserved.get("user_id")
-        self.recorded = recorded
-        self.charge: dict[str, int] | None = None
-        self._step = step
-
     def settle(self, usage: Usage | Mapping[str, Any] | None = None, *, input_tokens: int | None = None,
                output_tokens: int | None = None, estimated: bool = False) -> dict[str, int]:
         """Settle with the actual usage (``Usage``, a provider's usage mapping, or the two counts); returns the
@@ -417,56 +460,89 @@ class Reservation:
         """
         if self.charge is not None:
             return self.charge
-        if usage is None:
-            usage = Usage(input_tokens=input_tokens or 0, output_tokens=output_tokens or 0)
-        amounts = self._handle.spend_policy().amounts(self.model, Usage.of(usage))
-        args: dict[str, Any] = {"reservation": self.key, "model": self.model, "usage": amounts,
-                                "user_id": self.user_id}
-        if estimated:
-            args["estimated"] = True
-        tool = SpendSettle(self._handle.spend_ledger(), self._handle.tenant_id, self._handle.run_id)
-        result = self._handle.call(tool, args, step=None if self._step is None else f"{self._step}/settle")
-        self.charge = dict(result["usage"])
-        if tool.invoked:
-            _meter(self._handle, "spend_settled", self.model, self.charge)
-        return self.charge
+        tool, args, step = self.settle_step(usage, input_tokens=input_tokens, output_tokens=output_tokens,
+                                            estimated=estimated)
+        return self._settled(self._handle.call(tool, args, step=step))
 
     def __enter__(self) -> Reservation:
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
         if self.charge is None and (exc is None or isinstance(exc, Exception)):
-            self.settle(Usage(input_tokens=self.estimate.get("input_tokens", 0),
-                              output_tokens=self.estimate.get("output_tokens", 0)), estimated=True)
+            self.settle(self.estimated_usage(), estimated=True)
+
+
+class AsyncReservation(_Held):
+    """:class:`Reservation` for asyncio code (``AsyncRunHandle.reserve``): ``await r.settle(usage)``, and an
+    async context manager — ``async with await run.reserve(...) as r:`` — that settles at the estimate when the
+    block is left without a settle. The settle is the same step as the sync one, driven by ``AsyncRunHandle.call``.
+
+    Attributes: as :class:`Reservation`.
+    """
+
+    def __init__(self, run: Any, reserved: Mapping[str, Any], *, step: str | None, recorded: bool) -> None:
+        super().__init__(run.sync, reserved, step=step, recorded=recorded)
+        self._run = run
+
+    async def settle(self, usage: Usage | Mapping[str, Any] | None = None, *, input_tokens: int | None = None,
+                     output_tokens: int | None = None, estimated: bool = False) -> dict[str, int]:
+        """As :meth:`Reservation.settle`, awaited.
+
+        Raises:
+            As :meth:`Reservation.settle` (publishing: as ``AsyncRunHandle.call``).
+        """
+        if self.charge is not None:
+            return self.charge
+        tool, args, step = self.settle_step(usage, input_tokens=input_tokens, output_tokens=output_tokens,
+                                            estimated=estimated)
+        return self._settled(await self._run.call(tool, args, step=step))
+
+    async def __aenter__(self) -> AsyncReservation:
+        return self
+
+    async def __aexit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        if self.charge is None and (exc is None or isinstance(exc, Exception)):
+            await self.settle(self.estimated_usage(), estimated=True)
+
+
+def reserve_step(handle: Any, model: str, *, input_tokens: int, output_tokens: int, user_id: str | None = None,
+                 step: str | None = None) -> tuple[SpendReserve, dict[str, Any], str | None]:
+    """The reserve as a call: ``(tool, args, step)`` for ``RunHandle.call`` / ``AsyncRunHandle.call`` — checked and
+    priced here, before anything is published (no I/O). ``handle`` is the sync :class:`RunHandle` (policy, ledger,
+    ids). After the call, ``not tool.invoked`` says the journal answered it (``Reservation.recorded``).
+
+    Raises:
+        SpendValueError: a bad model name or token count. UnknownModelError: prices are set and the model has none.
+        InvalidIdError: a bad ``user_id``.
+    """
+    if not isinstance(model, str) or not model or len(model) > 256:
+        raise SpendValueError(f"model must be a name of 1 … 256 characters, not {model!r}")
+    USER_ID.check_optional(user_id)
+    estimate = handle.spend_policy().amounts(model, Usage(input_tokens=input_tokens, output_tokens=output_tokens))
+    plan = getattr(handle, "plan", None)  # what the journal records at the resume or fork point: the run scope's start
+    recorded = fold_spend(plan.calls.values()).charged() if plan is not None else None
+    tool = SpendReserve(handle.spend_ledger(), handle.tenant_id, handle.run_id, recorded, _metrics_of(handle))
+    return tool, {"model": model, "estimate": estimate, "user_id": user_id}, \
+        None if step is None else f"{step}/reserve"
 
 
 def reserve(handle: Any, model: str, *, input_tokens: int, output_tokens: int, user_id: str | None = None,
             step: str | None = None) -> Reservation:
     """``RunHandle.reserve``: the reserve step (see the module docstring)."""
-    if not isinstance(model, str) or not model or len(model) > 256:
-        raise SpendValueError(f"model must be a name of 1 … 256 characters, not {model!r}")
-    USER_ID.check_optional(user_id)
-    policy = handle.spend_policy()
-    estimate = policy.amounts(model, Usage(input_tokens=input_tokens, output_tokens=output_tokens))
-    plan = getattr(handle, "plan", None)
-    recorded = fold_spend(plan.calls.values()).charged() if plan is not None else None
-    tool = SpendReserve(handle.spend_ledger(), handle.tenant_id, handle.run_id, recorded)
-    try:
-        result = handle.call(tool, {"model": model, "estimate": estimate, "user_id": user_id},
-                             step=None if step is None else f"{step}/reserve")
-    except BudgetExceededError as exc:
-        if tool.invoked:
-            _meter(handle, "spend_refused", exc.dim, exc.scope.partition(":")[0])
-        raise
-    if tool.invoked:
-        _meter(handle, "spend_reserved", model, estimate)
-    return Reservation(handle, result, step=step, recorded=not tool.invoked)
+    tool, args, key = reserve_step(handle, model, input_tokens=input_tokens, output_tokens=output_tokens,
+                                   user_id=user_id, step=step)
+    return Reservation(handle, handle.call(tool, args, step=key), step=step, recorded=not tool.invoked)
 
 
-def _meter(handle: Any, name: str, *args: Any) -> None:
-    """Count on the journal's metrics (``runjournal.producers.metrics``: ``runjournal_spend_*_total``, opt-in) when
-    the handle's journal has them; a handle without (a replay's, a test double) counts nothing."""
-    method = getattr(getattr(getattr(handle, "journal", None), "_metrics", None), name, None)
+def _metrics_of(handle: Any) -> Any:
+    """The handle's journal's metrics (``runjournal.producers.metrics``, opt-in), or None (a replay's handle)."""
+    return getattr(getattr(handle, "journal", None), "metrics", None)
+
+
+def _meter(metrics: Any, name: str, *args: Any) -> None:
+    """Count ``runjournal_spend_*_total`` when there are metrics; counted by the tools, so only a step that ran now
+    counts (a step the journal answers counts nothing), from the sync and the asyncio front end alike."""
+    method = getattr(metrics, name, None)
     if method is not None:
         method(*args)
 

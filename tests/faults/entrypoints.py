@@ -227,13 +227,24 @@ WRITERS: dict[str, Writer] = {
                     "as RunHandle.sleep / wait_signal: a node re-run from its checkpoint meets the recorded answer",
                     covered_by="tests/adapters/test_langgraph_controls.py")
        for name in ("JournalRuns.wait_signal", "JournalRuns.await_signal", "JournalRuns.sleep", "JournalRuns.asleep")},
-    "RunHandle.reserve": Writer((), _HANDLE_RACE + "; a reservation and its settle are calls of two built-in tools "
-                                "whose effect is one script on the tenant's ledger (one slot), idempotent by key: "
-                                "agents on many hosts reserving against one budget never pass it",
-                                "as RunHandle.call: killed between reserve and settle, the estimate stays charged "
-                                "(open) and the resumed run meets its recorded reservation; killed inside a step, "
-                                "the step is reconciled by key against the ledger, never charged twice",
-                                covered_by="tests/producers/test_spend.py, tests/faults/test_spend_crash.py"),
+    **{name: Writer((), _HANDLE_RACE + "; a reservation and its settle are calls of two built-in tools whose effect "
+                    "is one script on the tenant's ledger (one slot), idempotent by key: agents on many hosts "
+                    "reserving against one budget never pass it",
+                    "as RunHandle.call: killed between reserve and settle, the estimate stays charged (open) and the "
+                    "resumed run meets its recorded reservation; killed inside a step, the step is reconciled by key "
+                    "against the ledger, never charged twice",
+                    covered_by="tests/producers/test_spend.py, tests/producers/test_spend_async.py")
+       for name in ("RunHandle.reserve", "AsyncRunHandle.reserve")},
+    **{name: Writer((), _HANDLE_RACE + "; a framework's model call is reserved before it and settled after it "
+                    "(RunHandle.reserve / AsyncRunHandle.reserve), keyed by the graph task and the call's number in "
+                    "its execution (LangGraph) or the call's number in the run (Agents SDK)",
+                    "as RunHandle.reserve: a node or an agent executed again after the kill meets its recorded "
+                    "reservations and settles under the same keys, never charged twice; a reservation whose model "
+                    "call was killed stays charged at its estimate (open)",
+                    covered_by="tests/adapters/test_spend_adapters.py")
+       for name in ("GraphSpendJournal.on_chat_model_start", "GraphSpendJournal.on_llm_start",
+                    "GraphSpendJournal.on_llm_end", "GraphSpendJournal.on_llm_error", "JournalRunHooks.on_llm_start",
+                    "JournalRunHooks.on_llm_end", "JournalRunHooks.settle_open")},
 }
 
 READERS: frozenset[str] = frozenset({
@@ -249,6 +260,7 @@ READERS: frozenset[str] = frozenset({
     "JournalSession.get_items", "JournalRuns.compile", "RecoveryJob.close", "RecoveryJob.unknown_runs",
     "Journal.request_for", "Journal.request_done", "RunHandle.pending_request", "AsyncRunHandle.pending_request",
     "Operator.select", "Operator.state", "Operator.close", "RunHandle.spend_policy", "RunHandle.spend_ledger",
+    "GraphSpendJournal.on_chain_start", "GraphSpendJournal.on_chain_end", "GraphSpendJournal.on_chain_error",
     # read-only commands
     "cli inspect", "cli replay", "cli settings", "cli stack up", "cli stack env", "cli stack down", "cli stack status",
     "cli topics create", "cli topics describe", "cli schemas check", "cli schemas publish", "cli memory serve",
@@ -264,6 +276,7 @@ CLASSES = ("runjournal.producers:Journal", "runjournal.producers:RunHandle", "ru
            "runjournal.producers.aio:AsyncRunHandle", "runjournal.producers.approvals:ApprovalInbox",
            "runjournal.adapters:FrameworkRecordStore", "runjournal.adapters:JournalCheckpointSaver",
            "runjournal.adapters:JournalSession", "runjournal.adapters:JournalRuns",
-           "runjournal.adapters:GraphNodeJournal", "runjournal.adapters:JournalRunHooks",
+           "runjournal.adapters:GraphNodeJournal", "runjournal.adapters:GraphSpendJournal",
+           "runjournal.adapters:JournalRunHooks",
            "runjournal.consumers.recovery.job:RecoveryJob", "runjournal.consumers.ops.control:Operator")
 """Classes whose every public method must be classified (a new method is a new entry point)."""
