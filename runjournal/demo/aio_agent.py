@@ -33,6 +33,7 @@ from runjournal.demo.agent import (
     script_for,
     tool_for,
 )
+from runjournal.demo.spend import acharge_turn, model_turns
 from runjournal.demo.workload import RunScript
 from runjournal.producers import RunExistsError, RunStoppedError
 from runjournal.producers.aio import AsyncJournal, AsyncRunHandle
@@ -74,10 +75,12 @@ async def aexecute(handle: AsyncRunHandle, script: RunScript, *, provider_url: s
     Raises:
         RunStoppedError: an operator paused or cancelled the run: leave it.
     """
+    spend = model_turns(script)
     for i, step in enumerate(script.steps):
         if pace_s:
             await asyncio.sleep(pace_s)
         async with handle.node(f"step{i}") as path:
+            await acharge_turn(handle, script, i, spend)  # as the plain agent, under the same step names
             if step.kind == "message":
                 await handle.message(step.role, step.content, user_id=script.user_id if step.role == "user" else None)
                 continue

@@ -17,8 +17,8 @@ from typing import Any
 
 from runjournal.demo.workload import RunScript, Step
 
-__all__ = ["BUDGET_USD", "MAX_OUTPUT_TOKENS", "MODEL", "PRICES", "charge_turn", "model_turns", "spend_step",
-           "with_spend_defaults"]
+__all__ = ["BUDGET_USD", "MAX_OUTPUT_TOKENS", "MODEL", "PRICES", "acharge_turn", "charge_turn", "model_turns",
+           "spend_step", "with_spend_defaults"]
 
 MODEL = "gpt-4o"
 PRICES = {MODEL: {"input_per_mtok": "2.50", "output_per_mtok": "10.00"}}
@@ -68,6 +68,17 @@ def charge_turn(handle: Any, script: RunScript, i: int, turns: dict[int, tuple[i
     with handle.reserve(MODEL, input_tokens=amounts[0], output_tokens=MAX_OUTPUT_TOKENS, user_id=script.user_id,
                         step=spend_step(i)) as r:
         r.settle(input_tokens=amounts[0], output_tokens=amounts[1])
+
+
+async def acharge_turn(handle: Any, script: RunScript, i: int,
+                       turns: dict[int, tuple[int, int]] | None = None) -> None:
+    """:func:`charge_turn` from asyncio (``AsyncRunHandle.reserve``): the same steps, under the same names."""
+    amounts = (turns if turns is not None else model_turns(script)).get(i)
+    if amounts is None:
+        return
+    async with await handle.reserve(MODEL, input_tokens=amounts[0], output_tokens=MAX_OUTPUT_TOKENS,
+                                    user_id=script.user_id, step=spend_step(i)) as r:
+        await r.settle(input_tokens=amounts[0], output_tokens=amounts[1])
 
 
 def with_spend_defaults(settings: Any) -> Any:

@@ -233,7 +233,8 @@ WRITERS: dict[str, Writer] = {
                     "as RunHandle.call: killed between reserve and settle, the estimate stays charged (open) and the "
                     "resumed run meets its recorded reservation; killed inside a step, the step is reconciled by key "
                     "against the ledger, never charged twice",
-                    covered_by="tests/producers/test_spend.py, tests/producers/test_spend_async.py")
+                    covered_by="tests/producers/test_spend.py, tests/producers/test_spend_async.py, "
+                               "tests/faults/test_spend_crash.py")
        for name in ("RunHandle.reserve", "AsyncRunHandle.reserve")},
     **{name: Writer((), _HANDLE_RACE + "; a framework's model call is reserved before it and settled after it "
                     "(RunHandle.reserve / AsyncRunHandle.reserve), keyed by the graph task and the call's number in "
