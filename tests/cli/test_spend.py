@@ -186,4 +186,4 @@ def test_a_bad_budget_is_a_named_error_and_changes_nothing(spend: Settings, env:
     doc = json_error(bad)
     assert bad.returncode == 2 and doc["error"] == "SpendValueError" and says in doc["message"], doc
     ledger = SpendLedger(redis_client.client(spend), spend.topic_prefix, spend.spend_policy())
-    assert ledger.scope(tenant) == {"used": {}, "open": {}, "limit": {}}
+    assert ledger.scope(tenant) == {"used": {}, "open": {}, "base": {}, "limit": {}}

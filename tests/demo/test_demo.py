@@ -30,7 +30,7 @@ REQUIRED = {"runs_total", "runs_completed", "runs_outcome_matches_input", "event
             "side_effects_executed", "side_effect_duplicates", "outcome_unknown_reconciled", "projection_mismatches",
             "memory_items_written", "memory_items_without_provenance", "projector_lag_ms_p50", "projector_lag_ms_p99",
             "elapsed_s", "ok", "faults_injected", "acked_events", "acked_events_missing", "runs_unfinished",
-            "runs_parked", "runs_orphaned"}
+            "runs_parked", "runs_orphaned", "spend", "spend_mismatches"}
 SMALL_CAMPAIGN = ("agents", "projector", "zombies", "same_id", "redis", "recovery", "recovery_pair", "operators",
                   "cancels")
 WITH_CONTROLS = (*SMALL_CAMPAIGN, "controls")
@@ -73,6 +73,10 @@ def test_demo_generated_workload_under_chaos(own_stack: dict[str, str], tmp_path
         print(json.dumps(summary, indent=1, default=str))  # shown with the failure
     assert summary["ok"] is True and proc.returncode == 0, {k: summary[k] for k in REQUIRED}
     assert summary["crashes_injected"] >= 4 and summary["projector_kills"] == 1
+    # issue 32: budgets on — every model turn charged exactly once (each run's ledger = the journal's fold)
+    assert summary["spend_mismatches"] == 0 and summary["spend"]["runs_with_spend"] >= 16, summary["spend"]
+    assert all(t["used"]["model_calls"] > 0 and t["open"]["model_calls"] >= 0
+               for t in summary["spend"]["tenants"].values()), summary["spend"]
     assert set(summary["faults_injected"]) == set(kinds), summary["faults_injected"]
     assert summary["faults_injected"]["agents"] >= 4 and min(summary["faults_injected"].values()) >= 1
     assert summary["acked_events_missing"] == 0 < summary["acked_events"]
