@@ -53,7 +53,10 @@ def test_each_broken_figure_fails_its_own_check() -> None:
                           ({"faults_ok": False}, "every requested fault was injected"),
                           ({"memory_items_written": 0}, "memory items carry provenance"),
                           ({"finished_in_time": False}, "every run ended within the timeout"),
-                          ({"controls_ok": False, "controls": [CANCEL_FAILED]}, "every operator action held its rule")]:
+                          ({"controls_ok": False, "controls": [CANCEL_FAILED]}, "every operator action held its rule"),
+                          ({"spend_mismatches": 1, "spend": {"currency": "USD", "tenants": {}, "mismatches": [
+                              "run gen-1: ledger {} != journal {}"]}},
+                           "model spend charged exactly once (the ledger equals the journal's fold)")]:
         failed = [c["check"] for c in _checks(_summary(**changes), memory=True) if not c["held"]]
         assert failed == [name], (changes, failed)
 
@@ -66,7 +69,7 @@ def test_the_verdict_comes_first_and_names_what_failed(tmp_path: Path) -> None:
     assert verdict < html.index("<h2>Summary</h2>") and "<script" not in html
     write_report(path, _summary())
     html = path.read_text()
-    assert html.index("PASSED — all 10 checks held") < html.index("<h2>Summary</h2>")
+    assert html.index("PASSED — all 11 checks held") < html.index("<h2>Summary</h2>")
 
 
 def test_a_failed_run_is_not_painted_green_and_a_mismatch_is_red(tmp_path: Path) -> None:
