@@ -74,6 +74,9 @@ class _NoMetrics:
     def spend_refused(self, dim: str, scope_kind: str) -> None:
         """No-op."""
 
+    def spend_budget_use(self, tenant: str | None, scope_kind: str, dim: str, used: int, limit: int) -> None:
+        """No-op."""
+
 
 #: The default of ``Journal(metrics=None)``.
 NO_METRICS = _NoMetrics()
@@ -123,6 +126,10 @@ class JournalMetrics:
                                              "units: tokens, model calls, cost_micros", ("model", "dim"))
         self.spend_refused_total = m.counter(r, "runjournal_spend_refused", "Reserves refused by a budget",
                                              ("dim", "scope_kind"))
+        self.spend_budget_ratio = m.gauge(r, "runjournal_spend_budget_used_ratio",
+                                          "Used / limit of a budget after this process's last reserve (1 = at the "
+                                          "limit): tenant budgets by tenant, run and user budgets their highest",
+                                          ("tenant", "scope_kind", "dim"))
         with _collectors_lock:
             collector = _collectors.get(r)
             if collector is None:
@@ -167,6 +174,13 @@ class JournalMetrics:
         """Count a settle's actual usage ``{dim: amount}`` (base units)."""
         for dim, amount in amounts.items():
             self.spend_settled_total.labels(model, dim).inc(int(amount))
+
+    def spend_budget_use(self, tenant: str | None, scope_kind: str, dim: str, used: int, limit: int) -> None:
+        """Set ``runjournal_spend_budget_used_ratio``: for a tenant budget, labelled by the tenant; for run and user
+        budgets (unbounded label sets) the ratio of the scope just charged, unlabelled (``tenant=""``) — alert on it
+        near 1."""
+        ratio = used / limit if limit > 0 else (1.0 if used > 0 else 0.0)
+        self.spend_budget_ratio.labels(tenant or "", scope_kind, dim).set(ratio)
 
     def spend_refused(self, dim: str, scope_kind: str) -> None:
         """Count one reserve refused by the budget of ``scope_kind`` (run, tenant, user) in ``dim``."""

@@ -148,7 +148,18 @@ for i = 1, #KEYS do
   end
 end
 redis.call('HSET', KEYS[1], res, ARGV[4])
-return {'ok', ARGV[4]}
+-- each limited (scope, dim) after the charge: "<scope index>:<dim>:<used>:<limit>" (budget-use gauges)
+local use = {}
+for i = 1, #KEYS do
+  for _, dim in ipairs(DIMS) do
+    local limit = redis.call('HGET', KEYS[i], 'limit:' .. dim) or defaults[i][dim]
+    if limit ~= nil then
+      local used = redis.call('HGET', KEYS[i], 'used:' .. dim) or '0'
+      table.insert(use, tostring(i) .. ':' .. dim .. ':' .. used .. ':' .. tostring(limit))
+    end
+  end
+end
+return {'ok', ARGV[4], table.concat(use, ',')}
 """
 _SETTLE = _LUA_DIMS + """
 -- KEYS: run, tenant[, user]. ARGV: reservation key, settle key, actual amounts JSON.
@@ -231,7 +242,11 @@ class SpendLedger:
         if tag == "refused":
             i, dim, limit, used, asked = int(_text(out[1])), _text(out[2]), *(int(float(_text(v))) for v in out[3:6])
             raise BudgetExceededError(scope=names[i - 1], dim=dim, limit=limit, used=used, asked=asked)
-        return dict(json.loads(_text(out[1])))
+        held: dict[str, Any] = dict(json.loads(_text(out[1])))
+        if tag == "ok" and len(out) > 2 and _text(out[2]):  # each limited budget's use after the charge (gauges)
+            held["_use"] = [(names[int(n) - 1].partition(":")[0], d, int(float(u)), int(float(lim)))
+                            for n, d, u, lim in (item.split(":") for item in _text(out[2]).split(","))]
+        return held
 
     def settle(self, *, tenant_id: str, run_id: str, user_id: str | None, key: str, settle_key: str,
                actual: Mapping[str, int]) -> dict[str, Any]:
@@ -347,6 +362,9 @@ class SpendReserve:
             _meter(self.metrics, "spend_refused", exc.dim, exc.scope.partition(":")[0])
             raise
         _meter(self.metrics, "spend_reserved", args["model"], args["estimate"])
+        for kind, dim, used, limit in state.get("_use", ()):  # how close each budget is to its limit, after this
+            _meter(self.metrics, "spend_budget_use", self.tenant_id if kind == "tenant" else None, kind, dim, used,
+                   limit)
         return _reserved(idempotency_key, state)
 
     def reconcile(self, idempotency_key: str) -> Outcome | None:

@@ -162,12 +162,16 @@ def test_spend_budget_sets_the_limit_the_next_reserve_meets(spend: Settings, env
         with pytest.raises(BudgetExceededError) as user:
             run.reserve("small", input_tokens=1, output_tokens=6, user_id="u9")
         assert user.value.scope == "user:u9"
+        run.reserve("small", input_tokens=1, output_tokens=4, user_id="u9").settle(input_tokens=1, output_tokens=4)
+        # alert-ready: how close each limited budget is, after the last reserve (4 of the user's 5 output tokens)
+        assert sample(registry, "runjournal_spend_budget_used_ratio", tenant="", scope_kind="user",
+                      dim="output_tokens") == pytest.approx(0.8)
         cleared = json.loads(ok(env, "spend", "budget", "--tenant", tenant, "--dim", "cost", "--clear",
                                 "--json").stdout)
         assert cleared["cleared"] is True and cleared["limit"] is None and cleared["effective_limit"] is None
         run.reserve("big", input_tokens=1000, output_tokens=0).settle(input_tokens=1000, output_tokens=0)
         run.succeed()
-        assert journal.spend_ledger.scope(tenant)["used"]["cost_micros"] == 5000
+        assert journal.spend_ledger.scope(tenant)["used"]["cost_micros"] == 5003  # 2500 + 3 (small: 1 in, 4 out) + 2500
         assert journal.spend_ledger.scope(tenant)["limit"] == {}
 
 
