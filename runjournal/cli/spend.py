@@ -118,7 +118,7 @@ def _show_run(run_id: str, as_json: bool) -> None:
     from runjournal.consumers.ops.inspect import inspect_run
     from runjournal.consumers.runtime.topic_identity import preflight
     from runjournal.core.settings import Settings
-    from runjournal.producers.spend import DIMS, fold_spend
+    from runjournal.producers.spend import DIMS, fold_spend, reconciled_charge
 
     settings = Settings.load()
     with cli_errors(as_json):
@@ -131,11 +131,15 @@ def _show_run(run_id: str, as_json: bool) -> None:
         state = report["state"]
         tenant = state.get("tenant_id")
         summary = fold_spend((state.get("records") or {}).values())
-        ledger = _ledger(settings).scope(tenant, "run", run_id) if tenant is not None else None
-    journal = summary.as_dict()
+        books = _ledger(settings) if tenant is not None else None
+        ledger = books.scope(tenant, "run", run_id) if books is not None else None
+        # steps whose outcome the journal does not record are answered by the ledger by key (as a resume would)
+        charged = reconciled_charge(summary, books, tenant, run_id) if books is not None else summary.charged()
+    journal = {**summary.as_dict(), "reconciled_charge": charged}
     mismatch: dict[str, dict[str, dict[str, int]]] = {}
     if ledger is not None:
-        for part, ours in (("used", summary.charged()), ("open", summary.open)):
+        parts = [("used", charged)] + ([("open", summary.open)] if not summary.unknown_keys else [])
+        for part, ours in parts:
             for d in DIMS:
                 theirs = ledger[part].get(d, 0)
                 if ours[d] != theirs:

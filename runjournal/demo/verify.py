@@ -39,7 +39,7 @@ from runjournal.demo.provider import ledger_by_run, ledger_stats
 from runjournal.demo.workload import RunScript, turns
 from runjournal.model.reducer import RunStatus, fold, state_digest
 from runjournal.producers import idempotency_key
-from runjournal.producers.spend import DIMS, SpendLedger, fold_spend
+from runjournal.producers.spend import DIMS, SpendLedger, fold_spend, reconciled_charge
 from runjournal.producers.tools import is_builtin
 from runjournal.schemas import EventType
 from runjournal.schemas.keys import partition_for
@@ -439,7 +439,9 @@ def spend_checks(settings: Settings, client: Any, checked: list[tuple[str, RunSc
         if state is None:
             continue
         tenant = state.tenant_id or ""
-        folded = fold_spend(state.records.values()).charged()
+        # the journal's fold; a step whose outcome it does not record (its owner died inside it and the run ended
+        # without a resume) is answered by the ledger by key, as a resume's reconcile would
+        folded = reconciled_charge(fold_spend(state.records.values()), ledger, tenant, run_id)
         scope = ledger.scope(tenant, "run", run_id)
         used = {d: scope["used"].get(d, 0) for d in DIMS}
         if used != folded:

@@ -69,6 +69,7 @@ __all__ = [
     "Usage",
     "check_currency",
     "fold_spend",
+    "reconciled_charge",
     "reserve_step",
 ]
 
@@ -344,6 +345,8 @@ class SpendReserve:
     name = RESERVE_TOOL
     side_effect = True
     timeout_ms = 1000  # a script's request cannot act after its connection closed: a short effect window
+    outcome_commit = "strict"  # its outcome is durable before the step returns: a kill after it leaves the
+    # journal saying what was reserved (a deferred outcome would leave an intent whose estimate only the ledger knows)
 
     def __init__(self, ledger: SpendLedger, tenant_id: str, run_id: str,
                  recorded: Mapping[str, int] | None = None, metrics: Any = None) -> None:
@@ -384,6 +387,8 @@ class SpendSettle:
     name = SETTLE_TOOL
     side_effect = True
     timeout_ms = 1000  # a script's request cannot act after its connection closed: a short effect window
+    outcome_commit = "strict"  # its outcome is durable before the step returns: a kill after it leaves the
+    # journal saying what was reserved (a deferred outcome would leave an intent whose estimate only the ledger knows)
 
     def __init__(self, ledger: SpendLedger, tenant_id: str, run_id: str, metrics: Any = None) -> None:
         self.ledger, self.tenant_id, self.run_id = ledger, tenant_id, run_id
@@ -582,6 +587,9 @@ class SpendSummary:
     open: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DIMS, 0))
     unknown_reserves: int = 0
     by_model: dict[str, dict[str, int]] = field(default_factory=dict)
+    unknown_keys: list[str] = field(default_factory=list)
+    """Idempotency keys of reserve and settle steps whose outcome the journal does not record (intended only):
+    what :func:`reconciled_charge` asks the ledger about, by key."""
     reservations: int = 0
     refused: int = 0
 
@@ -591,7 +599,7 @@ class SpendSummary:
 
     def as_dict(self) -> dict[str, Any]:
         return {"settled": self.settled, "open": self.open, "charged": self.charged(),
-                "unknown_reserves": self.unknown_reserves, "by_model": self.by_model,
+                "unknown_reserves": self.unknown_reserves, "unknown_keys": self.unknown_keys, "by_model": self.by_model,
                 "reservations": self.reservations, "refused": self.refused}
 
 
@@ -621,8 +629,11 @@ def fold_spend(records: Iterable[Any]) -> SpendSummary:
                 out.refused += 1
             elif not done:
                 out.unknown_reserves += 1
+                out.unknown_keys.append(str(get("idempotency_key")))
         elif done and value is not None:
             settles.append(value)
+        elif status not in ("FAILED", "RECONCILED") and not done:
+            out.unknown_keys.append(str(get("idempotency_key")))  # a settle intended, its outcome not recorded
     out.reservations = len(reserved)
     settled_keys = set()
     for s in settles:
@@ -639,6 +650,28 @@ def fold_spend(records: Iterable[Any]) -> SpendSummary:
             for d in DIMS:
                 out.open[d] += int(r["estimate"].get(d, 0))
     return out
+
+
+def reconciled_charge(summary: SpendSummary, ledger: SpendLedger, tenant_id: str, run_id: str) -> dict[str, int]:
+    """A run's charge as the journal says, its steps of unknown outcome answered by the ledger by key — what a
+    resumed run's reconcile would record (``SpendReserve.reconcile`` / ``SpendSettle.reconcile``): ``{dim: amount}``.
+    Equal to the ledger's run scope ``used`` when every model call was charged exactly once.
+    """
+    charged = summary.charged()
+    settled_reservations = set()
+    for key in summary.unknown_keys:
+        held = ledger.reservation(tenant_id, run_id, key)
+        if held is not None:  # an unknown reserve the ledger holds: its estimate (or, settled since, its usage)
+            amounts = held["usage"] if held.get("state") == "settled" else held["estimate"]
+            for d in DIMS:
+                charged[d] += int(amounts.get(d, 0))
+            continue
+        settled = ledger.settled_by(tenant_id, run_id, key)
+        if settled is not None and settled["reservation"] not in settled_reservations:
+            settled_reservations.add(settled["reservation"])  # an unknown settle that happened: actual for estimate
+            for d in DIMS:
+                charged[d] += int(settled["usage"].get(d, 0)) - int(settled["estimate"].get(d, 0))
+    return charged
 
 
 def _record_value(text: Any) -> dict[str, Any] | None:

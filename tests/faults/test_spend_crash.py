@@ -113,3 +113,49 @@ def test_killed_around_a_reservation_then_resumed_charges_each_call_once(topics:
     assert run_scope["used"] == tenant_scope["used"] and all(v == 0 for v in tenant_scope["open"].values())
     summary = fold_spend(_records(settings, run_id))
     assert summary.settled == tenant_scope["used"] and summary.open == dict.fromkeys(DIMS, 0)
+
+
+def test_the_consoles_spend_equals_a_fresh_fold_of_the_topic_after_a_kill(topics: Settings,
+                                                                           service_env: dict[str, str]) -> None:
+    """Issue 32's acceptance: every number the console shows for a run's spend equals a fresh fold of the topic —
+    here after an agent was SIGKILLed between a reservation and its settle (the open reservation is unknown spend)
+    and the run was never resumed."""
+    import httpx
+
+    from runjournal.console.app import path_segment
+    from runjournal.deploy.procs import free_port
+    from tests.support.provider import project
+
+    tenant, run_id = f"t-{uuid.uuid4().hex[:6]}", f"spc-{uuid.uuid4().hex[:8]}"
+    env = _env(service_env, {})
+    child = _child(env, "crash", run_id, tenant)
+    assert "reserved" in json.loads(child.stdout.readline()), child.stderr.read()[-2000:]
+    child.send_signal(signal.SIGKILL)
+    child.wait(60)
+    settings = topics.model_copy(update={"spend_prices": PRICES})
+    project(settings)
+    fresh = fold_spend(_records(settings, run_id)).as_dict()
+    assert fresh["open"]["model_calls"] == 1 and fresh["settled"]["model_calls"] == 0  # killed before the settle
+    port = free_port()
+    console = subprocess.Popen([sys.executable, "-m", "runjournal", "console", "--port", str(port)],
+                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                page = httpx.get(f"http://127.0.0.1:{port}/api/runs/{path_segment(run_id)}", timeout=2)
+                if page.status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert console.poll() is None and time.monotonic() < deadline, console.stderr.read()[-2000:]
+            time.sleep(0.3)
+        shown = page.json()["spend"]
+        html = httpx.get(f"http://127.0.0.1:{port}/runs/{path_segment(run_id)}", timeout=10).text
+    finally:
+        console.terminate()
+        console.wait(20)
+    assert shown == fresh  # every number: settled, open, charged, by model, counts
+    assert f"{fresh['open']['cost_micros'] / 1e6:.6f} USD" in html  # the open (unknown) spend, in currency units
+    with Journal(settings, producer_id=f"rd-{uuid.uuid4().hex[:6]}") as reader:
+        assert reader.spend_ledger.scope(tenant, "run", run_id)["used"] == fresh["charged"]
