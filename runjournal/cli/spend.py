@@ -228,6 +228,8 @@ def parse_limit(dim: str, text: str) -> tuple[str, int]:
         raise SpendValueError(f"--limit {text!r}: not a number") from None
     if not value.is_finite():
         raise SpendValueError(f"--limit {text!r}: must be finite")
+    if value.copy_abs() > 2**53:  # before any arithmetic: 1e999999999 would overflow (or take minutes) below
+        raise SpendValueError(f"--limit {text!r}: at most 2**53 - 1 (cost: 2**53 - 1 micro-units)")
     if dim == "cost":
         value = value * 1_000_000
         if value != value.to_integral_value():
@@ -281,8 +283,8 @@ def budget_command(
     kind, ident = ("run", run_id) if run_id is not None else ("user", user) if user is not None else ("tenant", tenant)
     who = by or default_operator()
     with cli_errors(as_json):
-        TENANT_ID.check_lookup(tenant)
-        (RUN_ID if kind == "run" else USER_ID if kind == "user" else TENANT_ID).check_lookup(str(ident))
+        TENANT_ID.check(tenant)  # a budget names a scope a run can have: the ids' own rules, not a lookup's
+        (RUN_ID if kind == "run" else USER_ID if kind == "user" else TENANT_ID).check(str(ident))
         redis_client.probe(settings, timeout_s=3.0)
         ledger = _ledger(settings)
         ledger.set_limit(tenant, kind, ident, ledger_dim, value)

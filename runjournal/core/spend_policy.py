@@ -12,6 +12,7 @@ in micro-units.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
@@ -30,6 +31,8 @@ _BUDGET_DIMS = {"input_tokens": "input_tokens", "output_tokens": "output_tokens"
 _MAX = 2**53 - 1
 """Largest amount in any dim: exact in a Lua number (a double) and in JSON."""
 _SCOPES = ("run", "tenant", "user")
+_MAX_MONEY = Decimal(_MAX) / 1_000_000
+"""Largest amount of money (currency units): its micro-units must stay below 2**53."""
 
 
 class SpendValueError(RunjournalError, ValueError):
@@ -71,20 +74,44 @@ class Usage:
             object.__setattr__(self, name, _count(getattr(self, name), name))
 
     @classmethod
-    def of(cls, value: Usage | Mapping[str, Any]) -> Usage:
+    def of(cls, value: Usage | Mapping[str, Any] | Any) -> Usage:
+        """A provider's usage report as :class:`Usage`: a mapping or an object (OpenAI's ``CompletionUsage``,
+        Anthropic's ``Usage``, LangChain's ``usage_metadata``) with ``input_tokens`` or ``prompt_tokens`` and
+        ``output_tokens`` or ``completion_tokens``.
+
+        Raises:
+            SpendValueError: no count of one side, or the two spellings of one side disagree.
+        """
         if isinstance(value, Usage):
             return value
-        get = value.get
-        return cls(input_tokens=get("input_tokens", get("prompt_tokens", 0)) or 0,
-                   output_tokens=get("output_tokens", get("completion_tokens", 0)) or 0)
+        if isinstance(value, Mapping):
+            def get(name: str) -> Any:
+                return value.get(name)
+        else:
+            def get(name: str) -> Any:
+                return getattr(value, name, None)
+        return cls(input_tokens=_side(get, "input_tokens", "prompt_tokens"),
+                   output_tokens=_side(get, "output_tokens", "completion_tokens"))
+
+
+def _side(get: Any, name: str, other: str) -> Any:
+    """One side's count from a usage report: ``name`` or its other spelling ``other``; both given must agree."""
+    ours, theirs = get(name), get(other)
+    if ours is None and theirs is None:
+        raise SpendValueError(f"the usage report has no {name} (or {other}): settle with the provider's counts, or "
+                              "Usage(input_tokens=…, output_tokens=…)")
+    if ours is not None and theirs is not None and ours != theirs:
+        raise SpendValueError(f"the usage report says {name}={ours!r} and {other}={theirs!r}: which is it?")
+    return ours if ours is not None else theirs
 
 
 def _count(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float, Decimal)):
+    if isinstance(value, bool) or not isinstance(value, (numbers.Integral, float, Decimal)):
         raise SpendValueError(f"{name} must be a whole number >= 0, not {value!r}")
-    if isinstance(value, float) and not math.isfinite(value):
+    if isinstance(value, (float, Decimal)) and not (math.isfinite(value) if isinstance(value, float)
+                                                    else value.is_finite()):
         raise SpendValueError(f"{name} must be finite, not {value!r}")
-    if value < 0 or value != int(value) or int(value) > _MAX:
+    if value < 0 or value > _MAX or value != int(value):  # the range first: int() of a huge Decimal takes forever
         raise SpendValueError(f"{name} must be a whole number in 0 … 2**53 - 1, not {value!r}")
     return int(value)
 
@@ -99,6 +126,8 @@ def _money(value: Any, what: str) -> Decimal:
         raise SpendConfigError(f"{what}: not an amount: {value!r}") from None
     if not amount.is_finite() or amount < 0:
         raise SpendConfigError(f"{what}: must be finite and >= 0, not {value!r}")
+    if amount > _MAX_MONEY:
+        raise SpendConfigError(f"{what}: at most {_MAX_MONEY} currency units, not {value!r}")
     return amount
 
 

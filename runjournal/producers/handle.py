@@ -113,7 +113,7 @@ from runjournal.producers.errors import (
 )
 from runjournal.producers.plan import ApprovalStatus, CallVerdict, PlannedCall
 from runjournal.producers.results import unavailable_reason
-from runjournal.producers.spend import Reservation, SpendLedger, SpendPolicy
+from runjournal.producers.spend import SETTLE_TOOL, Reservation, SpendLedger, SpendPolicy
 from runjournal.producers.spend import reserve as reserve_spend
 from runjournal.producers.tools import Outcome, Tool
 from runjournal.producers.tracing import current_traceparent
@@ -437,7 +437,7 @@ class RunHandle:
             RunTooLongError: new work past ``run_events_max``; nothing was published.
         """
         seq, limit, warn = self._next_seq, self.journal.run_events_max, self.journal.run_events_warn
-        if limit and seq > limit and etype in _NEW_WORK and \
+        if limit and seq > limit and etype in _NEW_WORK and payload.get("tool") != SETTLE_TOOL and \
                 (etype is not EventType.TOOL_CALL_INTENDED or int(payload.get("attempt") or 1) <= 1):
             raise RunTooLongError(self.run_id, seq, limit)
         if warn and seq >= warn and not self._budget_warned:
@@ -699,7 +699,11 @@ class RunHandle:
         intended = {**common, "side_effect": effect, "attempt": attempt, "timeout_ms": int(tool.timeout_ms),
                     "args_json": args_json if inline else None}
         window_ms = int(tool.timeout_ms)
-        self._stop_if_requested()  # a step boundary: an operator's cancel / pause stops the run before a new intent
+        # a step that finishes work already begun (a spend settle: the money is spent) is no step boundary: an
+        # operator's cancel / pause is carried out after it, so nothing it finishes is left open
+        finishing = bool(getattr(tool, "finishes_work", False))
+        if not finishing:
+            self._stop_if_requested()  # a step boundary: an operator's cancel / pause stops the run before an intent
         probe = self.journal.probe_lease(window_ms) if effect else None  # its read overlaps the intent's commit
         self._publish(EventType.TOOL_CALL_INTENDED, intended, node_id=node_path or None, durable=effect)
         self._enter(node_path, index, key, tool.name, common["args_digest"])
@@ -707,7 +711,8 @@ class RunHandle:
         if effect:
             self.journal.check_still_owner(probe, window_ms)  # a paused zombie whose lease expired must not send
             failpoints.hit("producers.call.before_send")
-            self._stop_before_send(tool.name, common, attempt)
+            if not finishing:
+                self._stop_before_send(tool.name, common, attempt)
             self._begin_send()  # a surrendering or stopping handle waits for this request and its outcome
         try:
             try:

@@ -30,6 +30,8 @@ can be exceeded only by settles larger than their estimates: at most the sum, ov
 from __future__ import annotations
 
 import json
+import threading
+import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -106,10 +108,12 @@ class BudgetExceededError(JournalError):
 
 
 # -- the ledger's scripts (one tenant's hash tag: exact on Redis Cluster) ------------------------------------------
-_LUA_DIMS = "local DIMS = {'input_tokens', 'output_tokens', 'cost_micros', 'model_calls'}\n"
+_LUA_DIMS = ("local DIMS = {'input_tokens', 'output_tokens', 'cost_micros', 'model_calls'}\n"
+             # an integer's exact text (Lua's tostring and argument conversion keep 14 digits; amounts reach 2^53)
+             "local function n(x) return string.format('%.0f', tonumber(x)) end\n")
 _RESERVE = _LUA_DIMS + """
 -- KEYS: run, tenant[, user]. ARGV: reservation key, estimate JSON, defaults JSON (one object per KEY), state JSON,
--- the run's recorded spend JSON (its scope's start, applied once).
+-- the run's recorded spend JSON (its scope's start, applied once). Numbers below 2^53: exact as Lua doubles.
 local res = 'k:' .. ARGV[1]
 local prior = redis.call('HGET', KEYS[1], res)
 if prior then return {'dup', prior} end
@@ -122,8 +126,8 @@ if redis.call('HSETNX', KEYS[1], 'init', '1') == 1 then
   for _, dim in ipairs(DIMS) do
     local add = tonumber(base[dim] or 0)
     if add ~= 0 then
-      redis.call('HINCRBY', KEYS[1], 'used:' .. dim, add)
-      redis.call('HSET', KEYS[1], 'base:' .. dim, add)
+      redis.call('HINCRBY', KEYS[1], 'used:' .. dim, n(add))
+      redis.call('HINCRBY', KEYS[1], 'base:' .. dim, n(add))
     end
   end
 end
@@ -134,7 +138,7 @@ for i = 1, #KEYS do
     if limit ~= nil and add > 0 then
       local used = tonumber(redis.call('HGET', KEYS[i], 'used:' .. dim) or '0')
       if used + add > tonumber(limit) then
-        return {'refused', tostring(i), dim, tostring(limit), tostring(used), tostring(add)}
+        return {'refused', tostring(i), dim, n(limit), n(used), n(add)}
       end
     end
   end
@@ -143,8 +147,8 @@ for i = 1, #KEYS do
   for _, dim in ipairs(DIMS) do
     local add = tonumber(est[dim] or 0)
     if add ~= 0 then
-      redis.call('HINCRBY', KEYS[i], 'used:' .. dim, add)
-      redis.call('HINCRBY', KEYS[i], 'open:' .. dim, add)
+      redis.call('HINCRBY', KEYS[i], 'used:' .. dim, n(add))
+      redis.call('HINCRBY', KEYS[i], 'open:' .. dim, n(add))
     end
   end
 end
@@ -156,36 +160,49 @@ for i = 1, #KEYS do
     local limit = redis.call('HGET', KEYS[i], 'limit:' .. dim) or defaults[i][dim]
     if limit ~= nil then
       local used = redis.call('HGET', KEYS[i], 'used:' .. dim) or '0'
-      table.insert(use, tostring(i) .. ':' .. dim .. ':' .. used .. ':' .. tostring(limit))
+      table.insert(use, tostring(i) .. ':' .. dim .. ':' .. used .. ':' .. n(limit))
     end
   end
 end
 return {'ok', ARGV[4], table.concat(use, ',')}
 """
 _SETTLE = _LUA_DIMS + """
--- KEYS: run, tenant[, user]. ARGV: reservation key, settle key, actual amounts JSON.
-local res = 'k:' .. ARGV[1]
-local prior = redis.call('HGET', KEYS[1], res)
-if not prior then return {'missing'} end
-local st = cjson.decode(prior)
-if st['state'] == 'settled' then return {'dup', prior} end
+-- KEYS: run, tenant[, user]. ARGV: reservation key, settle key, actual amounts JSON, adopt JSON or ''.
+-- The reservation's state (k:) is never re-encoded here: its settle is u: (the usage, as given) and b: (the settle).
+local res = ARGV[1]
+local prior = redis.call('HGET', KEYS[1], 'k:' .. res)
+if redis.call('HEXISTS', KEYS[1], 'u:' .. res) == 1 then
+  return {'dup', prior, redis.call('HGET', KEYS[1], 'u:' .. res), redis.call('HGET', KEYS[1], 'b:' .. res)}
+end
 local actual = cjson.decode(ARGV[3])
-for i = 1, #KEYS do
+if not prior then
+  if ARGV[4] == '' then return {'missing'} end
+  -- a reservation the journal recorded that this run's ledger never held (a fork's copied step, a lost ledger): the
+  -- money was charged where it was reserved; only this run's scope and its base move from the estimate to the usage
+  prior = ARGV[4]
+  local st = cjson.decode(prior)
   for _, dim in ipairs(DIMS) do
-    local est = tonumber(st['estimate'][dim] or 0)
-    local delta = tonumber(actual[dim] or 0) - est
-    if delta ~= 0 then redis.call('HINCRBY', KEYS[i], 'used:' .. dim, delta) end
-    if est ~= 0 then redis.call('HINCRBY', KEYS[i], 'open:' .. dim, -est) end
+    local delta = tonumber(actual[dim] or 0) - tonumber(st['estimate'][dim] or 0)
+    if delta ~= 0 then
+      redis.call('HINCRBY', KEYS[1], 'used:' .. dim, n(delta))
+      redis.call('HINCRBY', KEYS[1], 'base:' .. dim, n(delta))
+    end
+  end
+  redis.call('HSETNX', KEYS[1], 'init', '1')
+  redis.call('HSET', KEYS[1], 'k:' .. res, prior)
+else
+  local st = cjson.decode(prior)
+  for i = 1, #KEYS do
+    for _, dim in ipairs(DIMS) do
+      local est = tonumber(st['estimate'][dim] or 0)
+      local delta = tonumber(actual[dim] or 0) - est
+      if delta ~= 0 then redis.call('HINCRBY', KEYS[i], 'used:' .. dim, n(delta)) end
+      if est ~= 0 then redis.call('HINCRBY', KEYS[i], 'open:' .. dim, n(-est)) end
+    end
   end
 end
-st['state'] = 'settled'
-st['reservation'] = ARGV[1]
-st['usage'] = actual
-st['settle'] = ARGV[2]
-local text = cjson.encode(st)
-redis.call('HSET', KEYS[1], res, text)
-redis.call('HSET', KEYS[1], 's:' .. ARGV[2], ARGV[1])
-return {'ok', text}
+redis.call('HSET', KEYS[1], 'u:' .. res, ARGV[3], 'b:' .. res, ARGV[2], 's:' .. ARGV[2], res)
+return {'ok', prior, ARGV[3], ARGV[2]}
 """
 
 
@@ -250,25 +267,36 @@ class SpendLedger:
         return held
 
     def settle(self, *, tenant_id: str, run_id: str, user_id: str | None, key: str, settle_key: str,
-               actual: Mapping[str, int]) -> dict[str, Any]:
+               actual: Mapping[str, int], adopt: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Replace reservation ``key``'s estimate by ``actual`` in every scope; idempotent (a settled reservation is
-        returned as it is — its first settle stands).
+        returned as it is — its first settle stands, ``settle`` names it).
+
+        ``adopt``: the reservation's state as the journal recorded it, for a reservation this run's ledger never held
+        (a fork's copied step, a ledger lost and rebuilt): then only the run's scope (and its ``base``) moves from the
+        estimate to the usage — the tenant and the user were charged where it was reserved.
+
+        Returns: the state with ``"state": "settled"``, ``"usage"`` and ``"settle"`` (the settle key that stood).
 
         Raises:
-            SettleWithoutReservationError: the ledger holds no reservation ``key`` for this run.
+            SettleWithoutReservationError: the ledger holds no reservation ``key`` for this run (and none adopted).
         """
         keys, _ = self._scope_keys(tenant_id, run_id, user_id)
-        args = [key, settle_key, json.dumps(dict(actual))]
+        args = [key, settle_key, json.dumps(dict(actual)), "" if adopt is None else json.dumps(dict(adopt))]
         out = _with_retries(f"settle {key}", lambda: self._settle(keys=keys, args=args))
         if _text(out[0]) == "missing":
             raise SettleWithoutReservationError(f"run {run_id}: no reservation {key} to settle (reserve first; a "
                                                 "settle names the reservation its reserve returned)")
-        return dict(json.loads(_text(out[1])))
+        return _settled_state(key, _text(out[1]), _text(out[2]), _text(out[3]))
 
     def reservation(self, tenant_id: str, run_id: str, key: str) -> dict[str, Any] | None:
-        """Reservation ``key``'s state, or None (never reserved)."""
-        raw = self.r.hget(self.keys.spend_run(tenant_id, run_id), f"k:{key}")
-        return None if raw is None else dict(json.loads(_text(raw)))
+        """Reservation ``key``'s state (``state`` reserved or settled, with ``usage`` and ``settle`` once settled),
+        or None (never reserved)."""
+        raw = self.r.hmget(self.keys.spend_run(tenant_id, run_id), [f"k:{key}", f"u:{key}", f"b:{key}"])
+        if raw[0] is None:
+            return None
+        if raw[1] is None:
+            return dict(json.loads(_text(raw[0])))
+        return _settled_state(key, _text(raw[0]), _text(raw[1]), _text(raw[2]))
 
     def settled_by(self, tenant_id: str, run_id: str, settle_key: str) -> dict[str, Any] | None:
         """The reservation settle ``settle_key`` settled (its state), or None."""
@@ -313,6 +341,12 @@ def _count_value(value: Any, dim: str) -> int:
         return Usage(input_tokens=value).input_tokens
     except SpendValueError as exc:
         raise SpendValueError(f"{dim}: {exc}") from None
+
+
+def _settled_state(key: str, prior: str, usage: str, settle_key: str) -> dict[str, Any]:
+    state: dict[str, Any] = dict(json.loads(prior))
+    state.update(state="settled", reservation=key, usage=json.loads(usage), settle=settle_key)
+    return state
 
 
 def _with_retries(what: str, fn: Any) -> Any:
@@ -390,17 +424,27 @@ class SpendSettle:
     outcome_commit = "strict"  # its outcome is durable before the step returns: a kill after it leaves the
     # journal saying what was reserved (a deferred outcome would leave an intent whose estimate only the ledger knows)
 
-    def __init__(self, ledger: SpendLedger, tenant_id: str, run_id: str, metrics: Any = None) -> None:
+    #: a settle finishes work already begun (the money is spent): an operator's stop waits for it, as for an outcome
+    finishes_work = True
+
+    def __init__(self, ledger: SpendLedger, tenant_id: str, run_id: str, metrics: Any = None, *,
+                 usage: Mapping[str, int] | None = None, adopt: Mapping[str, Any] | None = None,
+                 estimated: bool = False) -> None:
         self.ledger, self.tenant_id, self.run_id = ledger, tenant_id, run_id
         self.metrics = metrics
+        self.usage = dict(usage or {})
+        self.adopt = adopt
+        self.estimated = estimated
         self.invoked = False
 
     def __call__(self, args: dict[str, Any], idempotency_key: str) -> Any:
         self.invoked = True
         state = self.ledger.settle(tenant_id=self.tenant_id, run_id=self.run_id, user_id=args.get("user_id"),
-                                   key=args["reservation"], settle_key=idempotency_key, actual=args["usage"])
-        _meter(self.metrics, "spend_settled", state["model"], state["usage"])
-        return _settled(state)
+                                   key=args["reservation"], settle_key=idempotency_key, actual=self.usage,
+                                   adopt=self.adopt)
+        if state.get("settle") == idempotency_key:  # this settle stood (a second one is answered with the first)
+            _meter(self.metrics, "spend_settled", state["model"], state["usage"])
+        return {**_settled(state), **({"estimated": True} if self.estimated else {})}
 
     def reconcile(self, idempotency_key: str) -> Outcome | None:
         state = self.ledger.settled_by(self.tenant_id, self.run_id, idempotency_key)
@@ -409,8 +453,10 @@ class SpendSettle:
 
 
 def _settled(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A settle step's recorded result; ``settled_by``: the settle the ledger took (the first) — the fold counts a
+    settle only when it names itself, so a second settle of one reservation is never counted twice."""
     return {"reservation": state["reservation"], "model": state["model"], "estimate": state["estimate"],
-            "usage": state["usage"]}
+            "usage": state["usage"], "settled_by": state.get("settle")}
 
 
 class _Held:
@@ -426,6 +472,7 @@ class _Held:
         self.recorded = recorded
         self.charge: dict[str, int] | None = None
         self._step = step
+        self._lock = threading.Lock()  # two threads settling one reservation: one settle, both get its charge
 
     def settle_step(self, usage: Usage | Mapping[str, Any] | None = None, *, input_tokens: int | None = None,
                     output_tokens: int | None = None, estimated: bool = False
@@ -438,12 +485,13 @@ class _Held:
         if usage is None:
             usage = Usage(input_tokens=input_tokens or 0, output_tokens=output_tokens or 0)
         amounts = self._handle.spend_policy().amounts(self.model, Usage.of(usage))
-        args: dict[str, Any] = {"reservation": self.key, "model": self.model, "usage": amounts,
-                                "user_id": self.user_id}
-        if estimated:
-            args["estimated"] = True
+        # the usage is not in the step's arguments: a re-executed model call reports other usage, and its recorded
+        # settle (the same step) must answer it, not refuse it as other arguments; the result records the usage
+        args: dict[str, Any] = {"reservation": self.key, "model": self.model, "user_id": self.user_id}
+        adopt = ({"state": "reserved", "model": self.model, "estimate": self.estimate, "user_id": self.user_id,
+                  "tenant_id": self._handle.tenant_id} if self.recorded else None)
         tool = SpendSettle(self._handle.spend_ledger(), self._handle.tenant_id, self._handle.run_id,
-                           _metrics_of(self._handle))
+                           _metrics_of(self._handle), usage=amounts, adopt=adopt, estimated=estimated)
         return tool, args, None if self._step is None else f"{self._step}/settle"
 
     def estimated_usage(self) -> Usage:
@@ -481,11 +529,12 @@ class Reservation(_Held):
             SettleWithoutReservationError: the ledger has no such reservation (e.g. the ledger was wiped).
             As ``RunHandle.call`` for publishing.
         """
-        if self.charge is not None:
-            return self.charge
-        tool, args, step = self.settle_step(usage, input_tokens=input_tokens, output_tokens=output_tokens,
-                                            estimated=estimated)
-        return self._settled(self._handle.call(tool, args, step=step))
+        with self._lock:
+            if self.charge is not None:
+                return self.charge
+            tool, args, step = self.settle_step(usage, input_tokens=input_tokens, output_tokens=output_tokens,
+                                                estimated=estimated)
+            return self._settled(self._handle.call(tool, args, step=step))
 
     def __enter__(self) -> Reservation:
         return self
@@ -538,8 +587,9 @@ def reserve_step(handle: Any, model: str, *, input_tokens: int, output_tokens: i
         SpendValueError: a bad model name or token count. UnknownModelError: prices are set and the model has none.
         InvalidIdError: a bad ``user_id``.
     """
-    if not isinstance(model, str) or not model or len(model) > 256:
-        raise SpendValueError(f"model must be a name of 1 … 256 characters, not {model!r}")
+    if not isinstance(model, str) or not model or len(model.encode("utf-8", "surrogatepass")) > 256 \
+            or any(unicodedata.category(ch) in ("Cc", "Cs") for ch in model):
+        raise SpendValueError(f"model must be a name of 1 … 256 bytes without control characters, not {model!r}")
     USER_ID.check_optional(user_id)
     estimate = handle.spend_policy().amounts(model, Usage(input_tokens=input_tokens, output_tokens=output_tokens))
     plan = getattr(handle, "plan", None)  # what the journal records at the resume or fork point: the run scope's start
@@ -629,15 +679,19 @@ def fold_spend(records: Iterable[Any]) -> SpendSummary:
                 out.refused += 1
             elif not done:
                 out.unknown_reserves += 1
-                out.unknown_keys.append(str(get("idempotency_key")))
+                out.unknown_keys.append(str(get("idempotency_key") or get("call_id")))
         elif done and value is not None:
-            settles.append(value)
+            # the settle the ledger took (a plan's entries name their key call_id: the journal's call id is the key)
+            if value.get("settled_by") in (None, get("idempotency_key") or get("call_id")):
+                settles.append(value)
         elif status not in ("FAILED", "RECONCILED") and not done:
-            out.unknown_keys.append(str(get("idempotency_key")))  # a settle intended, its outcome not recorded
+            out.unknown_keys.append(str(get("idempotency_key") or get("call_id")))  # a settle of unknown outcome
     out.reservations = len(reserved)
     settled_keys = set()
     for s in settles:
         key = s.get("reservation")
+        if key in settled_keys:  # records from before ``settled_by``: the first settle of a reservation stands
+            continue
         settled_keys.add(key)
         model = s.get("model", "?")
         per = out.by_model.setdefault(model, dict.fromkeys(DIMS, 0))

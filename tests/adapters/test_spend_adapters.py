@@ -331,7 +331,7 @@ def test_a_failed_model_call_is_settled_at_its_estimate(topics: Settings) -> Non
     used = asyncio.run(agents())
     assert used["model_calls"] == 1 and used["output_tokens"] == 100
     for run_id in (graph_run, agent_run):
-        settles = [json.loads(e.payload["args_json"]) for e in events_of(read_committed(settings), run_id)
-                   if e.type is EventType.TOOL_CALL_INTENDED and e.payload["tool"] == SETTLE_TOOL]
+        settles = [json.loads(e.payload["result_json"]) for e in events_of(read_committed(settings), run_id)
+                   if e.type is EventType.TOOL_CALL_COMMITTED and e.payload["tool"] == SETTLE_TOOL]
         assert len(settles) == 1 and settles[0]["estimated"] is True, run_id
         assert fold_spend(_records(settings, run_id)).open == dict.fromkeys(DIMS, 0)

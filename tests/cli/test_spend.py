@@ -76,7 +76,7 @@ def test_spend_of_a_run_is_the_journal_fold_next_to_the_ledger(spend: Settings, 
 
     doc = json.loads(ok(env, "spend", run.run_id, "--json").stdout)
     summary = fold_spend(run_records(spend, run.run_id))
-    assert doc["journal"] == json.loads(json.dumps(summary.as_dict()))
+    assert doc["journal"] == json.loads(json.dumps({**summary.as_dict(), "reconciled_charge": summary.charged()}))
     assert doc["ledger"] == ledger.scope(tenant, "run", run.run_id)
     assert doc["match"] is True and doc["mismatch"] == {}
     assert doc["tenant_id"] == tenant and doc["currency"] == "USD"
