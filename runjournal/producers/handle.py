@@ -163,6 +163,9 @@ class LastCall:
     args_digest: str
     delivered: bool = False
     """True once ``call`` gave its caller a value; until then the call is open."""
+    running: bool = True
+    """True while its ``call`` has not returned or raised: another thread's call with the same tool and arguments
+    is then a call of its own (the next index), never taken for this one's retry."""
 
 
 _BACKOFF_S = 0.05
@@ -274,6 +277,8 @@ class RunHandle:
         self._entries: dict[str, dict[str, int]] = {}
         self._call_counts: dict[str, int] = {}
         self._last_call: dict[str, LastCall] = {}
+        self._in_flight: dict[str, LastCall] = {}
+        """idempotency key → its call while ``call`` runs (several at once: threads and tasks sharing the handle)."""
         self._calls: dict[str, PlannedCall] = dict(plan.calls) if plan is not None else {}
         """idempotency key -> what is known of the call: the plan's entries, then this handle's own outcomes."""
         self._approvals: dict[str, ApprovalStatus] = dict(plan.approvals) if plan is not None else {}
@@ -614,22 +619,27 @@ class RunHandle:
             retry = last is not None and not last.delivered
         key = self._key(node_path, index)
         common = {"call_id": key, "tool": tool.name, "idempotency_key": key, "args_digest": args_digest}
-        planned = self._calls.get(key)
-        if planned is not None:
-            self._check_plan(planned, tool, args_digest, node_path, index)
-            self._enter(node_path, index, key, tool.name, args_digest)
-            if planned.status is CallVerdict.FAILED and planned.retryable is False and not retry:
-                raise RecordedFailureError(
-                    f"{tool.name} call {planned.call_id} failed before the crash and is not retryable: "
-                    f"{planned.error}", error=planned.error, call_id=planned.call_id, tool=tool.name)
-            if planned.status in _DONE:
-                return self._deliver(node_path, self._recorded_result(planned))
-            if planned.status is CallVerdict.OUTCOME_UNKNOWN and effect and planned.side_effect:
-                settled, result = yield from self._settle_unknown(tool, planned, key, common)
-                if settled:
-                    return self._deliver(node_path, result)
-        attempt = (planned.attempts if planned is not None else 0) + 1
-        return (yield from self._execute(tool, args, args_json, common, node_path, index, effect, attempt))
+        try:
+            planned = self._calls.get(key)
+            if planned is not None:
+                self._check_plan(planned, tool, args_digest, node_path, index)
+                self._enter(node_path, index, key, tool.name, args_digest)
+                if planned.status is CallVerdict.FAILED and planned.retryable is False and not retry:
+                    raise RecordedFailureError(
+                        f"{tool.name} call {planned.call_id} failed before the crash and is not retryable: "
+                        f"{planned.error}", error=planned.error, call_id=planned.call_id, tool=tool.name)
+                if planned.status in _DONE:
+                    return self._deliver(node_path, self._recorded_result(planned), key)
+                if planned.status is CallVerdict.OUTCOME_UNKNOWN and effect and planned.side_effect:
+                    settled, result = yield from self._settle_unknown(tool, planned, key, common)
+                    if settled:
+                        return self._deliver(node_path, result, key)
+            attempt = (planned.attempts if planned is not None else 0) + 1
+            return (yield from self._execute(tool, args, args_json, common, node_path, index, effect, attempt))
+        finally:  # returned, raised or abandoned: no longer running (a later call like it may be its retry)
+            running = self._in_flight.pop(key, None)
+            if running is not None:
+                running.running = False
 
     # -- steps ---------------------------------------------------------------------------------------
     def _key(self, node_path: str, index: int) -> str:
@@ -655,17 +665,22 @@ class RunHandle:
     def _call_index(self, node_path: str, tool: str, args_digest: str) -> tuple[int, bool]:
         """(index, is_retry): the open call's index when this is its next attempt, else the next index."""
         last = self._last_call.get(node_path)
-        if last is not None and not last.delivered and last.tool == tool and last.args_digest == args_digest:
+        if last is not None and not last.delivered and not last.running and last.tool == tool \
+                and last.args_digest == args_digest:
             return last.index, True
         return self._call_counts.get(node_path, 0) + 1, False
 
     def _enter(self, node_path: str, index: int, key: str, tool: str, args_digest: str) -> None:
         """The call at ``index`` happened (intent accepted, or a recorded state met): count it, mark it open."""
         self._call_counts[node_path] = max(index, self._call_counts.get(node_path, 0))
-        self._last_call[node_path] = LastCall(index, key, tool, args_digest)
+        self._last_call[node_path] = self._in_flight[key] = LastCall(index, key, tool, args_digest)
 
-    def _deliver(self, node_path: str, value: Any) -> Any:
-        last = self._last_call.get(node_path)
+    def _deliver(self, node_path: str, value: Any, key: str | None = None) -> Any:
+        """The call ``key`` gave its caller ``value``: that call is delivered (not the node path's latest, which
+        may be another thread's call still running)."""
+        last = self._in_flight.get(key) if key is not None else None
+        if last is None:
+            last = self._last_call.get(node_path)
         if last is not None:
             last.delivered = True
         self._delivered = last
@@ -725,7 +740,7 @@ class RunHandle:
             if effect:
                 self._end_send()
         failpoints.hit("producers.call.after_outcome")
-        return self._deliver(node_path, value)
+        return self._deliver(node_path, value, key)
 
     # -- operators' requests (docs/design/decisions/0047-operator-controls.md) ------------------------------------
     def pending_request(self) -> ControlRequest | None:
