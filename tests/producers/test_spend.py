@@ -5,6 +5,7 @@ journal's fold equal to the ledger."""
 from __future__ import annotations
 
 import math
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -249,3 +250,76 @@ def test_a_fork_charges_only_what_runs_after_its_fork_point_and_its_budget_start
     assert after["model_calls"] == before["model_calls"] + 1  # the tenant pays only the call after the fork point
     assert after["input_tokens"] == before["input_tokens"] + 30
     assert fork_scope == fold_spend(run_records(settings, fork.run_id)).settled  # its fold: the copied + its own
+
+
+def test_a_providers_usage_object_settles_and_an_ambiguous_report_is_a_named_error() -> None:
+    class CompletionUsage:  # the shape of openai's: attributes, not a mapping
+        prompt_tokens, completion_tokens, total_tokens = 12, 5, 17
+
+    assert Usage.of(CompletionUsage()) == Usage(12, 5)
+    assert Usage.of({"input_tokens": 3, "output_tokens": 4}) == Usage(3, 4)  # LangChain's usage_metadata
+    with pytest.raises(SpendValueError, match="which is it"):
+        Usage.of({"input_tokens": 0, "prompt_tokens": 50, "output_tokens": 1})
+    with pytest.raises(SpendValueError, match="no input_tokens"):
+        Usage.of({"input_tokens": None, "output_tokens": 1})
+
+
+@pytest.mark.integration
+def test_amounts_up_to_2_53_stay_exact_in_the_ledger_and_the_journal(journal: Journal) -> None:
+    tenant = f"t-{uuid.uuid4().hex[:6]}"
+    big = 2**53 - 3
+    run = journal.start_run(tenant, "a", {})
+    policy_free = run.reserve("small", input_tokens=0, output_tokens=0)
+    charge = policy_free.settle(Usage(input_tokens=big, output_tokens=0))
+    assert charge["input_tokens"] == big and isinstance(charge["input_tokens"], int)
+    assert journal.spend_ledger.scope(tenant, "run", run.run_id)["used"]["input_tokens"] == big
+    run.succeed()
+
+
+@pytest.mark.integration
+def test_a_remade_model_call_reporting_other_usage_on_resume_meets_its_recorded_settle(spend: Settings) -> None:
+    """Re-executed code calls the model again and gets other usage: the recorded settle answers (charged once),
+    never a PlanMismatchError for a model that is not deterministic."""
+    tenant = f"t-{uuid.uuid4().hex[:6]}"
+    dead = Journal(spend, producer_id=f"dead-{uuid.uuid4().hex[:6]}", lease_ttl_ms=1500)
+    run = dead.start_run(tenant, "a", {})
+    with run.reserve("big", input_tokens=100, output_tokens=50) as r:
+        r.settle(input_tokens=90, output_tokens=40)
+    run_id = run.run_id
+    dead.close()
+    with Journal(spend, producer_id=f"live-{uuid.uuid4().hex[:6]}") as live:
+        job = RecoveryJob(spend)
+        try:
+            job.recover(stale=True)
+        finally:
+            job.close()
+        assert live.claim_assignment(timeout_s=10) == run_id
+        resumed = live.resume(run_id)
+        with resumed.reserve("big", input_tokens=100, output_tokens=50) as again:
+            charge = again.settle(input_tokens=95, output_tokens=47)  # the model answered differently this time
+        resumed.succeed()
+        used = live.spend_ledger.scope(tenant, "run", run_id)["used"]
+    assert again.recorded and charge["input_tokens"] == 90 and used["input_tokens"] == 90 and used["model_calls"] == 1
+
+
+@pytest.mark.integration
+def test_a_cancel_requested_between_a_reserve_and_its_settle_waits_for_the_settle(spend: Settings) -> None:
+    from runjournal.consumers.ops.control import Operator
+    from runjournal.producers import RunCancelledError
+
+    tenant = f"t-{uuid.uuid4().hex[:6]}"
+    with Journal(spend, producer_id=f"sp-{uuid.uuid4().hex[:8]}") as journal, \
+            Operator(spend, wait_s=0, poll_s=0.1) as operator:
+        run = journal.start_run(tenant, "a", {})
+        r = run.reserve("big", input_tokens=100, output_tokens=50)
+        operator.cancel(run.run_id, reason="stop spending", requested_by="ops@test")
+        deadline = time.monotonic() + 10
+        while run.pending_request() is None and time.monotonic() < deadline:
+            time.sleep(0.1)  # the owner reads its requests with its heartbeat
+        assert run.pending_request() is not None  # the cancel is pending at the settle
+        r.settle(input_tokens=80, output_tokens=30)  # the money was spent: the settle goes through
+        with pytest.raises(RunCancelledError):
+            run.reserve("big", input_tokens=1, output_tokens=1)  # the next step is a boundary: the cancel
+        scope = journal.spend_ledger.scope(tenant, "run", run.run_id)
+    assert scope["used"]["input_tokens"] == 80 and all(v == 0 for v in scope["open"].values())
+    assert fold_spend(run_records(spend, run.run_id)).settled == scope["used"]
