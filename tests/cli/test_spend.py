@@ -182,6 +182,8 @@ def test_spend_budget_sets_the_limit_the_next_reserve_meets(spend: Settings, env
     ("cost", "nan", "finite"),
     ("cost", "0.0000001", "micro-unit"),
     ("dollars", "1", "--dim 'dollars'"),
+    ("model_calls", "1e999999999", "at most 2**53 - 1"),  # refused at once (it once hung the command for minutes)
+    ("cost", "1e99999999", "at most 2**53 - 1"),
 ])
 def test_a_bad_budget_is_a_named_error_and_changes_nothing(spend: Settings, env: dict[str, str], dim: str,
                                                            limit: str, says: str) -> None:
