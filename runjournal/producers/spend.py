@@ -167,7 +167,8 @@ end
 return {'ok', ARGV[4], table.concat(use, ',')}
 """
 _SETTLE = _LUA_DIMS + """
--- KEYS: run, tenant[, user]. ARGV: reservation key, settle key, actual amounts JSON, adopt JSON or ''.
+-- KEYS: run, tenant[, user]. ARGV: reservation key, settle key, actual amounts JSON, adopt JSON or '',
+-- the run's recorded spend JSON (its scope's start when an adopted settle is the run's first step here).
 -- The reservation's state (k:) is never re-encoded here: its settle is u: (the usage, as given) and b: (the settle).
 local res = ARGV[1]
 local prior = redis.call('HGET', KEYS[1], 'k:' .. res)
@@ -181,6 +182,17 @@ if not prior then
   -- money was charged where it was reserved; only this run's scope and its base move from the estimate to the usage
   prior = ARGV[4]
   local st = cjson.decode(prior)
+  if redis.call('HSETNX', KEYS[1], 'init', '1') == 1 then
+    -- the run's first step in this ledger: its scope starts from the spend its journal records (as a reserve's)
+    local base = cjson.decode(ARGV[5])
+    for _, dim in ipairs(DIMS) do
+      local add = tonumber(base[dim] or 0)
+      if add ~= 0 then
+        redis.call('HINCRBY', KEYS[1], 'used:' .. dim, n(add))
+        redis.call('HINCRBY', KEYS[1], 'base:' .. dim, n(add))
+      end
+    end
+  end
   for _, dim in ipairs(DIMS) do
     local delta = tonumber(actual[dim] or 0) - tonumber(st['estimate'][dim] or 0)
     if delta ~= 0 then
@@ -188,7 +200,6 @@ if not prior then
       redis.call('HINCRBY', KEYS[1], 'base:' .. dim, n(delta))
     end
   end
-  redis.call('HSETNX', KEYS[1], 'init', '1')
   redis.call('HSET', KEYS[1], 'k:' .. res, prior)
 else
   local st = cjson.decode(prior)
@@ -267,7 +278,8 @@ class SpendLedger:
         return held
 
     def settle(self, *, tenant_id: str, run_id: str, user_id: str | None, key: str, settle_key: str,
-               actual: Mapping[str, int], adopt: Mapping[str, Any] | None = None) -> dict[str, Any]:
+               actual: Mapping[str, int], adopt: Mapping[str, Any] | None = None,
+               recorded: Mapping[str, int] | None = None) -> dict[str, Any]:
         """Replace reservation ``key``'s estimate by ``actual`` in every scope; idempotent (a settled reservation is
         returned as it is — its first settle stands, ``settle`` names it).
 
@@ -281,7 +293,8 @@ class SpendLedger:
             SettleWithoutReservationError: the ledger holds no reservation ``key`` for this run (and none adopted).
         """
         keys, _ = self._scope_keys(tenant_id, run_id, user_id)
-        args = [key, settle_key, json.dumps(dict(actual)), "" if adopt is None else json.dumps(dict(adopt))]
+        args = [key, settle_key, json.dumps(dict(actual)), "" if adopt is None else json.dumps(dict(adopt)),
+                json.dumps(dict(recorded or {}) or {"_": 0})]
         out = _with_retries(f"settle {key}", lambda: self._settle(keys=keys, args=args))
         if _text(out[0]) == "missing":
             raise SettleWithoutReservationError(f"run {run_id}: no reservation {key} to settle (reserve first; a "
@@ -429,8 +442,9 @@ class SpendSettle:
 
     def __init__(self, ledger: SpendLedger, tenant_id: str, run_id: str, metrics: Any = None, *,
                  usage: Mapping[str, int] | None = None, adopt: Mapping[str, Any] | None = None,
-                 estimated: bool = False) -> None:
+                 estimated: bool = False, recorded: Mapping[str, int] | None = None) -> None:
         self.ledger, self.tenant_id, self.run_id = ledger, tenant_id, run_id
+        self.recorded = recorded
         self.metrics = metrics
         self.usage = dict(usage or {})
         self.adopt = adopt
@@ -441,7 +455,7 @@ class SpendSettle:
         self.invoked = True
         state = self.ledger.settle(tenant_id=self.tenant_id, run_id=self.run_id, user_id=args.get("user_id"),
                                    key=args["reservation"], settle_key=idempotency_key, actual=self.usage,
-                                   adopt=self.adopt)
+                                   adopt=self.adopt, recorded=self.recorded)
         if state.get("settle") == idempotency_key:  # this settle stood (a second one is answered with the first)
             _meter(self.metrics, "spend_settled", state["model"], state["usage"])
         return {**_settled(state), **({"estimated": True} if self.estimated else {})}
@@ -491,7 +505,8 @@ class _Held:
         adopt = ({"state": "reserved", "model": self.model, "estimate": self.estimate, "user_id": self.user_id,
                   "tenant_id": self._handle.tenant_id} if self.recorded else None)
         tool = SpendSettle(self._handle.spend_ledger(), self._handle.tenant_id, self._handle.run_id,
-                           _metrics_of(self._handle), usage=amounts, adopt=adopt, estimated=estimated)
+                           _metrics_of(self._handle), usage=amounts, adopt=adopt, estimated=estimated,
+                           recorded=_recorded_spend(self._handle) if adopt is not None else None)
         return tool, args, None if self._step is None else f"{self._step}/settle"
 
     def estimated_usage(self) -> Usage:
@@ -592,9 +607,8 @@ def reserve_step(handle: Any, model: str, *, input_tokens: int, output_tokens: i
         raise SpendValueError(f"model must be a name of 1 … 256 bytes without control characters, not {model!r}")
     USER_ID.check_optional(user_id)
     estimate = handle.spend_policy().amounts(model, Usage(input_tokens=input_tokens, output_tokens=output_tokens))
-    plan = getattr(handle, "plan", None)  # what the journal records at the resume or fork point: the run scope's start
-    recorded = fold_spend(plan.calls.values()).charged() if plan is not None else None
-    tool = SpendReserve(handle.spend_ledger(), handle.tenant_id, handle.run_id, recorded, _metrics_of(handle))
+    tool = SpendReserve(handle.spend_ledger(), handle.tenant_id, handle.run_id, _recorded_spend(handle),
+                        _metrics_of(handle))
     return tool, {"model": model, "estimate": estimate, "user_id": user_id}, \
         None if step is None else f"{step}/reserve"
 
@@ -605,6 +619,13 @@ def reserve(handle: Any, model: str, *, input_tokens: int, output_tokens: int, u
     tool, args, key = reserve_step(handle, model, input_tokens=input_tokens, output_tokens=output_tokens,
                                    user_id=user_id, step=step)
     return Reservation(handle, handle.call(tool, args, step=key), step=step, recorded=not tool.invoked)
+
+
+def _recorded_spend(handle: Any) -> dict[str, int] | None:
+    """What the journal records the run spent at its resume or fork point (its plan's steps): the run scope's start
+    the first time the ledger meets the run (``SpendLedger.reserve``'s ``recorded``)."""
+    plan = getattr(handle, "plan", None)
+    return fold_spend(plan.calls.values()).charged() if plan is not None else None
 
 
 def _metrics_of(handle: Any) -> Any:

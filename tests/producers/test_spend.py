@@ -323,3 +323,40 @@ def test_a_cancel_requested_between_a_reserve_and_its_settle_waits_for_the_settl
         scope = journal.spend_ledger.scope(tenant, "run", run.run_id)
     assert scope["used"]["input_tokens"] == 80 and all(v == 0 for v in scope["open"].values())
     assert fold_spend(run_records(spend, run.run_id)).settled == scope["used"]
+
+
+@pytest.mark.integration
+def test_a_fork_between_a_reserve_and_its_settle_settles_the_copied_reservation_in_its_own_scope(
+        spend: Settings) -> None:
+    """The campaign's controls fault forked a run right after a reserve: the fork's settle named a reservation its
+    ledger never held (SettleWithoutReservationError, the fork never ended). The copied reservation is settled in the
+    fork's scope only; the tenant was charged where it was reserved."""
+    from runjournal.consumers.ops.control import Operator
+    from runjournal.schemas import EventType
+
+    tenant = f"t-{uuid.uuid4().hex[:6]}"
+
+    def agent(run: Any) -> None:
+        for i in range(2):
+            with run.reserve("big", input_tokens=100, output_tokens=50) as r:
+                r.settle(input_tokens=10 * (i + 1), output_tokens=5)
+
+    with Journal(spend, producer_id=f"sp-{uuid.uuid4().hex[:8]}", lease_ttl_ms=1500) as journal, \
+            Operator(spend, wait_s=10, poll_s=0.1) as operator:
+        source = journal.start_run(tenant, "a", {})
+        agent(source)
+        source.succeed()
+        before = journal.spend_ledger.scope(tenant)["used"]
+        reserves = [e.seq for e in events_of(read_committed(spend), source.run_id)
+                    if e.type is EventType.TOOL_CALL_COMMITTED and e.payload["tool"] == RESERVE_TOOL]
+        forked = operator.fork(source.run_id, at_seq=reserves[1], reason="after the reserve", requested_by="ops")
+        assert forked.outcome == "forked", forked
+        assert journal.claim_assignment(10) == forked.fork_run_id
+        fork = journal.resume(forked.fork_run_id)
+        agent(fork)  # the second reservation is copied, its settle is the fork's own
+        fork.succeed()
+        ledger = journal.spend_ledger
+        after, scope = ledger.scope(tenant)["used"], ledger.scope(tenant, "run", fork.run_id)
+    assert after == before  # nothing new ran: the tenant pays nothing more
+    assert scope["used"] == fold_spend(run_records(spend, fork.run_id)).settled
+    assert scope["used"]["input_tokens"] == 30 and scope["used"] == scope["base"]  # all of it copied spend
