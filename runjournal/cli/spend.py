@@ -22,7 +22,6 @@ import logging
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Annotated, Any
 
-import click
 import typer
 from rich.console import Console
 from typer.core import TyperGroup
@@ -48,7 +47,7 @@ class _SpendGroup(TyperGroup):
     """``spend`` runs by itself (a run's or a tenant's spend) or as ``spend budget``: a first bare word that is not
     a subcommand is the run id (``spend RUN_ID`` is ``spend --run RUN_ID``)."""
 
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:  # a click.Context (typer's own click)
         words = list(args)
         i = 0
         while i < len(words):
