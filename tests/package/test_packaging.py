@@ -147,7 +147,8 @@ print(json.dumps(out))
     assert {k: v for k, v in out["agent_side"].items() if v != "ok"} == {}
     assert out["policy"] == 7 and out["extras_imported"] == []
     assert out["prometheus_imported"] is False and out["journal_metrics"] == "prometheus_client"
-    assert out["adapters"] == ["FrameworkRecordStore", "GraphNodeJournal", "JournalCheckpointSaver", "JournalRunHooks",
+    assert out["adapters"] == ["FrameworkRecordStore", "GraphNodeJournal", "GraphSpendJournal",
+                               "JournalCheckpointSaver", "JournalRunHooks",
                                "JournalRuns",
                                "JournalSession", "JournaledTool", "ThreadNotOwnedError", "current_idempotency_key",
                                "journal_function_tool", "journaled", "journaled_tool_node", "resume_agent", "run_agent"]
