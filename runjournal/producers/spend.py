@@ -110,7 +110,20 @@ class BudgetExceededError(JournalError):
 # -- the ledger's scripts (one tenant's hash tag: exact on Redis Cluster) ------------------------------------------
 _LUA_DIMS = ("local DIMS = {'input_tokens', 'output_tokens', 'cost_micros', 'model_calls'}\n"
              # an integer's exact text (Lua's tostring and argument conversion keep 14 digits; amounts reach 2^53)
-             "local function n(x) return string.format('%.0f', tonumber(x)) end\n")
+             "local function n(x) return string.format('%.0f', tonumber(x)) end\n"
+             # the run's first step in this ledger: its scope starts from the spend its journal already records (a
+             # fork's copied steps, a run whose ledger was lost) — applied once, never charged to the tenant again
+             "local function start_run_scope(run, recorded)\n"
+             "  if redis.call('HSETNX', run, 'init', '1') == 0 then return end\n"
+             "  local base = cjson.decode(recorded)\n"
+             "  for _, dim in ipairs(DIMS) do\n"
+             "    local add = tonumber(base[dim] or 0)\n"
+             "    if add ~= 0 then\n"
+             "      redis.call('HINCRBY', run, 'used:' .. dim, n(add))\n"
+             "      redis.call('HINCRBY', run, 'base:' .. dim, n(add))\n"
+             "    end\n"
+             "  end\n"
+             "end\n")
 _RESERVE = _LUA_DIMS + """
 -- KEYS: run, tenant[, user]. ARGV: reservation key, estimate JSON, defaults JSON (one object per KEY), state JSON,
 -- the run's recorded spend JSON (its scope's start, applied once). Numbers below 2^53: exact as Lua doubles.
@@ -119,18 +132,7 @@ local prior = redis.call('HGET', KEYS[1], res)
 if prior then return {'dup', prior} end
 local est = cjson.decode(ARGV[2])
 local defaults = cjson.decode(ARGV[3])
-if redis.call('HSETNX', KEYS[1], 'init', '1') == 1 then
-  -- the run's first reservation in this ledger: its scope starts from the spend its journal already records
-  -- (a fork's copied steps, or a run whose ledger was lost), never charged to the tenant again
-  local base = cjson.decode(ARGV[5])
-  for _, dim in ipairs(DIMS) do
-    local add = tonumber(base[dim] or 0)
-    if add ~= 0 then
-      redis.call('HINCRBY', KEYS[1], 'used:' .. dim, n(add))
-      redis.call('HINCRBY', KEYS[1], 'base:' .. dim, n(add))
-    end
-  end
-end
+start_run_scope(KEYS[1], ARGV[5])
 for i = 1, #KEYS do
   for _, dim in ipairs(DIMS) do
     local add = tonumber(est[dim] or 0)
@@ -182,17 +184,7 @@ if not prior then
   -- money was charged where it was reserved; only this run's scope and its base move from the estimate to the usage
   prior = ARGV[4]
   local st = cjson.decode(prior)
-  if redis.call('HSETNX', KEYS[1], 'init', '1') == 1 then
-    -- the run's first step in this ledger: its scope starts from the spend its journal records (as a reserve's)
-    local base = cjson.decode(ARGV[5])
-    for _, dim in ipairs(DIMS) do
-      local add = tonumber(base[dim] or 0)
-      if add ~= 0 then
-        redis.call('HINCRBY', KEYS[1], 'used:' .. dim, n(add))
-        redis.call('HINCRBY', KEYS[1], 'base:' .. dim, n(add))
-      end
-    end
-  end
+  start_run_scope(KEYS[1], ARGV[5])
   for _, dim in ipairs(DIMS) do
     local delta = tonumber(actual[dim] or 0) - tonumber(st['estimate'][dim] or 0)
     if delta ~= 0 then

@@ -19,14 +19,13 @@ from typing import Any
 
 import pytest
 
-from runjournal.consumers.recovery.job import RecoveryJob
 from runjournal.core import redis_client
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.model.reducer import fold
 from runjournal.producers import Journal
 from runjournal.producers.spend import DIMS, fold_spend
-from tests.support.readback import read_committed
+from tests.support.readback import read_committed, take_over
 from tests.support.spend_child import agent
 
 pytestmark = [pytest.mark.integration, pytest.mark.crash, pytest.mark.slow]
@@ -94,13 +93,7 @@ def test_killed_around_a_reservation_then_resumed_charges_each_call_once(topics:
               if time.monotonic() < deadline) and time.monotonic() < deadline:
         time.sleep(0.2)
     with Journal(settings, producer_id=f"live-{uuid.uuid4().hex[:6]}") as live:
-        job = RecoveryJob(settings)
-        try:
-            job.recover(stale=True)
-        finally:
-            job.close()
-        assert live.claim_assignment(timeout_s=20) == run_id
-        resumed = live.resume(run_id)
+        resumed = take_over(live, settings, run_id)
         seen = agent(resumed)
         resumed.succeed()
         ledger = live.spend_ledger

@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from runjournal.consumers.recovery.job import RecoveryJob
 from runjournal.core import redis_client
 from runjournal.core.settings import Settings
 from runjournal.core.spend_policy import SpendConfigError, SpendPolicy, SpendValueError, UnknownCurrencyError, Usage
@@ -27,7 +26,7 @@ from runjournal.producers.spend import (
     UnknownModelError,
     fold_spend,
 )
-from tests.support.readback import events_of, read_committed
+from tests.support.readback import events_of, read_committed, take_over
 
 PRICES = {"small": {"input_per_mtok": "0.15", "output_per_mtok": "0.60"},
           "big": {"input_per_mtok": "2.50", "output_per_mtok": "10"}}
@@ -179,13 +178,7 @@ def test_a_resumed_run_meets_its_recorded_spend_and_charges_nothing_again(spend:
     dead.close()
     used = dead.spend_ledger.scope(tenant)["used"]
     with Journal(spend, producer_id=f"live-{uuid.uuid4().hex[:6]}") as live:
-        job = RecoveryJob(spend)
-        try:
-            job.recover(stale=True)
-        finally:
-            job.close()
-        assert live.claim_assignment(timeout_s=10) == run_id
-        resumed = live.resume(run_id)
+        resumed = take_over(live, spend, run_id)
         assert agent(resumed) == [True, True, True]
         with resumed.reserve("big", input_tokens=1, output_tokens=1) as r:
             assert not r.recorded
@@ -288,13 +281,7 @@ def test_a_remade_model_call_reporting_other_usage_on_resume_meets_its_recorded_
     run_id = run.run_id
     dead.close()
     with Journal(spend, producer_id=f"live-{uuid.uuid4().hex[:6]}") as live:
-        job = RecoveryJob(spend)
-        try:
-            job.recover(stale=True)
-        finally:
-            job.close()
-        assert live.claim_assignment(timeout_s=10) == run_id
-        resumed = live.resume(run_id)
+        resumed = take_over(live, spend, run_id)
         with resumed.reserve("big", input_tokens=100, output_tokens=50) as again:
             charge = again.settle(input_tokens=95, output_tokens=47)  # the model answered differently this time
         resumed.succeed()

@@ -87,3 +87,17 @@ def wait_first_call(settings: Settings, run_id: str, *, timeout_s: float = 60.0,
         assert child is None or child.poll() is None, f"the agent exited ({child.returncode}) before its first call"
         assert time.monotonic() < deadline, f"run {run_id} made no call within {timeout_s} s"
         time.sleep(0.2)
+
+
+def take_over(journal, settings: Settings, run_id: str, *, timeout_s: float = 20.0):
+    """One ``recover --stale`` pass (a fresh RecoveryJob, closed after), then ``journal`` claims ``run_id`` and
+    resumes it: the handle of the run a dead instance left. Raises ``AssertionError`` when it was not handed over."""
+    from runjournal.consumers.recovery.job import RecoveryJob
+
+    job = RecoveryJob(settings)
+    try:
+        job.recover(stale=True)
+    finally:
+        job.close()
+    assert journal.claim_assignment(timeout_s=timeout_s) == run_id
+    return journal.resume(run_id)
