@@ -102,11 +102,12 @@ def spend_command(
     tenant's budgets (`runjournal spend --tenant T [--user U]`: used, open and limit per dim)."""
     if ctx.invoked_subcommand is not None:
         return
+    if user is not None and tenant is None:
+        raise fail("--user needs --tenant: runjournal spend --tenant T --user U (a user's budgets are the tenant's)",
+                   as_json=as_json, code=2, kind="UsageError")
     if (run_id is None) == (tenant is None):
         raise fail("name a run (runjournal spend RUN_ID) or a tenant (runjournal spend --tenant T): one of the two",
                    as_json=as_json, code=2, kind="UsageError")
-    if user is not None and tenant is None:
-        raise fail("--user needs --tenant", as_json=as_json, code=2, kind="UsageError")
     if run_id is not None:
         _show_run(run_id, as_json)
     else:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from runjournal.core import _kafka_props
 from runjournal.core._redis_url import parse_redis_url
@@ -249,6 +249,8 @@ class Settings(BaseSettings):
             base = cls(**overrides)
         except ValidationError as exc:
             raise ConfigError(_explain(exc)) from exc
+        except SettingsError as exc:  # a complex setting (a JSON object) that does not parse
+            raise ConfigError(_explain_unparsed(exc)) from exc
         explicit = {f for f in cls.model_fields if f"RUNJOURNAL_{f.upper()}" in os.environ or f in overrides}
         fill: dict[str, Any] = {}
         if "kafka_properties" not in overrides:
@@ -480,6 +482,19 @@ def _check_kafka_security(s: Settings) -> None:
         path = getattr(s, name)
         if path is not None and not path.is_file():
             raise ConfigError(f"RUNJOURNAL_{name.upper()}: {path} is not a readable file")
+
+
+_UNPARSED = re.compile(r'field "(?P<field>[a-z0-9_]+)"')
+
+
+def _explain_unparsed(exc: SettingsError) -> str:
+    """pydantic-settings' "error parsing value for field …" as the variable, the JSON error and the fix (the value
+    itself is not echoed: it may hold a secret)."""
+    found = _UNPARSED.search(str(exc))
+    name = f"RUNJOURNAL_{found['field'].upper()}" if found else "a RUNJOURNAL_* variable"
+    cause = f" ({exc.__cause__})" if exc.__cause__ is not None else ""
+    return (f"{name}: not valid JSON{cause}; give a JSON object, e.g. {name}='{{\"key\": \"value\"}}' "
+            f"(docs/reference/settings.md)")
 
 
 def _explain(exc: ValidationError) -> str:

@@ -193,3 +193,15 @@ def test_a_bad_budget_is_a_named_error_and_changes_nothing(spend: Settings, env:
     assert bad.returncode == 2 and doc["error"] == "SpendValueError" and says in doc["message"], doc
     ledger = SpendLedger(redis_client.client(spend), spend.topic_prefix, spend.spend_policy())
     assert ledger.scope(tenant) == {"used": {}, "open": {}, "base": {}, "limit": {}}
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["spend", "--user", "u1"], "--user needs --tenant"),
+    (["spend", "r1", "--user", "u1"], "--user needs --tenant"),
+    (["spend"], "name a run"),
+])
+def test_spend_usage_errors_name_the_fix(service_env: dict[str, str], argv: list[str], says: str) -> None:
+    """A user without a tenant is told to add --tenant (not to name a run); a bare ``spend`` to name one."""
+    bad, _ = rj(service_env, *argv, "--json")
+    doc = json_error(bad)
+    assert bad.returncode == 2 and says in doc["message"], doc

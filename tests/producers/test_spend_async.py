@@ -124,3 +124,27 @@ def test_a_resumed_async_run_meets_its_recorded_spend_and_charges_nothing_again(
     run_id, used = asyncio.run(first())
     assert asyncio.run(second(run_id)) == used  # nothing charged again
     assert fold_spend(run_records(spend, run_id)).settled == used
+
+
+def test_two_tasks_settling_one_async_reservation_at_once_charge_it_once(spend: Settings) -> None:
+    """Two tasks settle the same reservation at once (different usages): one settle step runs, both get its
+    charge, and the ledger is charged once — as the sync Reservation's lock gives threads."""
+    tenant = f"t-{uuid.uuid4().hex[:6]}"
+
+    async def main() -> tuple[list[Any], dict[str, Any], str]:
+        async with await AsyncJournal.open(spend, producer_id=f"spa-{uuid.uuid4().hex[:6]}",
+                                           producer_threads=4) as journal:
+            run = await journal.start_run(tenant, "a", {})
+            r = await run.reserve("big", input_tokens=1000, output_tokens=500)
+            charges = await asyncio.gather(r.settle(input_tokens=900, output_tokens=100),
+                                           r.settle(input_tokens=10, output_tokens=10), return_exceptions=True)
+            scope = journal.sync.spend_ledger.scope(tenant, "run", run.run_id)
+            await run.succeed()
+            return list(charges), scope, run.run_id
+
+    charges, scope, run_id = asyncio.run(main())
+    assert not any(isinstance(c, BaseException) for c in charges), charges
+    assert charges[0] == charges[1] == scope["used"]
+    assert scope["used"]["model_calls"] == 1 and all(v == 0 for v in scope["open"].values())
+    summary = fold_spend(run_records(spend, run_id))
+    assert summary.charged() == scope["used"]
