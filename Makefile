@@ -63,12 +63,12 @@ test: install deps-test ## Install everything, start a private real stack, run t
 	$(BIN)/mypy
 	$(BIN)/deptry .
 	$(BIN)/runjournal schemas check
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=30
 
 # The longest tests (marker `slow`, set in their modules; tests/faults holds most): crash matrices, the main job end to end, fresh
 # venvs, browser and adapter examples. Same private stack as make test; .ci/run runs it after make test.
 test-slow: install deps-test ## The slow tests left out of `make test` (crash matrices, demo, packaging; ~20 min)
-	$(BIN)/pytest -q -m 'slow and not cluster'
+	$(BIN)/pytest -q --durations=30 -m 'slow and not cluster'
 
 # The production shape (tests/cluster, marker `cluster`): three KRaft brokers, SASL_SSL + SCRAM, the roles' ACLs,
 # leader failover under load; a 3-master Redis Cluster over TLS with ACL users per role, the projector and recovery
