@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 
 __all__ = ["stack_app", "topics_app"]
 
-stack_app = typer.Typer(help="Start, stop and check the local stack (Kafka, Redis, Qdrant).", no_args_is_help=True)
+stack_app = typer.Typer(help="Start, stop and check the local stack (Kafka, Redis, Qdrant; a schema registry and an "
+                             "object store on request).", no_args_is_help=True)
 topics_app = typer.Typer(help="Create and check runjournal's Kafka topics.", no_args_is_help=True)
 console = Console()
 err_console = Console(stderr=True)
@@ -64,27 +65,33 @@ def stack_up(
         "--registry", help="Also start a schema registry (Apicurio, from Maven Central) and register the "
                            "event schemas in it; commands then use Confluent framing.")] = False,
     registry_port: Annotated[int, typer.Option(**PORT, help="Schema registry HTTP port on 127.0.0.1.")] = 8081,
+    object_store: Annotated[bool, typer.Option(
+        "--object-store", help="Also start an S3 object store (S3Proxy, from Maven Central; objects are files under "
+                               "<stack>/object-store/data) with the bucket runjournal-archive; commands then archive "
+                               "to s3://runjournal-archive/<topic prefix>.")] = False,
+    object_store_port: Annotated[int, typer.Option(**PORT, help="Object store (S3 API) HTTP port on 127.0.0.1.")]
+    = 9000,
     as_json: JsonOpt = False,
 ) -> None:
-    """Start Kafka and Redis (and set up Qdrant's local path); with --registry a schema registry too.
-    Idempotent: restarts only what is not running."""
+    """Start Kafka and Redis (and set up Qdrant's local path); with --registry a schema registry, with
+    --object-store an S3 object store too. Idempotent: restarts only what is not running."""
     from runjournal.core.settings import Settings
     from runjournal.deploy.stack import StackPorts
     from runjournal.schemas.errors import SchemaError
 
     settings = Settings.load()
-    ports = StackPorts(kafka_port, controller_port, redis_port, registry_port)
+    ports = StackPorts(kafka_port, controller_port, redis_port, registry_port, object_store_port)
     stack = _stack(settings, ports, brokers, secure or None, redis_cluster or None)
     was_up: set[str] = set()
     try:
         was_up = stack.running()  # processes alive before: a Ctrl-C leaves them alone
-        report = stack.up(timeout_s=timeout_s, registry=registry)
+        report = stack.up(timeout_s=timeout_s, registry=registry, object_store=object_store)
         if registry:
             report["registry"]["subjects"] = _register(report["registry"]["url"], settings)
     except (StackError, SchemaError) as exc:
         raise _fail(exc, as_json) from exc
     except KeyboardInterrupt:  # Ctrl-C while starting: stop what this command started, say so, exit 130
-        stopped = stack.down(only={"kafka", "redis", "registry"} - was_up)
+        stopped = stack.down(only={"kafka", "redis", "registry", "object_store"} - was_up)
         message = "interrupted: stopped what this `stack up` started (" + (", ".join(
             f"{name} {how}" for name, how in stopped.items()) or "nothing yet") + ")"
         if was_up:
@@ -93,9 +100,12 @@ def stack_up(
     if as_json:
         print(json.dumps(report))
         return
-    for name in ("kafka", "redis", "qdrant", *(("registry",) if registry else ())):
+    for name in ("kafka", "redis", "qdrant", *(("registry",) if registry else ()),
+                 *(("object_store",) if object_store else ())):
         info = report[name]
         where = info.get("bootstrap") or info.get("url") or info.get("path")
+        if name == "object_store":
+            where = f"{where} (bucket {info.get('bucket')})"
         console.print(f"[green]✓[/] {name:<6} {info['action']:<16} {where}")
     console.print(f"stack up in {report['elapsed_s']} s; state in {settings.stack_dir / 'stack.json'}")
     if report["kafka"].get("secure") or report["redis"].get("secure"):

@@ -7,7 +7,8 @@ other command finds the broker and Redis without any variable set.
 Variables (each field of :class:`Settings`, upper-cased, with the ``RUNJOURNAL_`` prefix; the
 docs/reference/settings.md lists meanings and defaults): ``BOOTSTRAP``, ``REDIS_URL``,
 ``QDRANT_PATH``, ``QDRANT_URL``, ``QDRANT_API_KEY``, ``SCHEMA_REGISTRY_URL``, ``TOPIC_PREFIX``,
-``STACK_DIR``, ``CACHE_DIR``, ``PARTITIONS``, ``REPLICATION_FACTOR``, ``LOG_LEVEL``,
+``STACK_DIR``, ``CACHE_DIR``, the archive's ``ARCHIVE_URL``, ``OBJECT_STORE_ENDPOINT``, ``OBJECT_STORE_KEY``,
+``OBJECT_STORE_SECRET``, ``PARTITIONS``, ``REPLICATION_FACTOR``, ``LOG_LEVEL``,
 ``CONSOLE_OPERATOR_TOKEN``, the Redis security settings ``REDIS_USERNAME``, ``REDIS_PASSWORD``,
 ``REDIS_SSL_CA_LOCATION``, ``REDIS_SSL_CERTIFICATE_LOCATION``,
 ``REDIS_SSL_KEY_LOCATION`` (``REDIS_URL`` may name a Redis Cluster: ``runjournal.core._redis_url``), the Kafka
@@ -106,6 +107,19 @@ class Settings(BaseSettings):
     of such a type parks its run (BLOCKED) instead of being recorded as UNKNOWN; ``*`` = every unknown type."""
     topic_prefix: str = "runjournal"
     """Prefix of every topic name."""
+    archive_url: str | None = None
+    """Where closed runs are archived (issue 30): a local folder ``file:///path`` (or a plain path), or
+    ``s3://bucket/prefix`` on an S3 object store. None: ``file://<stack_dir>/archive``, or
+    ``s3://runjournal-archive/<topic_prefix>`` while the local stack runs an object store
+    (``stack up --object-store``)."""
+    object_store_endpoint: str | None = None
+    """S3 endpoint URL for an ``s3://`` archive (``http://127.0.0.1:9000``); None: the AWS default (or the running
+    stack's object store)."""
+    object_store_key: str | None = None
+    """S3 access key id; None: the running stack's object store's, else the AWS default chain (environment,
+    ``~/.aws``, instance role)."""
+    object_store_secret: SecretStr | None = None
+    """S3 secret access key; masked when printed."""
     stack_dir: Path = Field(default_factory=default_stack_dir)
     """Local stack directory (data, logs, ``stack.json``)."""
     cache_dir: Path = Field(default_factory=default_cache_dir)
@@ -256,7 +270,8 @@ class Settings(BaseSettings):
         if "kafka_properties" not in overrides:
             fill.update(_passthrough(base, explicit))
         kafka_given = "bootstrap" in explicit or "bootstrap" in fill
-        fill.update(_from_stack_state(base.stack_dir / STATE_FILE, explicit, with_kafka=not kafka_given))
+        fill.update(_from_stack_state(base.stack_dir / STATE_FILE, explicit, with_kafka=not kafka_given,
+                                      prefix=base.topic_prefix))
         settings = base.model_copy(update=fill) if fill else base
         _check_kafka_security(settings)
         _check_redis_security(settings)
@@ -309,6 +324,11 @@ class Settings(BaseSettings):
                 self.checkpoints_topic, self.payloads_topic)
 
     @property
+    def effective_archive_url(self) -> str:
+        """The archive actually used: :attr:`archive_url`, or ``file://<stack_dir>/archive``."""
+        return self.archive_url or (self.stack_dir / "archive").absolute().as_uri()
+
+    @property
     def effective_qdrant_path(self) -> Path:
         """The embedded Qdrant directory actually used (``qdrant_path`` or ``<stack_dir>/qdrant``)."""
         return self.qdrant_path or (self.stack_dir / "qdrant")
@@ -319,8 +339,9 @@ class Settings(BaseSettings):
         out["redis_url"] = mask_url(self.redis_url)
         out["qdrant_url"] = mask_url(self.qdrant_url)
         out["schema_registry_url"] = mask_url(self.schema_registry_url)
+        out["object_store_endpoint"] = mask_url(self.object_store_endpoint)
         for name in ("qdrant_api_key", "kafka_sasl_password", "kafka_ssl_key_password", "redis_password",
-                     "console_operator_token"):
+                     "console_operator_token", "object_store_secret"):
             out[name] = "***" if getattr(self, name) else None
         out["kafka_properties"] = {k: "***" if _kafka_props.is_secret(k) else v.get_secret_value()
                                    for k, v in sorted(self.kafka_properties.items())}
@@ -383,7 +404,8 @@ def _passthrough(base: Settings, explicit: set[str]) -> dict[str, Any]:
     return fill
 
 
-def _from_stack_state(path: Path, explicit: set[str], *, with_kafka: bool) -> dict[str, Any]:
+def _from_stack_state(path: Path, explicit: set[str], *, with_kafka: bool,
+                      prefix: str = "runjournal") -> dict[str, Any]:
     """Endpoints from the local stack's state file, and — with its bootstrap — its replication factor and,
     for a secure stack, its security settings and the operator's credentials (unless given)."""
     try:
@@ -398,6 +420,7 @@ def _from_stack_state(path: Path, explicit: set[str], *, with_kafka: bool) -> di
     pid = (registry.get("process") or {}).get("pid")
     if "schema_registry_url" not in explicit and pid and registry.get("url") and Path(f"/proc/{pid}").exists():
         fill["schema_registry_url"] = registry["url"]  # while `stack up --registry` runs it
+    fill.update(_object_store_from_state(state.get("object_store", {}), explicit, prefix))
     kafka_state = state.get("kafka", {})
     if not with_kafka or not (bs := kafka_state.get("bootstrap")):
         return fill
@@ -410,6 +433,22 @@ def _from_stack_state(path: Path, explicit: set[str], *, with_kafka: bool) -> di
             fill[name] = Path(security[name]) if name.endswith("_location") else security[name]
     if not explicit & {"kafka_sasl_username", "kafka_sasl_password"} and (login := _stack_login(security)):
         fill.update(kafka_sasl_username=login[0], kafka_sasl_password=login[1])
+    return fill
+
+
+def _object_store_from_state(entry: dict[str, Any], explicit: set[str], prefix: str) -> dict[str, Any]:
+    """While ``stack up --object-store`` runs it: its endpoint, keys and the archive under its bucket — the keys only
+    with its endpoint (never mixed into another store's settings)."""
+    pid = (entry.get("process") or {}).get("pid")
+    if not (pid and entry.get("url") and Path(f"/proc/{pid}").exists()):
+        return {}
+    fill: dict[str, Any] = {}
+    if "object_store_endpoint" not in explicit:
+        fill["object_store_endpoint"] = entry["url"]
+        if not explicit & {"object_store_key", "object_store_secret"} and entry.get("identity"):
+            fill.update(object_store_key=entry["identity"], object_store_secret=SecretStr(entry["credential"]))
+    if "archive_url" not in explicit and "object_store_endpoint" not in explicit and entry.get("bucket"):
+        fill["archive_url"] = f"s3://{entry['bucket']}/{prefix}"
     return fill
 
 

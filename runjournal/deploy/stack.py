@@ -1,5 +1,6 @@
 """The local stack: Apache Kafka (KRaft, from Maven Central), Redis (Debian's redis-server), Qdrant (embedded),
-and on request a schema registry (Apicurio, from Maven Central: ``runjournal.deploy.registry``).
+and on request a schema registry (Apicurio, from Maven Central: ``runjournal.deploy.registry``) and an S3 object store
+(S3Proxy, from Maven Central: ``runjournal.deploy.object_store``; without it the archive is a local folder).
 
 Kafka is one node by default, or the production shape — N nodes, SASL_SSL, SCRAM users and the
 roles' ACLs — with ``brokers`` / ``secure`` (``runjournal.deploy.kafka_cluster``). Redis is one server by
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from runjournal.deploy import kafka_cluster, redis_stack
+from runjournal.deploy.object_store import object_store_health, up_object_store
 from runjournal.deploy.procs import Proc
 from runjournal.deploy.registry import registry_health, up_registry
 
@@ -43,6 +45,8 @@ class StackPorts:
     """Redis (a cluster: node i on + i, its bus on + 3 + i)."""
     registry: int = 8081
     """Schema registry HTTP (only with ``up(registry=True)``)."""
+    object_store: int = 9000
+    """S3 API HTTP of the object store (only with ``up(object_store=True)``)."""
 
 
 @dataclass
@@ -83,18 +87,21 @@ class Stack:
         self.stack_dir.mkdir(parents=True, exist_ok=True)
         tmp = self.state_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(state, indent=2, sort_keys=True))
+        tmp.chmod(0o600)  # it holds the object store's secret key
         tmp.replace(self.state_path)
 
     # -- up ---------------------------------------------------------------------------
-    def up(self, *, timeout_s: float = 120.0, registry: bool = False) -> dict[str, Any]:
+    def up(self, *, timeout_s: float = 120.0, registry: bool = False, object_store: bool = False) -> dict[str, Any]:
         """Start what is not running; return a report with timings in seconds.
 
         Args:
             timeout_s: readiness timeout per component, seconds.
             registry: also start the schema registry (``runjournal.deploy.registry``).
+            object_store: also start the S3 object store (``runjournal.deploy.object_store``).
 
         Returns:
-            ``{"kafka": {...}, "redis": {...}, "qdrant": {...}, "elapsed_s": float}`` (+ ``"registry"``).
+            ``{"kafka": {...}, "redis": {...}, "qdrant": {...}, "elapsed_s": float}`` (+ ``"registry"``,
+            ``"object_store"``).
 
         Raises:
             MissingToolError: java, mvn or redis-server missing (message names the package).
@@ -113,6 +120,12 @@ class Stack:
         if registry:
             try:
                 report["registry"] = up_registry(state, self.stack_dir, self.cache_dir, self.ports.registry, timeout_s)
+            finally:
+                self._write_state(state)
+        if object_store:
+            try:
+                report["object_store"] = up_object_store(state, self.stack_dir, self.cache_dir,
+                                                         self.ports.object_store, timeout_s)
             finally:
                 self._write_state(state)
         report["elapsed_s"] = round(time.monotonic() - started, 2)
@@ -150,20 +163,20 @@ class Stack:
 
     # -- down -------------------------------------------------------------------------
     def down(self, *, grace_s: float = 30.0, only: Collection[str] | None = None) -> dict[str, str]:
-        """Stop the processes ``up`` started (registry, Redis, then Kafka). Harmless when nothing runs.
+        """Stop the processes ``up`` started (object store, registry, Redis, then Kafka). Harmless when nothing runs.
 
         Args:
             grace_s: SIGTERM → SIGKILL grace per process, seconds.
-            only: stop just these components (``kafka``, ``redis``, ``registry``); None: all.
+            only: stop just these components (``kafka``, ``redis``, ``registry``, ``object_store``); None: all.
 
         Returns:
-            ``{"kafka": "stopped" | "killed" | "not running", "redis": ...}`` (+ ``"registry"`` if it was started),
-            for the components stopped.
+            ``{"kafka": "stopped" | "killed" | "not running", "redis": ...}`` (+ ``"registry"``, ``"object_store"``
+            if it was started), for the components stopped.
         """
         state = self.read_state()
         result: dict[str, str] = {}
-        for name in ("registry", "redis", "kafka"):
-            if (name == "registry" and name not in state) or (only is not None and name not in only):
+        for name in ("object_store", "registry", "redis", "kafka"):
+            if (name in ("registry", "object_store") and name not in state) or (only is not None and name not in only):
                 continue
             entry = state.get(name, {})
             if name == "kafka":
@@ -192,11 +205,12 @@ class Stack:
                 **redis_stack.role_env(state.get("redis", {}), role)}
 
     def running(self) -> set[str]:
-        """The components whose recorded processes are alive (``kafka``, ``redis``, ``registry``): a pid check, no
+        """The components whose recorded processes are alive (``kafka``, ``redis``, ``registry``, ``object_store``):
+        a pid check, no
         probe — what a Ctrl-C of ``stack up`` must leave alone because it ran before."""
         state = self.read_state()
         alive = set()
-        for name in ("kafka", "redis", "registry"):
+        for name in ("kafka", "redis", "registry", "object_store"):
             if any(proc.alive() for proc in _procs(state.get(name, {}))):
                 alive.add(name)
         return alive
@@ -212,6 +226,8 @@ class Stack:
         }
         if state.get("registry", {}).get("process"):
             report["registry"] = registry_health(state["registry"])
+        if state.get("object_store", {}).get("process"):
+            report["object_store"] = object_store_health(state["object_store"])
         return report
 
 

@@ -7,13 +7,16 @@ A caller that breaks a store's contract gets one of these, never a silent fallba
   store handed to a ContextManager as its state store, a memory search that returned knowledge).
 * :class:`ProvenanceError` — knowledge evidence without its provenance (path, section, sha256, version).
 * :class:`ReadOnlyError` — a write attempted through a read-only store (the knowledge corpus at query time).
+
+And :class:`ObjectStoreError` (a :class:`~runjournal.core.errors.ConfigError`): the archive's object store cannot
+be used as configured (an unknown URL scheme, ``s3://`` without the ``archive`` extra installed).
 """
 
 from __future__ import annotations
 
-from runjournal.core.errors import RunjournalError
+from runjournal.core.errors import ConfigError, RunjournalError
 
-__all__ = ["PlaneError", "ProvenanceError", "ReadOnlyError", "ScopeError", "StoreContractError"]
+__all__ = ["ObjectStoreError", "PlaneError", "ProvenanceError", "ReadOnlyError", "ScopeError", "StoreContractError"]
 
 
 class StoreContractError(RunjournalError):
@@ -40,3 +43,8 @@ class ProvenanceError(StoreContractError, ValueError):
 
 class ReadOnlyError(StoreContractError):
     """A write was attempted through a read-only store (the knowledge corpus at query time, a remote reader)."""
+
+
+class ObjectStoreError(ConfigError):
+    """The archive's object store cannot be used as configured: ``RUNJOURNAL_ARCHIVE_URL`` has a scheme other than
+    ``file`` or ``s3``, or ``s3://`` is asked without s3fs (``pip install 'runjournal[archive]'``)."""

@@ -194,6 +194,7 @@ ELSEWHERE: dict[tuple[str, str | None], str] = {
                                                         ("stack up", "--kafka-port"), ("stack up", "--controller-port"),
                                                         ("stack up", "--redis-port"), ("stack up", "--registry"),
                                                         ("stack up", "--registry-port")]},
+    **{("stack up", o): "tests/deploy/test_object_store.py" for o in ("--object-store", "--object-store-port")},
     **{("stack up", o): "tests/cluster/conftest.py" for o in ("--brokers", "--secure", "--redis-cluster")},
     **{("stack env", o): "tests/cluster/conftest.py" for o in (None, "--json", "--role")},
 }
