@@ -136,7 +136,7 @@ class StreamWriter:
         with self._lock:
             if self._producer is None:
                 self._producer = kafka.producer(self.settings, client_id=f"{self.settings.topic_prefix}.streams", **{
-                    "enable.idempotence": True, "acks": "all", "linger.ms": 5, "compression.type": "lz4"})
+                    "enable.idempotence": "true", "acks": "all", "linger.ms": "5", "compression.type": "lz4"})
             return self._producer
 
     def _delivered(self, err: Any, msg: Any) -> None:

@@ -252,8 +252,8 @@ READERS: frozenset[str] = frozenset({
     "Journal.probe_lease", "Journal.check_still_owner", "Journal.run_lock", "Journal.claim_assignment",
     "Journal.release_run", "Journal.event_budget_reached",
     "RunHandle.approval", "RunHandle.wait_idle",
-    # run.stream(): partial output to {prefix}.streams, never the journal (decision 0055; tests/producers/test_streams.py
-    # kills an agent mid-stream)
+    # run.stream(): partial output to {prefix}.streams, never the journal (decision 0055;
+    # tests/producers/test_streams.py kills an agent mid-stream)
     "RunHandle.stream", "AsyncRunHandle.stream", "AsyncJournal.open", "AsyncJournal.wrap",
     "AsyncJournal.claim_assignment", "AsyncRunHandle.approval", "ApprovalInbox.from_settings", "ApprovalInbox.key",
     "ApprovalInbox.pending_key", "ApprovalInbox.decision", "ApprovalInbox.requested", "ApprovalInbox.pending",
