@@ -170,4 +170,4 @@ def test_agent_sigkilled_mid_stream_new_owner_continues_the_same_stream(topics: 
     assert (gap.kind, gap.epoch, gap.data["dead_epoch"]) == ("gap", 2, 1)
     assert gap.data["segments"][0]["last_n"] == before[-1].n
     assert _texts(rest) == [("chunk", 2, "continued"), ("end", 2, None)]
-    assert [e.data for e in before] == [f"tok-{i}" for i in range(1, len(before) + 1)]  # no duplicate, no hole
+    assert [e.data for e in before] == [f"tok-{i} " for i in range(1, len(before) + 1)]  # no duplicate, no hole

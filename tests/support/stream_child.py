@@ -1,7 +1,7 @@
 """Child agent for the durable-stream crash tests: one run that streams tokens, then is SIGKILLed mid-stream.
 
 Usage: ``python -m tests.support.stream_child RUN_ID PRODUCER_ID TOKENS [PAUSE_S]`` with the service env. Starts the
-run, opens ``run.stream("answer")`` and writes ``TOKENS`` chunks (``tok-1`` …) acknowledged by the broker, prints
+run, opens ``run.stream("answer")`` and writes ``TOKENS`` chunks (``tok-1 `` …) acknowledged by the broker, prints
 ``{"ready": RUN_ID}``, then keeps writing a chunk every ``PAUSE_S`` seconds (default: sleeps) — the test kills it.
 """
 
@@ -23,14 +23,14 @@ def main() -> None:
         journal.flush()
         with run.stream("answer") as s:
             for i in range(1, tokens + 1):
-                s.write(f"tok-{i}")
+                s.write(f"tok-{i} ")
             journal.streams.flush(10)
             print(json.dumps({"ready": run_id}), flush=True)
             i = tokens
             while True:
                 if pause_s:
                     i += 1
-                    s.write(f"tok-{i}")
+                    s.write(f"tok-{i} ")
                     time.sleep(pause_s)
                 else:
                     time.sleep(3600)
