@@ -19,10 +19,10 @@ from runjournal.cli.memory import memory_app, memory_extractor_command
 from runjournal.cli.projector import inspect_command, projector_command
 from runjournal.cli.recovery import recover_command
 from runjournal.cli.replay import replay_command
-from runjournal.cli.stream import stream_command
 from runjournal.cli.schemas import app as schemas_app
 from runjournal.cli.spend import spend_app
 from runjournal.cli.stack import stack_app, topics_app
+from runjournal.cli.stream import stream_command
 from runjournal.core import logs
 from runjournal.core.errors import ConfigError
 
