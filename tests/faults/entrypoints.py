@@ -266,7 +266,8 @@ READERS: frozenset[str] = frozenset({
     "Operator.select", "Operator.state", "Operator.close", "RunHandle.spend_policy", "RunHandle.spend_ledger",
     "GraphSpendJournal.on_chain_start", "GraphSpendJournal.on_chain_end", "GraphSpendJournal.on_chain_error",
     # read-only commands
-    "cli inspect", "cli replay", "cli stream", "cli settings", "cli stack up", "cli stack env", "cli stack down", "cli stack status",
+    "cli inspect", "cli replay", "cli stream", "cli settings", "cli stack up", "cli stack env", "cli stack down",
+    "cli stack status",
     "cli topics create", "cli topics describe", "cli schemas check", "cli schemas publish", "cli memory serve",
     "cli memory search", "cli memory stats", "cli knowledge ingest", "cli knowledge search", "cli knowledge stats",
     "cli acls show", "cli acls create",
