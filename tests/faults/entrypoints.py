@@ -254,7 +254,7 @@ READERS: frozenset[str] = frozenset({
     "RunHandle.approval", "RunHandle.wait_idle",
     # run.stream(): partial output to {prefix}.streams, never the journal (decision 0055;
     # tests/producers/test_streams.py kills an agent mid-stream)
-    "RunHandle.stream", "AsyncRunHandle.stream", "AsyncJournal.open", "AsyncJournal.wrap",
+    "RunHandle.stream", "AsyncRunHandle.stream", "JournalRuns.stream", "AsyncJournal.open", "AsyncJournal.wrap",
     "AsyncJournal.claim_assignment", "AsyncRunHandle.approval", "ApprovalInbox.from_settings", "ApprovalInbox.key",
     "ApprovalInbox.pending_key", "ApprovalInbox.decision", "ApprovalInbox.requested", "ApprovalInbox.pending",
     "FrameworkRecordStore.key", "FrameworkRecordStore.threads_key", "FrameworkRecordStore.lock",
