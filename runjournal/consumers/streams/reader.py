@@ -102,11 +102,12 @@ class StreamReader:
         """The next offset to read."""
 
     def high_watermark(self, timeout_s: float = 10.0) -> int:
-        """The partition's end offset now."""
+        """The partition's end offset now (and :attr:`position` moved past what retention already deleted)."""
         from confluent_kafka import TopicPartition
 
-        return int(self._consumer.get_watermark_offsets(TopicPartition(self.topic, self.partition),
-                                                        timeout=timeout_s)[1])
+        low, high = self._consumer.get_watermark_offsets(TopicPartition(self.topic, self.partition), timeout=timeout_s)
+        self.position = max(self.position, int(low))
+        return int(high)
 
     def poll(self, timeout_s: float = 0.5, max_records: int = 500) -> list[StreamEvent]:
         """The run's next records (possibly none), fenced, within ``timeout_s`` seconds."""
