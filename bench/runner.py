@@ -40,6 +40,9 @@ def _sizes(quick: bool, rounds: int | None) -> dict[str, Any]:
         "event_cost_rounds": 1 if quick else 2,
         "payloads_rounds": 2 if quick else 3,  # 100 MB per side per round
         "spend_calls": 100 if quick else 300,
+        "stream_tokens": 5_000 if quick else 20_000,
+        "stream_paced": 200 if quick else 400,
+        "stream_rounds": min(r, 2 if quick else 3),
     }
 
 
@@ -50,6 +53,11 @@ def _run_pair(name: str, env: BenchEnv, shared: dict[str, Any], sizes: dict[str,
         from bench.startup import run_startup
 
         return run_startup(env, sizes["startup_runs"])
+    if name == "streams":
+        from bench.streams import StreamsConfig, run_streams
+
+        return run_streams(env, StreamsConfig(tokens=sizes["stream_tokens"], paced=sizes["stream_paced"],
+                                              rounds=sizes["stream_rounds"]))
     if name == "spend":
         from bench.spend import SpendConfig, run_spend
 

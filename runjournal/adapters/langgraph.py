@@ -188,6 +188,27 @@ class JournalRuns:
                 self._handles[thread_id] = handle
             return handle
 
+    def stream(self, graph: Any, input: Any, config: RunnableConfig, *, stream_mode: str = "messages",
+               name: str | None = None, **options: Any) -> Iterator[Any]:
+        """``graph.stream(input, config, stream_mode=…)``, every chunk also appended to the thread's durable stream
+        (``run.stream()``, docs/guide/streams.md): a chat UI reading the run's stream survives this process's crash.
+
+        Args:
+            graph: a compiled graph. input, config: as ``graph.stream`` (``config`` names the thread).
+            stream_mode: one LangGraph stream mode (``messages``: each chunk's text; ``updates``, ``values``,
+                ``custom``: the chunk as JSON, non-JSON values as their ``str``).
+            name: the stream segment's name (default ``langgraph.<stream_mode>``).
+            options: more ``graph.stream`` keyword arguments.
+
+        Yields:
+            The graph's chunks, unchanged.
+        """
+        handle = self.handle(_thread_of(config))
+        with handle.stream(name or f"langgraph.{stream_mode}") as out:
+            for chunk in graph.stream(input, config, stream_mode=stream_mode, **options):
+                out.write(_stream_chunk(chunk, stream_mode))
+                yield chunk
+
     def async_handle(self, thread_id: str) -> AsyncRunHandle:
         """:meth:`handle` as an :class:`AsyncRunHandle` (one per thread; needs an AsyncJournal)."""
         if self.async_journal is None:
@@ -381,6 +402,14 @@ class JournalRuns:
         """:meth:`sleep` in an async node (needs an AsyncJournal; the wait is ``asyncio.sleep``)."""
         key = _sleep_step(self, config, step)
         await self.async_handle(_thread_of(config)).sleep(seconds, until_ms=until_ms, step=key)
+
+
+def _stream_chunk(chunk: Any, mode: str) -> Any:
+    """What a LangGraph stream chunk puts on the run's stream: a message chunk's text (``messages``), else the
+    chunk as JSON (values that are not JSON as their ``str``)."""
+    if mode == "messages" and isinstance(chunk, tuple) and chunk and hasattr(chunk[0], "content"):
+        return _text_of(chunk[0])
+    return json.loads(json.dumps(chunk, default=str))
 
 
 def _thread_of(config: RunnableConfig | str) -> str:

@@ -22,6 +22,7 @@ from runjournal.cli.replay import replay_command
 from runjournal.cli.schemas import app as schemas_app
 from runjournal.cli.spend import spend_app
 from runjournal.cli.stack import stack_app, topics_app
+from runjournal.cli.stream import stream_command
 from runjournal.core import logs
 from runjournal.core.errors import ConfigError
 
@@ -73,6 +74,7 @@ app.command("inspect")(inspect_command)
 app.command("memory-extractor")(memory_extractor_command)
 app.command("recover")(recover_command)
 app.command("replay")(replay_command)
+app.command("stream")(stream_command)
 app.command("approve")(approve_command)
 app.command("deny")(deny_command)
 app.command("settle")(settle_command)

@@ -1,4 +1,5 @@
-"""The console's Starlette application: server-rendered Jinja2 pages, no JavaScript, no build step, no CDN.
+"""The console's Starlette application: server-rendered Jinja2 pages, no build step, no CDN; one script, the run
+page's live stream panel (``static/stream.js``: the page works without it).
 
 Routes:
 
@@ -16,6 +17,12 @@ Routes:
   up to ``ConsoleConfig.control_wait_s`` for the action to be carried out; then 303 back to the run page with the
   outcome (a browser), or the ``ControlResult`` as JSON. Auth and CSRF as the decisions; 409 when the action does
   not apply to the run (nothing stored).
+* ``GET /streams/{run_id}`` — the run's durable stream (``run.stream()``, decision 0055) as Server-Sent Events
+  (``text/event-stream``): each record an event ``id: <offset>``, ``event: chunk|end|gap``, ``data: <JSON>``;
+  ``Last-Event-ID`` (or ``?from=<offset>``) resumes after that offset with the reader's epoch fence restored;
+  a ``: keep-alive`` comment every ``ConsoleConfig.stream_heartbeat_s`` of silence. A read route (no sign-in, as
+  the run page). Not under ``/runs/{run_id}/``: a run id may end in ``/stream``. The run page's stream panel reads
+  it with ``EventSource`` (``static/stream.js``, the console's one script).
 * ``GET /lag`` — projector, memory and recovery lag from the services' ``/metrics`` and the recovery backlog.
 * ``GET|POST /login``, ``POST /logout`` — operator sign-in (only with a token).
 * ``GET /metrics`` — the console's own Prometheus metrics; ``GET /healthz``; ``/static`` — the stylesheet.
@@ -50,7 +57,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Match, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
@@ -61,6 +68,7 @@ from runjournal.console.metrics import ConsoleMetrics
 from runjournal.console.queries import STATUS_GROUPS, ConsoleData
 from runjournal.consumers.ops.approvals import ApprovalRefusedError, submit_decision, submit_settlement
 from runjournal.consumers.ops.control import ControlRefusedError, ControlResult, Operator
+from runjournal.consumers.streams import StreamReader
 from runjournal.core.errors import RunjournalError
 from runjournal.core.ids import CALL_ID, RUN_ID, InvalidIdError
 from runjournal.core.settings import Settings
@@ -106,6 +114,8 @@ class ConsoleConfig:
     """``/metrics`` URLs to read lag from besides the announced ones."""
     per_page: int = 100
     """Rows per page of the runs list."""
+    stream_heartbeat_s: float = 10.0
+    """Seconds of silence before ``GET /streams/{run_id}`` sends a keep-alive comment."""
     control_wait_s: float = 5.0
     """How long a cancel, pause or resume from the console waits to be carried out before the page answers (s); a
     request not carried out by then stands (the page shows it pending)."""
@@ -230,6 +240,43 @@ class _Console:
             return JSONResponse(page.as_dict())
         return self._page(request, "run.html", {"run": page, "decided_now": request.query_params.get("decided"),
                                                 "control_notice": _control_notice(request.query_params)})
+
+    async def stream(self, request: Request) -> Response:
+        """``GET /streams/{run_id}``: the run's stream as Server-Sent Events (module docstring)."""
+        run_id = request.path_params["run_id"]
+        try:
+            RUN_ID.check_lookup(run_id)
+        except InvalidIdError as exc:
+            return PlainTextResponse(f"refused: {exc}", status_code=400)
+        last = request.headers.get("last-event-id") or request.query_params.get("from")
+        if last is not None and not last.strip().lstrip("-").isdecimal():
+            return PlainTextResponse("Last-Event-ID is a stream offset (a whole number)", status_code=400)
+        start = None if last is None else max(0, int(last) + (1 if "last-event-id" in request.headers else 0))
+        try:
+            reader = await run_in_threadpool(StreamReader, self.config.settings, run_id, start)
+        except (LookupError, *_UNAVAILABLE) as exc:
+            return PlainTextResponse(f"stream unavailable: {type(exc).__name__}: {exc}", status_code=503)
+        return StreamingResponse(self._events(request, reader), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def _events(self, request: Request, reader: StreamReader) -> AsyncIterator[str]:
+        """The SSE body: records as events, a keep-alive comment after each heartbeat of silence; stops when the
+        client goes."""
+        try:
+            yield "retry: 1000\n\n"
+            quiet_since = time.monotonic()
+            while not await request.is_disconnected():
+                batch = await run_in_threadpool(reader.poll, 0.5)
+                for event in batch:
+                    data = json.dumps(event.as_dict(), ensure_ascii=False)
+                    yield f"id: {event.offset}\nevent: {event.kind}\ndata: {data}\n\n"
+                if batch:
+                    quiet_since = time.monotonic()
+                elif time.monotonic() - quiet_since >= self.config.stream_heartbeat_s:
+                    quiet_since = time.monotonic()
+                    yield ": keep-alive\n\n"
+        finally:
+            await run_in_threadpool(reader.close)
 
     def search(self, request: Request) -> Response:
         """``/search?run_id=ID``: 303 to the run's page (any id, ``/`` and ``%`` too: one escaped path segment);
@@ -446,6 +493,7 @@ def build_app(config: ConsoleConfig, *, data: ConsoleData | None = None,
         Route("/runs/{run_id:path}/pause", console.pause, methods=["POST"]),
         Route("/runs/{run_id:path}/resume", console.resume, methods=["POST"]),
         Route("/runs/{run_id:path}", console.run), Route("/api/runs/{run_id:path}", console.run),
+        Route("/streams/{run_id:path}", console.stream),
         Route("/lag", console.lag_page),
         Route("/login", console.login, methods=["GET", "POST"]), Route("/logout", console.logout, methods=["POST"]),
         Route("/healthz", lambda _r: JSONResponse({"ok": True})),

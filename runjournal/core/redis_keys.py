@@ -159,6 +159,11 @@ class RedisKeys:
         ``run.wait_signal`` (``producers.waits``)."""
         return f"{self._run(run_id)}:signals"
 
+    def streams(self, run_id: str) -> str:
+        """``rj:{P:r:<run_id>}:streams`` — hash segment → epoch of the run's open stream segments (``run.stream()``,
+        ``runjournal.producers.streams``): set at open, removed at end; the next owner's gap names what is left."""
+        return f"{self._run(run_id)}:streams"
+
     def claim(self, run_id: str) -> str:
         """``rj:{P:r:<run_id>}:claim`` — the instance that started the run (SET NX: a run id is used once)."""
         return f"{self._run(run_id)}:claim"

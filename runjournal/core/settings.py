@@ -9,7 +9,8 @@ docs/reference/settings.md lists meanings and defaults): ``BOOTSTRAP``, ``REDIS_
 ``QDRANT_PATH``, ``QDRANT_URL``, ``QDRANT_API_KEY``, ``SCHEMA_REGISTRY_URL``, ``TOPIC_PREFIX``,
 ``STACK_DIR``, ``CACHE_DIR``, the archive's ``ARCHIVE_URL``, ``OBJECT_STORE_ENDPOINT``, ``OBJECT_STORE_KEY``,
 ``OBJECT_STORE_SECRET``, ``PARTITIONS``, ``REPLICATION_FACTOR``, ``LOG_LEVEL``,
-``CONSOLE_OPERATOR_TOKEN``, the Redis security settings ``REDIS_USERNAME``, ``REDIS_PASSWORD``,
+``CONSOLE_OPERATOR_TOKEN``, ``STREAMS_RETENTION_MS``, ``STREAM_CHUNK_BYTES``, the Redis security settings
+``REDIS_USERNAME``, ``REDIS_PASSWORD``,
 ``REDIS_SSL_CA_LOCATION``, ``REDIS_SSL_CERTIFICATE_LOCATION``,
 ``REDIS_SSL_KEY_LOCATION`` (``REDIS_URL`` may name a Redis Cluster: ``runjournal.core._redis_url``), the Kafka
 security settings ``KAFKA_SECURITY_PROTOCOL``, ``KAFKA_SASL_MECHANISM``, ``KAFKA_SASL_USERNAME``,
@@ -178,6 +179,13 @@ class Settings(BaseSettings):
     raises ``ResultTooLargeError`` before any of it is produced (the call is recorded as committed without a
     result, docs/design/protocol.md § Results); call arguments over it raise ``ArgumentsTooLargeError`` before the
     intent."""
+    streams_retention_ms: int = Field(default=24 * 3600 * 1000, ge=60_000)
+    """``retention.ms`` of ``{prefix}.streams`` at ``topics create`` (ms, default 24 h, at least 1 min): how long a
+    run's streamed partial output (``run.stream()``, ``runjournal.producers.streams``) stays readable by a reader
+    that resumes by offset. Stream records are never read by recovery or the projector."""
+    stream_chunk_bytes: int = Field(default=64 * 1024, ge=64, le=960 * 1024)
+    """Largest chunk ``StreamWriter.write`` accepts (UTF-8 bytes of its JSON data, default 64 KiB): a larger one raises
+    ``StreamChunkTooLargeError`` before anything is produced."""
     memory_nice: int = Field(default=19, ge=0, le=19)
     """CPU niceness ``runjournal memory-extractor`` gives its process after its preflight (0 … 19, 19 = lowest priority;
     0 leaves it as started): memory may lag, the projector, recovery and agents on the same host must not
@@ -316,12 +324,19 @@ class Settings(BaseSettings):
         return f"{self.topic_prefix}.payloads"
 
     @property
+    def streams_topic(self) -> str:
+        """``{prefix}.streams``: runs' streamed partial output (``run.stream()``), ``cleanup.policy=delete`` with
+        ``streams_retention_ms``, keyed and partitioned by run like the events; never read by recovery or the
+        projector (``runjournal.producers.streams``)."""
+        return f"{self.topic_prefix}.streams"
+
+    @property
     def all_topics(self) -> tuple[str, ...]:
         """Every topic runjournal keeps under this prefix: events, its DLQ, the memory DLQ, the schemas topic and
-        the adapters' checkpoints topic and the large results' payloads topic. The one list that creation,
-        ``topics describe`` and cleanup (demo, bench, tests) share."""
+        the adapters' checkpoints topic, the large results' payloads topic and the streams topic. The one list that
+        creation, ``topics describe`` and cleanup (demo, bench, tests) share."""
         return (self.events_topic, self.events_dlq_topic, self.memory_dlq_topic, self.schemas_topic,
-                self.checkpoints_topic, self.payloads_topic)
+                self.checkpoints_topic, self.payloads_topic, self.streams_topic)
 
     @property
     def effective_archive_url(self) -> str:

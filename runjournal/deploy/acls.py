@@ -7,7 +7,8 @@ what they do:
 
 * ``agent`` — the Journal an agent embeds: transactional produce of every event to ``{prefix}.events``
   under ``transactional.id`` ``{prefix}.{producer_id}``, and of large tool results to ``{prefix}.payloads``,
-  which it reads back (by offset, group-less) when a resumed run re-enters a recorded call; it reads no other
+  which it reads back (by offset, group-less) when a resumed run re-enters a recorded call, and of streamed
+  partial output to ``{prefix}.streams`` (``run.stream()``, idempotent, not transactional); it reads no other
   topic. A DENY keeps it
   from using the recovery job's transactional id (it could otherwise fence the recovery job).
 * ``projector`` — consumer group ``{prefix}.projector`` on the events topic; writes quarantined records
@@ -63,6 +64,7 @@ class Grant:
 
 _EVENTS, _DLQ, _MDLQ, _SCHEMAS = "{prefix}.events", "{prefix}.events.dlq", "{prefix}.memory.dlq", "{prefix}.schemas"
 _PAYLOADS = "{prefix}.payloads"
+_STREAMS = "{prefix}.streams"
 # Every writer publishes its writer schema to {prefix}.schemas before its first event; every reader looks
 # writer schemas up there (runjournal.schemas.catalog). The operator creates the topic (topics create).
 _SCHEMAS_WRITE = Grant("topic", _SCHEMAS, "literal", ("WRITE", "DESCRIBE", "READ"),
@@ -78,6 +80,8 @@ ROLES: dict[str, tuple[Grant, ...]] = {
               "framework adapters' records (LangGraph checkpoints, Agents SDK sessions) in the same transaction"),
         Grant("topic", _PAYLOADS, "literal", ("WRITE", "READ", "DESCRIBE"),
               "large tool results (transactional produce), read back when a resumed run re-enters a call"),
+        Grant("topic", _STREAMS, "literal", ("WRITE", "READ", "DESCRIBE"),
+              "streamed partial output (run.stream(), idempotent produce); a resumed run's gap record"),
         Grant("transactional_id", "{prefix}.", "prefixed", ("WRITE", "DESCRIBE"),
               "its transactional.id {prefix}.{producer_id}: init_transactions, commit"),
         Grant("transactional_id", "{prefix}.recovery", "literal", ("WRITE", "DESCRIBE"),

@@ -80,6 +80,7 @@ ROLES: dict[str, tuple[RedisGrant, ...]] = {
         RedisGrant("control", "RW", "operators' cancel / pause requests on its runs; removed once carried out"),
         RedisGrant("signals", "R", "run.wait_signal reads a run's delivered signals"),
         RedisGrant("spend", "RW", "reserve and settle model spend against its tenant's budgets (one script)"),
+        RedisGrant("streams", "RW", "run.stream(): its open stream segments; the next owner's gap record"),
     ),
     "projector": (
         RedisGrant("projection", "RW", "fold the journal: states, run sets, applied offsets (one script)"),
@@ -155,6 +156,7 @@ def family_globs(family: str, prefix: str, *, agent_name: str | None = None) -> 
         "metrics": [keys.metrics_endpoints()],
         "control": [keys.control_requests(), keys.control_version(), keys.control_timers()],
         "signals": [keys.run_glob("signals")],
+        "streams": [keys.run_glob("streams")],
         "spend": [keys.spend_glob()],
         "everything": keys.patterns(),
     }

@@ -30,6 +30,9 @@ Replication (every topic, DLQs included — a dead letter is a quarantined event
 Dead-letter topics keep everything (``retention.ms=-1``): a quarantined event is never lost.
 ``{prefix}.schemas`` (writer schemas by fingerprint, :mod:`runjournal.schemas.catalog`) is compacted,
 one partition; writers create it themselves when missing.
+``{prefix}.streams`` (runs' streamed partial output, ``run.stream()``) is ``cleanup.policy=delete`` with
+``retention.ms`` = ``settings.streams_retention_ms`` (``RUNJOURNAL_STREAMS_RETENTION_MS``, default 24 h), as many
+partitions as the events topic (a run's stream is on its run's partition); decision 0055.
 The partition count is fixed at creation: the run-to-partition mapping (murmur2 of run_id
 mod count) depends on it, so an existing events topic with another count is refused.
 """
@@ -56,6 +59,7 @@ EVENTS_TOPIC_CONFIG: dict[str, str] = {
 DLQ_TOPIC_CONFIG: dict[str, str] = {"cleanup.policy": "delete", "retention.ms": "-1"}
 CHECKPOINTS_TOPIC_CONFIG: dict[str, str] = {"cleanup.policy": "compact"}  # runjournal.adapters: latest per key
 PAYLOADS_TOPIC_CONFIG: dict[str, str] = {"cleanup.policy": "compact"}  # large results: one key per record, forever
+STREAMS_TOPIC_CONFIG: dict[str, str] = {"cleanup.policy": "delete"}  # partial output; retention.ms from the settings
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,10 @@ def create_topics(settings: Settings, partitions: int | None = None, *, timeout_
         settings.checkpoints_topic: (count, {**CHECKPOINTS_TOPIC_CONFIG, **isr}),
         # large tool results (runjournal.producers.results): compacted, on the run's partition like its events
         settings.payloads_topic: (count, {**PAYLOADS_TOPIC_CONFIG, **isr}),
+        # streamed partial output (runjournal.producers.streams): deleted after its own retention, on the run's
+        # partition like its events; never read by recovery or the projector
+        settings.streams_topic: (count, {**STREAMS_TOPIC_CONFIG, "retention.ms": str(settings.streams_retention_ms),
+                                         **isr}),
     }
     missing = [NewTopic(name, num_partitions=n, replication_factor=rf, config=cfg)
                for name, (n, cfg) in wanted.items() if name not in meta.topics]

@@ -39,6 +39,7 @@ from runjournal.producers.control import ControlRequest, current_stop, reset_sto
 from runjournal.producers.handle import RunHandle
 from runjournal.producers.journal import Journal
 from runjournal.producers.spend import AsyncReservation, reserve_step
+from runjournal.producers.streams import AsyncStream
 
 if TYPE_CHECKING:
     from runjournal.core.settings import Settings
@@ -337,6 +338,10 @@ class AsyncRunHandle:
     def pending_request(self) -> ControlRequest | None:
         """As :meth:`RunHandle.pending_request` (no I/O: the instance's last read)."""
         return self.sync.pending_request()
+
+    def stream(self, name: str | None = None) -> AsyncStream:
+        """As :meth:`RunHandle.stream`: ``async with run.stream() as s: await s.write("tok")``."""
+        return AsyncStream(lambda: self.sync.stream(name), self.journal.run_sync)
 
     async def stop_if_requested(self) -> None:
         """As :meth:`RunHandle.stop_if_requested` (raises ``RunCancelledError`` / ``RunPausedError``)."""

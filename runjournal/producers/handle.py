@@ -115,6 +115,7 @@ from runjournal.producers.plan import ApprovalStatus, CallVerdict, PlannedCall
 from runjournal.producers.results import unavailable_reason
 from runjournal.producers.spend import SETTLE_TOOL, Reservation, SpendLedger, SpendPolicy
 from runjournal.producers.spend import reserve as reserve_spend
+from runjournal.producers.streams import Stream
 from runjournal.producers.tools import Outcome, Tool
 from runjournal.producers.tracing import current_traceparent
 from runjournal.producers.waits import SignalInbox, SignalReceive, TimerStart
@@ -1284,6 +1285,29 @@ class RunHandle:
         if problem is not None:
             raise self._unrecordable(tool, planned.call_id, problem)
         return True, recorded.value
+
+    # -- streams ------------------------------------------------------------------------------------
+    def stream(self, name: str | None = None) -> Stream:
+        """A segment of the run's durable stream of partial output (``runjournal.producers.streams``, decision
+        0055): ``with run.stream() as s: s.write("tok")``. Not a step: nothing enters the journal, recovery never
+        reads it; after a crash the next owner's first ``stream`` (or its ``Journal.resume``) marks the gap.
+
+        Args:
+            name: the segment's name (default: the current node path, else ``output``); no ``#``.
+
+        Returns:
+            An open :class:`~runjournal.producers.streams.Stream` (its ``end`` record is written on exit).
+
+        Raises:
+            JournalError: the journal has no stream writer (a test double). ValueError: a name with ``#``.
+        """
+        writer = getattr(self.journal, "streams", None)
+        if writer is None:
+            raise JournalError("run.stream() needs a Journal (its stream writer); this handle's journal has none")
+        label = name if name is not None else (self.node_path or "output")
+        if "#" in label and name is not None:
+            raise ValueError(f"stream name {name!r}: no '#' (it separates the segment's epoch)")
+        return writer.open(self.run_id, self.epoch, label)  # type: ignore[no-any-return]
 
     # -- nodes --------------------------------------------------------------------------------------
     @contextmanager

@@ -92,6 +92,7 @@ from runjournal.producers.metrics import NO_METRICS, JournalMetrics
 from runjournal.producers.plan import PlanStore
 from runjournal.producers.results import PayloadRef, ResultStore, digest_bytes, payload_key, split_chunks
 from runjournal.producers.spend import SpendLedger
+from runjournal.producers.streams import StreamWriter
 from runjournal.producers.tracing import check_traceparent
 from runjournal.schemas import Event, EventType
 from runjournal.schemas.keys import partition_for
@@ -271,6 +272,7 @@ class Journal:
             self._lapse_done = False
             self._partition_error: PartitionCountChangedError | None = None
             self._closed = False
+            self._streams: StreamWriter | None = None
             self._metrics = metrics or NO_METRICS
             config = kafka.client_config(settings, "producer", client_id=self.producer_id, **{
                 "transactional.id": self.transactional_id,
@@ -473,6 +475,7 @@ class Journal:
                 newest_epoch=newest)
         self._lease.own(run_id)
         self._note_request(run_id)
+        self._mark_stream_gap(run_id, plan.epoch)
         return RunHandle(
             self,
             run_id=run_id,
@@ -483,6 +486,21 @@ class Journal:
             plan=plan,
             traceparent=check_traceparent(traceparent),
         )
+
+    @property
+    def streams(self) -> StreamWriter:
+        """This instance's writer of ``{prefix}.streams`` (``run.stream()``; its producer is made on first use)."""
+        if self._streams is None:
+            self._streams = StreamWriter(self.settings, self._redis, self._prefix, self._memoise_partition)
+        return self._streams
+
+    def _mark_stream_gap(self, run_id: str, epoch: int) -> None:
+        """The gap a dead epoch left in the run's stream (``StreamWriter.mark_gap``); a failure is logged, not
+        raised: the stream is not the run, and the handle's first ``run.stream()`` tries again."""
+        try:
+            self.streams.mark_gap(run_id, epoch)
+        except Exception as exc:  # noqa: BLE001 - streams never stop a resume
+            log.warning("run %s: could not mark its stream's gap at resume: %s", run_id, exc)
 
     def _projected_epoch(self, run_id: str) -> int | None:
         """The run's epoch in its projected state (Redis), or None when not projected (the projector may lag: a
@@ -819,6 +837,8 @@ class Journal:
         self._txn.deferred_arrived.set()  # wake the keeper
         for thread in self._threads:
             thread.join(timeout_s)
+        if self._streams is not None:
+            self._streams.close(timeout_s)
         try:
             self._txn.close(timeout_s)
         finally:

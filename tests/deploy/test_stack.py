@@ -37,6 +37,7 @@ def test_topics_create_is_compacted_and_idempotent(settings: Settings) -> None:
         settings.schemas_topic: "created",
         settings.checkpoints_topic: "created",
         settings.payloads_topic: "created",
+        settings.streams_topic: "created",
     }
     again = create_topics(settings)
     assert {r.action for r in again} == {"exists"}
@@ -48,6 +49,11 @@ def test_topics_create_is_compacted_and_idempotent(settings: Settings) -> None:
     assert cfg["min.compaction.lag.ms"].value == "3600000"
     meta = admin.list_topics(timeout=10)
     assert len(meta.topics[settings.events_topic].partitions) == settings.partitions
+    # the streams topic: deleted after its own retention, on the run's partition like the events (decision 0055)
+    res = ConfigResource(ResourceType.TOPIC, settings.streams_topic)
+    cfg = admin.describe_configs([res])[res].result()
+    assert (cfg["cleanup.policy"].value, cfg["retention.ms"].value) == ("delete", str(settings.streams_retention_ms))
+    assert len(meta.topics[settings.streams_topic].partitions) == settings.partitions
 
 
 def test_topics_create_refuses_other_partition_count(settings: Settings) -> None:

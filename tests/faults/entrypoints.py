@@ -251,7 +251,10 @@ WRITERS: dict[str, Writer] = {
 READERS: frozenset[str] = frozenset({
     "Journal.probe_lease", "Journal.check_still_owner", "Journal.run_lock", "Journal.claim_assignment",
     "Journal.release_run", "Journal.event_budget_reached",
-    "RunHandle.approval", "RunHandle.wait_idle", "AsyncJournal.open", "AsyncJournal.wrap",
+    "RunHandle.approval", "RunHandle.wait_idle",
+    # run.stream(): partial output to {prefix}.streams, never the journal (decision 0055;
+    # tests/producers/test_streams.py kills an agent mid-stream)
+    "RunHandle.stream", "AsyncRunHandle.stream", "JournalRuns.stream", "AsyncJournal.open", "AsyncJournal.wrap",
     "AsyncJournal.claim_assignment", "AsyncRunHandle.approval", "ApprovalInbox.from_settings", "ApprovalInbox.key",
     "ApprovalInbox.pending_key", "ApprovalInbox.decision", "ApprovalInbox.requested", "ApprovalInbox.pending",
     "FrameworkRecordStore.key", "FrameworkRecordStore.threads_key", "FrameworkRecordStore.lock",
@@ -263,7 +266,8 @@ READERS: frozenset[str] = frozenset({
     "Operator.select", "Operator.state", "Operator.close", "RunHandle.spend_policy", "RunHandle.spend_ledger",
     "GraphSpendJournal.on_chain_start", "GraphSpendJournal.on_chain_end", "GraphSpendJournal.on_chain_error",
     # read-only commands
-    "cli inspect", "cli replay", "cli settings", "cli stack up", "cli stack env", "cli stack down", "cli stack status",
+    "cli inspect", "cli replay", "cli stream", "cli settings", "cli stack up", "cli stack env", "cli stack down",
+    "cli stack status",
     "cli topics create", "cli topics describe", "cli schemas check", "cli schemas publish", "cli memory serve",
     "cli memory search", "cli memory stats", "cli knowledge ingest", "cli knowledge search", "cli knowledge stats",
     "cli acls show", "cli acls create",
