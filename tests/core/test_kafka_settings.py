@@ -233,6 +233,7 @@ def test_acls_show_lists_each_roles_grants_for_the_prefix(tmp_path: Path) -> Non
                      ("topic", "acme.schemas", "ALLOW"): {"WRITE", "DESCRIBE", "READ"},
                      ("topic", "acme.checkpoints", "ALLOW"): {"WRITE", "DESCRIBE"},
                      ("topic", "acme.payloads", "ALLOW"): {"WRITE", "READ", "DESCRIBE"},  # large results, read back
+                     ("topic", "acme.streams", "ALLOW"): {"WRITE", "READ", "DESCRIBE"},  # partial output, gap
                      ("transactional_id", "acme.", "ALLOW"): {"WRITE", "DESCRIBE"},
                      ("transactional_id", "acme.recovery", "DENY"): {"WRITE", "DESCRIBE"}}
     operator = {(g["resource"], g["name"]): set(g["operations"]) for g in grants["operator"]}
@@ -241,6 +242,8 @@ def test_acls_show_lists_each_roles_grants_for_the_prefix(tmp_path: Path) -> Non
     recovery = {(g["resource"], g["name"]): set(g["operations"]) for g in grants["recovery"]}
     assert recovery[("topic", "acme.payloads")] == {"READ", "DESCRIBE"}
     assert not any(g["name"] == "acme.payloads" for role in ("projector", "memory") for g in grants[role])
+    # the streams are never read by recovery, the projector or the extractor (0055)
+    assert not any(g["name"] == "acme.streams" for role in ("projector", "recovery", "memory") for g in grants[role])
     assert not any("DELETE" in g["operations"] for gs in grants.values() for g in gs)
 
 
