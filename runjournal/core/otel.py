@@ -36,14 +36,18 @@ from runjournal.core.errors import ConfigError
 __all__ = [
     "TRACING_ENV",
     "configure_tracing",
+    "current_link",
+    "emit_run_span",
     "forced_ids",
     "recovery_span_id",
     "run_context",
     "run_trace",
+    "run_traceparent",
     "segment_span_id",
     "shutdown_tracing",
     "span_link",
     "span_traceparent",
+    "step_span",
     "traceparent_link",
     "tracer",
     "tracing_requested",
@@ -241,3 +245,46 @@ def recovery_span_id(run_id: str, epoch: int) -> int:
     """The span id of the recovery job's hand-over of run ``run_id`` to ``epoch`` (64 bits, never zero): the new
     owner's segment links it without reading anything."""
     return int.from_bytes(_derive(run_id, "recovery", epoch)[:8], "big") or 1
+
+
+def run_traceparent(run_id: str, span_id: int) -> str:
+    """The W3C ``traceparent`` of span ``span_id`` in run ``run_id``'s trace (sampled)."""
+    return f"00-{run_trace(run_id)[0]:032x}-{span_id:016x}-01"
+
+
+@contextmanager
+def step_span(name: str, attributes: dict[str, Any] | None = None) -> Iterator[Any]:
+    """A span around a service's step (a batch, a recovery step), current inside the block; yields it, or None
+    when tracing is off (one global read: call it per batch, not per event). An exception is recorded on it."""
+    trc = tracer()
+    if trc is None:
+        yield None
+        return
+    with trc.start_as_current_span(name, attributes=attributes) as span:
+        yield span
+
+
+def emit_run_span(name: str, run_id: str, span_id: int, *, attributes: dict[str, Any], links: list[Any],
+                  error: str | None = None) -> None:
+    """Start and end, at once, span ``span_id`` named ``name`` in run ``run_id``'s trace (child of its root span):
+    the recovery job's hand-over of a run, or the stand-in segment of an owner that died (0054). No-op when off."""
+    trc = tracer()
+    if trc is None:
+        return
+    with forced_ids(0, span_id):
+        span = trc.start_span(name, context=run_context(run_id), links=links, attributes=attributes)
+    if error is not None:
+        from opentelemetry.trace import Status, StatusCode
+
+        span.set_status(Status(StatusCode.ERROR, error))
+    span.end()
+
+
+def current_link() -> Any:
+    """A ``Link`` to the span current in this context (e.g. a recovery pass), or None (off, or none current)."""
+    if tracer() is None:
+        return None
+    from opentelemetry import trace
+
+    ctx = trace.get_current_span().get_span_context()
+    return trace.Link(ctx) if ctx.is_valid else None

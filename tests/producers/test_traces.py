@@ -119,3 +119,86 @@ def test_tracing_off_imports_no_opentelemetry(service_env: dict[str, str]) -> No
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[] False"
+
+
+def _kill_when_sending(env: dict[str, str], tmp_path: Path, spans_file: Path) -> str:
+    """Start the traced child, SIGKILL it inside ``send_email``; returns the run id."""
+    run_id, producer_id = f"trace-{uuid.uuid4().hex[:8]}", f"child-{uuid.uuid4().hex[:8]}"
+    ready = tmp_path / "ready"
+    proc = subprocess.Popen([sys.executable, "-m", "tests.support.traced_child", run_id, producer_id, str(ready),
+                             str(spans_file)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            if proc.poll() is not None:
+                pytest.fail(f"child exited {proc.returncode}: {proc.stderr.read().decode()}")
+            assert time.monotonic() < deadline, "child never reached send_email"
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+        proc.stdout.close()
+        proc.stderr.close()
+    return run_id
+
+
+@pytest.mark.crash
+def test_a_crashed_and_resumed_run_is_one_trace(topics: Settings, service_env: dict[str, str], tmp_path: Path,
+                                                exporter: InMemorySpanExporter) -> None:
+    """A real crash: the child is SIGKILLed inside its side effect; recovery hands the run over; this process
+    resumes it. One trace id across the dead owner, the recovery pass and the new owner, with the links."""
+    import redis
+
+    spans_file = tmp_path / "child-spans.jsonl"
+    run_id = _kill_when_sending(service_env, tmp_path, spans_file)
+    sent = {k.decode() for k in redis.Redis.from_url(topics.redis_url).smembers(f"{topics.topic_prefix}:sent:{run_id}")}
+    time.sleep(3.0)  # the child's 2.5 s lease lapses: recover --stale takes its runs
+    with Journal(topics, producer_id=f"p-{uuid.uuid4().hex[:8]}") as journal:
+        run = take_over(journal, topics, run_id)
+        with run.node("plan"):
+            run.call(Echo(), {"q": "bob"})
+        with run.node("send"):
+            run.call(Mailer(sent), {"to": "bob"})
+        run.succeed()
+    trace_id = f"{otel.run_trace(run_id)[0]:032x}"
+    root_id = f"{otel.run_trace(run_id)[1]:016x}"
+    seg = {e: f"{otel.segment_span_id(run_id, e):016x}" for e in (1, 2)}
+    child = read_spans(spans_file)
+    here = [span_dict(s) for s in exporter.get_finished_spans()]
+    run_spans = [s for s in child + here if s["trace_id"] == trace_id]
+    names = sorted(s["name"] for s in run_spans)
+    # the dead owner: its root, the ended lookup call and plan node; its segment, send node and call never ended
+    assert {s["name"] for s in child} == {"runjournal.run", "runjournal.node", "runjournal.tool_call"}
+    assert all(s["trace_id"] == trace_id for s in child)
+    (root,) = [s for s in run_spans if s["name"] == "runjournal.run"]
+    assert root["span_id"] == root_id and root["parent_id"] is None
+    segments = {s["attributes"]["runjournal.epoch"]: s for s in run_spans if s["name"] == "runjournal.run.segment"}
+    assert set(segments) == {1, 2}
+    assert all(s["parent_id"] == root_id for s in segments.values())
+    assert segments[1]["span_id"] == seg[1] and segments[1]["attributes"]["runjournal.outcome"] == "lost"
+    assert segments[2]["span_id"] == seg[2] and segments[2]["attributes"]["runjournal.outcome"] == "succeeded"
+    (handover,) = [s for s in run_spans if s["name"] == "runjournal.recovery.run"]
+    assert handover["parent_id"] == root_id and f"{trace_id}-{seg[1]}" in handover["links"]
+    assert f"{trace_id}-{handover['span_id']}" in segments[2]["links"]  # the new owner links the hand-over …
+    assert f"{trace_id}-{seg[1]}" in segments[2]["links"]  # … and the dead owner's segment
+    # the recovery pass: its own trace, steps fence, read, classify, hand-over; the hand-over links it
+    passes = [s for s in here if s["name"] == "runjournal.recovery.pass"]
+    assert len(passes) == 1
+    steps = {s["name"] for s in here if s["parent_id"] == passes[0]["span_id"]}
+    assert {"runjournal.recovery.read", "runjournal.recovery.classify", "runjournal.recovery.hand_over"} <= steps
+    fence = [s for s in here if s["name"] == "runjournal.recovery.fence"]
+    assert fence and fence[0]["trace_id"] == passes[0]["trace_id"]
+    assert any(link.startswith(passes[0]["trace_id"]) for link in handover["links"])
+    # the resumed call: reconciled by key, in the new segment, same idempotency key as the dead owner's intent
+    calls = [s for s in here if s["name"] == "runjournal.tool_call" and s["attributes"]["runjournal.tool"] == "send_email"]
+    (resumed_call,) = calls
+    assert resumed_call["attributes"]["runjournal.outcome"] == "reconciled"
+    assert resumed_call["attributes"]["runjournal.idempotency_key"] in sent
+    assert "TOOL_CALL_RECONCILED" in resumed_call["events"]
+    assert names.count("runjournal.run") == 1
+    events = events_of(read_committed(topics), run_id)
+    resumed = next(e for e in events if e.type is EventType.RUN_RESUMED)
+    assert resumed.traceparent == f"00-{trace_id}-{handover['span_id']}-01"
+    assert {e.traceparent.split("-")[1] for e in events if e.traceparent} == {trace_id}
