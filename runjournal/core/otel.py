@@ -253,14 +253,20 @@ def run_traceparent(run_id: str, span_id: int) -> str:
 
 
 @contextmanager
-def step_span(name: str, attributes: dict[str, Any] | None = None) -> Iterator[Any]:
+def step_span(name: str, attributes: dict[str, Any] | None = None, links: list[Any] | None = None) -> Iterator[Any]:
     """A span around a service's step (a batch, a recovery step), current inside the block; yields it, or None
-    when tracing is off (one global read: call it per batch, not per event). An exception is recorded on it."""
+    when tracing is off (one global read: call it per batch, not per event). An exception is recorded on it.
+
+    Args:
+        name: the span's name (``runjournal.<service>.<step>``).
+        attributes: span attributes (str, bool, int, float values).
+        links: ``opentelemetry.trace.Link`` objects (from :func:`current_link`, :func:`span_link`).
+    """
     trc = tracer()
     if trc is None:
         yield None
         return
-    with trc.start_as_current_span(name, attributes=attributes) as span:
+    with trc.start_as_current_span(name, attributes=attributes, links=links) as span:
         yield span
 
 

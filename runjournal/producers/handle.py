@@ -82,8 +82,8 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from runjournal.core import failpoints
-from runjournal.core.otel import tracer as otel_tracer
 from runjournal.core.ids import CALL_ID, NODE_PATH, STEP, USER_ID
+from runjournal.core.otel import tracer as otel_tracer
 from runjournal.producers._digest import canonical_json, canonical_value, digest, enter_node, idempotency_key
 from runjournal.producers._recorded import RecordedValue, record_value
 from runjournal.producers._steps import CallSteps, Effect, Invoke, Reconcile, Sleep, advance, drive

@@ -153,7 +153,8 @@ def test_a_crashed_and_resumed_run_is_one_trace(topics: Settings, service_env: d
 
     spans_file = tmp_path / "child-spans.jsonl"
     run_id = _kill_when_sending(service_env, tmp_path, spans_file)
-    sent = {k.decode() for k in redis.Redis.from_url(topics.redis_url).smembers(f"{topics.topic_prefix}:sent:{run_id}")}
+    r = redis.Redis.from_url(topics.redis_url)
+    sent = {k.decode() for k in r.smembers(f"{topics.topic_prefix}:sent:{run_id}")}
     time.sleep(3.0)  # the child's 2.5 s lease lapses: recover --stale takes its runs
     with Journal(topics, producer_id=f"p-{uuid.uuid4().hex[:8]}") as journal:
         run = take_over(journal, topics, run_id)
@@ -192,8 +193,8 @@ def test_a_crashed_and_resumed_run_is_one_trace(topics: Settings, service_env: d
     assert fence and fence[0]["trace_id"] == passes[0]["trace_id"]
     assert any(link.startswith(passes[0]["trace_id"]) for link in handover["links"])
     # the resumed call: reconciled by key, in the new segment, same idempotency key as the dead owner's intent
-    calls = [s for s in here if s["name"] == "runjournal.tool_call" and s["attributes"]["runjournal.tool"] == "send_email"]
-    (resumed_call,) = calls
+    (resumed_call,) = [s for s in here if s["name"] == "runjournal.tool_call"
+                       and s["attributes"]["runjournal.tool"] == "send_email"]
     assert resumed_call["attributes"]["runjournal.outcome"] == "reconciled"
     assert resumed_call["attributes"]["runjournal.idempotency_key"] in sent
     assert "TOOL_CALL_RECONCILED" in resumed_call["events"]
@@ -202,3 +203,52 @@ def test_a_crashed_and_resumed_run_is_one_trace(topics: Settings, service_env: d
     resumed = next(e for e in events if e.type is EventType.RUN_RESUMED)
     assert resumed.traceparent == f"00-{trace_id}-{handover['span_id']}-01"
     assert {e.traceparent.split("-")[1] for e in events if e.traceparent} == {trace_id}
+
+
+def test_the_otlp_exporter_named_by_the_otel_variables_is_used(service_env: dict[str, str], topics: Settings) -> None:
+    """``OTEL_EXPORTER_OTLP_ENDPOINT`` alone switches traces on: a child process's run is POSTed as OTLP/protobuf to
+    ``<endpoint>/v1/traces`` of a real local HTTP server (the SDK's exporter, flushed at the child's exit)."""
+    import http.server
+    import threading
+
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    received: list[tuple[str, str, bytes]] = []
+
+    class Collector(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - the stdlib's hook name
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            received.append((self.path, self.headers.get("Content-Type", ""), body))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            return None
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Collector)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        env = {k: v for k, v in service_env.items() if not k.startswith("OTEL_")}
+        env.update(OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{server.server_address[1]}",
+                   OTEL_SERVICE_NAME="traced-agent")
+        code = ("from runjournal.core.settings import Settings; from runjournal.producers import Journal; "
+                "j = Journal(Settings.load(), producer_id='otlp-child'); "
+                "r = j.start_run('tenant-a', 'agent', {'q': 1}, run_id='otlp-run'); "
+                "r.node('n').__enter__(); r.emit('MESSAGE', {'role': 'assistant', 'content': 'hi'}); "
+                "r.succeed(); j.close()")
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert received and {path for path, _t, _b in received} == {"/v1/traces"}
+    assert all(ctype == "application/x-protobuf" for _p, ctype, _b in received)
+    names, services = set(), set()
+    for _p, _t, body in received:
+        request = ExportTraceServiceRequest.FromString(body)
+        for rs in request.resource_spans:
+            services |= {a.value.string_value for a in rs.resource.attributes if a.key == "service.name"}
+            names |= {span.name for ss in rs.scope_spans for span in ss.spans}
+    assert services == {"traced-agent"}
+    assert {"runjournal.run", "runjournal.run.segment", "runjournal.node"} <= names
