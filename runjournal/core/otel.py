@@ -74,7 +74,7 @@ def tracing_requested(environ: dict[str, str] | None = None) -> bool:
     """
     env = os.environ if environ is None else environ
     switch = env.get(TRACING_ENV, "").strip().lower()
-    if switch in ("off", "none", "false", "0"):
+    if switch == "off":
         return False
     if switch == "otel":
         return True

@@ -327,7 +327,7 @@ class RunHandle:
             traceparent=traceparent,
         )
         payload = {"agent": agent, "input_json": input_json, "user_id": user_id}
-        root = None if handle._trace is None else handle._trace.start_root(agent, traceparent)
+        root = None if handle._trace is None else handle._trace.start_root(agent, traceparent or current_traceparent.get())
         try:
             handle._publish(EventType.RUN_STARTED, payload, node_id=None, durable=False)
         finally:
