@@ -327,7 +327,8 @@ class RunHandle:
             traceparent=traceparent,
         )
         payload = {"agent": agent, "input_json": input_json, "user_id": user_id}
-        root = None if handle._trace is None else handle._trace.start_root(agent, traceparent or current_traceparent.get())
+        trace = handle._trace
+        root = None if trace is None else trace.start_root(agent, traceparent or current_traceparent.get())
         try:
             handle._publish(EventType.RUN_STARTED, payload, node_id=None, durable=False)
         finally:

@@ -252,3 +252,27 @@ def test_the_otlp_exporter_named_by_the_otel_variables_is_used(service_env: dict
             names |= {span.name for ss in rs.scope_spans for span in ss.spans}
     assert services == {"traced-agent"}
     assert {"runjournal.run", "runjournal.run.segment", "runjournal.node"} <= names
+
+
+def test_an_async_run_has_the_same_spans(topics: Settings, exporter: InMemorySpanExporter) -> None:
+    """``AsyncRunHandle`` drives the sync handle's node and call steps: the same spans, calls under their node."""
+    import asyncio
+
+    from runjournal.producers.aio import AsyncJournal
+
+    async def main() -> str:
+        async with await AsyncJournal.open(topics, producer_id=f"a-{uuid.uuid4().hex[:8]}") as journal:
+            run = await journal.start_run("tenant-a", "agent", {"q": 1})
+            async with run.node("fetch"):
+                await asyncio.gather(run.call(Echo(), {"q": "a"}), run.call(Echo(), {"q": "b"}))
+            await run.succeed()
+            return run.run_id
+
+    run_id = asyncio.run(main())
+    spans = [span_dict(s) for s in exporter.get_finished_spans()]
+    assert {s["trace_id"] for s in spans} == {f"{otel.run_trace(run_id)[0]:032x}"}
+    (node,) = _by_name(spans, "runjournal.node")
+    calls = _by_name(spans, "runjournal.tool_call")
+    assert len(calls) == 2 and all(c["parent_id"] == node["span_id"] for c in calls)
+    assert {c["attributes"]["runjournal.outcome"] for c in calls} == {"committed"}
+    assert len({c["attributes"]["runjournal.idempotency_key"] for c in calls}) == 2
