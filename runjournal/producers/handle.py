@@ -508,8 +508,9 @@ class RunHandle:
         if etype in _TERMINAL:
             self._finished = etype
             self.journal.release_run(self.run_id)
-            if self._trace is not None:
-                self._trace.end(etype.name.removeprefix("RUN_").lower(), payload.get("error"))
+            trace, self._trace = self._trace, None
+            if trace is not None:
+                trace.end(etype.name.removeprefix("RUN_").lower(), payload.get("error"))
         return event
 
     def emit(
@@ -1435,6 +1436,14 @@ class RunHandle:
         if not text.isascii():
             text = text.encode("utf-8", "backslashreplace").decode("utf-8")
         return self._publish(EventType.RUN_FAILED, {"error": text}, node_id=None, durable=True)
+
+    def end_trace(self, outcome: str) -> None:
+        """End this segment's span with ``runjournal.outcome`` = ``outcome`` (``surrendered``: the run was given up to
+        the recovery job, which spares this owner's segment); no-op when tracing is off or it already ended."""
+        with self._lock:
+            trace, self._trace = self._trace, None
+        if trace is not None:
+            trace.end(outcome)
 
     def __enter__(self) -> RunHandle:
         return self
