@@ -198,6 +198,10 @@ def test_a_crashed_and_resumed_run_is_one_trace(topics: Settings, service_env: d
     assert resumed_call["attributes"]["runjournal.outcome"] == "reconciled"
     assert resumed_call["attributes"]["runjournal.idempotency_key"] in sent
     assert "TOOL_CALL_RECONCILED" in resumed_call["events"]
+    assert resumed_call["attributes"]["runjournal.epoch"] == 2
+    (replayed,) = [s for s in here if s["name"] == "runjournal.tool_call"
+                   and s["attributes"]["runjournal.tool"] == "lookup"]
+    assert replayed["attributes"]["runjournal.outcome"] == "recorded" and replayed["events"] == []
     assert names.count("runjournal.run") == 1
     events = events_of(read_committed(topics), run_id)
     resumed = next(e for e in events if e.type is EventType.RUN_RESUMED)
