@@ -39,6 +39,7 @@ __all__ = [
     "current_link",
     "emit_run_span",
     "forced_ids",
+    "header_links",
     "recovery_span_id",
     "run_context",
     "run_trace",
@@ -294,3 +295,18 @@ def current_link() -> Any:
 
     ctx = trace.get_current_span().get_span_context()
     return trace.Link(ctx) if ctx.is_valid else None
+
+
+def header_links(messages: Any, limit: int = 64) -> list[Any]:
+    """Links from a service's batch span to the runs it touches: one per distinct trace among the Kafka
+    ``traceparent`` headers of ``messages`` (confluent-kafka ``Message`` objects), at most ``limit``. Call it only
+    when :func:`tracer` is on (it reads every message's headers)."""
+    seen: dict[str, str] = {}
+    for msg in messages:
+        for key, value in msg.headers() or ():
+            if key == "traceparent" and value:
+                text = value.decode("ascii", "replace")
+                seen.setdefault(text[3:35], text)
+        if len(seen) >= limit:
+            break
+    return [link for tp in seen.values() if (link := traceparent_link(tp)) is not None]

@@ -35,11 +35,20 @@ def _named(exporter: InMemorySpanExporter, name: str) -> list[dict[str, Any]]:
 
 
 def test_the_projector_traces_each_batch_and_its_write(topics: Settings, exporter: InMemorySpanExporter) -> None:
+    from runjournal.producers import Journal
+
     events = conversation("r-1", ["hello", "I prefer window seats"]) + conversation("r-2", ["hi"])
     publish(topics, events)
+    with Journal(topics, producer_id="traced-agent") as journal:  # a traced run: its events carry its traceparent
+        run = journal.start_run("acme", "agent", {"q": 1})
+        run.succeed()
+    exporter.clear()
     Projector(topics).run(until_caught_up=True, idle_timeout_s=60)
     applies, writes = _named(exporter, "runjournal.projector.apply"), _named(exporter, "runjournal.projector.write")
     assert applies and writes
+    events += [None, None]  # the traced run's RUN_STARTED and RUN_SUCCEEDED
+    run_trace = f"{otel.run_trace(run.run_id)[0]:032x}"
+    assert any(link.startswith(run_trace) for s in applies for link in s["links"])  # the batch links the run
     assert sum(s["attributes"]["runjournal.records"] for s in applies) == len(events)
     apply_ids = {f"{s['trace_id']}-{s['span_id']}" for s in applies}
     assert all(set(w["links"]) <= apply_ids and w["links"] for w in writes)  # each write links its batch

@@ -256,7 +256,8 @@ class MemoryExtractor:
         return self.stats
 
     def _handle(self, msgs: list[Message]) -> None:
-        with otel.step_span("runjournal.memory.batch", {"runjournal.records": len(msgs)}):
+        links = otel.header_links(msgs) if otel.tracer() is not None else None  # the runs' traces
+        with otel.step_span("runjournal.memory.batch", {"runjournal.records": len(msgs)}, links):
             self._handle_batch(msgs)
 
     def _handle_batch(self, msgs: list[Message]) -> None:

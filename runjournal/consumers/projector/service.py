@@ -291,8 +291,9 @@ class Projector:
         for partition, batch in by_partition.items():
             if partition in self.applied:
                 started = time.perf_counter()
+                links = otel.header_links(batch) if otel.tracer() is not None else None  # the runs' traces
                 with otel.step_span("runjournal.projector.apply", {"runjournal.partition": partition,
-                                                                   "runjournal.records": len(batch)}):
+                                                                   "runjournal.records": len(batch)}, links):
                     self.policy.call(f"apply partition {partition}",  # step 8
                                      lambda p=partition, b=batch: self._apply_partition(p, b, views.get(p)))  # type: ignore[misc]
                 self.metrics.batch_seconds.observe(time.perf_counter() - started)
