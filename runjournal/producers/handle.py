@@ -331,6 +331,9 @@ class RunHandle:
         root = None if trace is None else trace.start_root(agent, traceparent or current_traceparent.get())
         try:
             handle._publish(EventType.RUN_STARTED, payload, node_id=None, durable=False)
+        except BaseException:
+            handle.end_trace("not_started")
+            raise
         finally:
             if root is not None:
                 root.end()  # the root marks the run's start; its segments carry the durations (0054)
@@ -638,7 +641,7 @@ class RunHandle:
         common = {"call_id": key, "tool": tool.name, "idempotency_key": key, "args_digest": args_digest}
         trace, failure = self._trace, None
         if trace is not None:
-            trace.open_call(key, tool.name, None if key_path is not None else node_path or None)
+            trace.open_call(key, tool.name, self.node_path)  # a child of the open node (a step's key path is none)
         try:
             planned = self._calls.get(key)
             if planned is not None:
