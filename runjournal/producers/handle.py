@@ -1442,9 +1442,11 @@ class RunHandle:
 
     def end_trace(self, outcome: str) -> None:
         """End this segment's span with ``runjournal.outcome`` = ``outcome`` (``surrendered``: the run was given up to
-        the recovery job, which spares this owner's segment); no-op when tracing is off or it already ended."""
-        with self._lock:
-            trace, self._trace = self._trace, None
+        the recovery job, which spares this owner's segment); no-op when tracing is off or it already ended.
+
+        Takes no lock: ``Journal.surrender`` calls it from a delivery callback while another thread may hold the run's
+        lock waiting for that delivery."""
+        trace, self._trace = self._trace, None
         if trace is not None:
             trace.end(outcome)
 
