@@ -161,6 +161,11 @@ class Settings(BaseSettings):
     the TOOL_CALL_COMMITTED of a tool with ``reconcile()`` rides the next commit (one broker round trip per call;
     a crash before that commit leaves the call OUTCOME_UNKNOWN, reconciled by key); ``strict`` — every outcome is
     committed before ``call`` returns (two round trips). Tools without ``reconcile()`` are strict either way."""
+    tracing: Literal["auto", "otel", "off"] = "auto"
+    """OpenTelemetry traces (the ``otel`` extra; docs/guide/tracing.md): ``otel`` — on, exported as the standard
+    ``OTEL_*`` variables say (OTLP over HTTP by default); ``off`` — off whatever they say; ``auto`` — on when
+    ``OTEL_TRACES_EXPORTER`` (not ``none``), ``OTEL_EXPORTER_OTLP_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``
+    is set. Read from the environment by ``runjournal.core.otel`` at the first traced step of a process."""
     run_events_warn: int = Field(default=10_000, ge=0, le=2**62)
     """A run's event budget (events, counted by seq): an agent publishing the event that reaches it logs a warning
     once and counts ``runjournal_journal_runs_over_event_budget_total``; the console marks the run. 0: no warning.

@@ -83,6 +83,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from runjournal.core import failpoints
 from runjournal.core.ids import CALL_ID, NODE_PATH, STEP, USER_ID
+from runjournal.core.otel import tracer as otel_tracer
 from runjournal.producers._digest import canonical_json, canonical_value, digest, enter_node, idempotency_key
 from runjournal.producers._recorded import RecordedValue, record_value
 from runjournal.producers._steps import CallSteps, Effect, Invoke, Reconcile, Sleep, advance, drive
@@ -117,7 +118,7 @@ from runjournal.producers.spend import SETTLE_TOOL, Reservation, SpendLedger, Sp
 from runjournal.producers.spend import reserve as reserve_spend
 from runjournal.producers.streams import Stream
 from runjournal.producers.tools import Outcome, Tool
-from runjournal.producers.tracing import current_traceparent
+from runjournal.producers.tracing import RunTrace, current_traceparent
 from runjournal.producers.waits import SignalInbox, SignalReceive, TimerStart
 from runjournal.schemas import DURABLE_TYPES, Event, EventType, new_event_id, utcnow
 
@@ -296,6 +297,10 @@ class RunHandle:
         run_lock = getattr(journal, "run_lock", None)
         self._lock: threading.RLock = run_lock(run_id) if callable(run_lock) else threading.RLock()
         """The run's lock: held by every step that decides or publishes (module docstring)."""
+        trc = otel_tracer()
+        self._trace: RunTrace | None = None if trc is None else RunTrace(
+            trc, run_id=run_id, tenant_id=tenant_id, agent=agent, epoch=epoch, resumed=plan is not None)
+        """This segment's OpenTelemetry spans, or None when tracing is off (``runjournal.core.otel``)."""
 
     @classmethod
     def start_new(
@@ -323,7 +328,16 @@ class RunHandle:
             traceparent=traceparent,
         )
         payload = {"agent": agent, "input_json": input_json, "user_id": user_id}
-        handle._publish(EventType.RUN_STARTED, payload, node_id=None, durable=False)
+        trace = handle._trace
+        root = None if trace is None else trace.start_root(agent, traceparent or current_traceparent.get())
+        try:
+            handle._publish(EventType.RUN_STARTED, payload, node_id=None, durable=False)
+        except BaseException:
+            handle.end_trace("not_started")
+            raise
+        finally:
+            if root is not None:
+                root.end()  # the root marks the run's start; its segments carry the durations (0054)
         return handle
 
     # -- state ----------------------------------------------------------------------------------
@@ -431,7 +445,8 @@ class RunHandle:
             self._event_budget(etype, payload)
         return Event(  # positional, in the fields' order (event_id … traceparent): the cheapest call on this path
             new_event_id(), self.run_id, self.tenant_id, self._next_seq, self.epoch, self.producer_id, etype, utcnow(),
-            payload, node_id, self._traceparent or current_traceparent.get(),
+            payload, node_id, self._trace.traceparent_for(payload, node_id) if self._trace is not None
+            else self._traceparent or current_traceparent.get(),
         )
 
     def _event_budget(self, etype: EventType, payload: dict[str, Any]) -> None:
@@ -490,11 +505,16 @@ class RunHandle:
                 self._break(exc)  # the event may or may not be visible: its seq cannot be reused
             raise
         self._next_seq += 1
+        if self._trace is not None:
+            self._trace.published(etype.name, payload, event.seq)
         if etype in _APPROVAL:
             self._approvals[payload["call_id"]] = _APPROVAL[etype]
         if etype in _TERMINAL:
             self._finished = etype
             self.journal.release_run(self.run_id)
+            trace, self._trace = self._trace, None
+            if trace is not None:
+                trace.end(etype.name.removeprefix("RUN_").lower(), payload.get("error"))
         return event
 
     def emit(
@@ -620,6 +640,9 @@ class RunHandle:
             retry = last is not None and not last.delivered
         key = self._key(node_path, index)
         common = {"call_id": key, "tool": tool.name, "idempotency_key": key, "args_digest": args_digest}
+        trace, failure = self._trace, None
+        if trace is not None:
+            trace.open_call(key, tool.name, self.node_path)  # a child of the open node (a step's key path is none)
         try:
             planned = self._calls.get(key)
             if planned is not None:
@@ -637,10 +660,15 @@ class RunHandle:
                         return self._deliver(node_path, result, key)
             attempt = (planned.attempts if planned is not None else 0) + 1
             return (yield from self._execute(tool, args, args_json, common, node_path, index, effect, attempt))
+        except BaseException as exc:
+            failure = exc
+            raise
         finally:  # returned, raised or abandoned: no longer running (a later call like it may be its retry)
             running = self._in_flight.pop(key, None)
             if running is not None:
                 running.running = False
+            if trace is not None:
+                trace.close_call(key, failure)
 
     # -- steps ---------------------------------------------------------------------------------------
     def _key(self, node_path: str, index: int) -> str:
@@ -1330,27 +1358,44 @@ class RunHandle:
                 self._stop_if_requested()  # a step boundary (never before an unknown outcome is reconciled)
             path = enter_node(self._entries, self.node_path or "", name)
             attempt = (self.plan.node_attempts.get(path, 0) if self.plan else 0) + 1
-            self._publish(
-                EventType.NODE_STARTED, {"node_path": path, "attempt": attempt}, node_id=path, durable=False
-            )
+            if self._trace is not None:
+                self._trace.open_node(path, self.node_path, attempt)
+            try:
+                self._publish(
+                    EventType.NODE_STARTED, {"node_path": path, "attempt": attempt}, node_id=path, durable=False
+                )
+            except BaseException as exc:
+                if self._trace is not None:
+                    self._trace.close_node(path, exc)
+                raise
             self._node_stack.append(path)
         try:
             yield path
         except Exception as exc:
             self._leave(path)
-            if self.writable:
-                retryable = bool(getattr(exc, "retryable", False))
-                payload = {"node_path": path, "error": error_text(exc), "retryable": retryable}
-                try:
-                    self._publish(EventType.NODE_FAILED, payload, node_id=path, durable=False)
-                except JournalError as publish_exc:  # keep the block's own exception; say why no NODE_FAILED
-                    exc.add_note(f"NODE_FAILED of {path} was not published: {error_text(publish_exc)}")
+            try:
+                if self.writable:
+                    retryable = bool(getattr(exc, "retryable", False))
+                    payload = {"node_path": path, "error": error_text(exc), "retryable": retryable}
+                    try:
+                        self._publish(EventType.NODE_FAILED, payload, node_id=path, durable=False)
+                    except JournalError as publish_exc:  # keep the block's own exception; say why no NODE_FAILED
+                        exc.add_note(f"NODE_FAILED of {path} was not published: {error_text(publish_exc)}")
+            finally:
+                if self._trace is not None:
+                    self._trace.close_node(path, exc)
             raise
-        except BaseException:
+        except BaseException as exc:
             self._leave(path)  # interrupted (KeyboardInterrupt, GeneratorExit): no outcome to state
+            if self._trace is not None:
+                self._trace.close_node(path, exc)
             raise
         self._leave(path)
-        self._publish(EventType.NODE_SUCCEEDED, {"node_path": path}, node_id=path, durable=False)
+        try:
+            self._publish(EventType.NODE_SUCCEEDED, {"node_path": path}, node_id=path, durable=False)
+        finally:
+            if self._trace is not None:
+                self._trace.close_node(path)
 
     def _unknown_left(self) -> bool:
         """True while a call of the run's plan or of this handle has an unknown outcome not yet reconciled (a node
@@ -1418,6 +1463,16 @@ class RunHandle:
         if not text.isascii():
             text = text.encode("utf-8", "backslashreplace").decode("utf-8")
         return self._publish(EventType.RUN_FAILED, {"error": text}, node_id=None, durable=True)
+
+    def end_trace(self, outcome: str) -> None:
+        """End this segment's span with ``runjournal.outcome`` = ``outcome`` (``surrendered``: the run was given up to
+        the recovery job, which spares this owner's segment); no-op when tracing is off or it already ended.
+
+        Takes no lock: ``Journal.surrender`` calls it from a delivery callback while another thread may hold the run's
+        lock waiting for that delivery."""
+        trace, self._trace = self._trace, None
+        if trace is not None:
+            trace.end(outcome)
 
     def __enter__(self) -> RunHandle:
         return self

@@ -599,6 +599,7 @@ class Journal:
             if self._surrendered.get(handle.run_id, 0) >= handle.epoch:
                 return
             self._surrendered[handle.run_id] = handle.epoch
+        handle.end_trace("surrendered")
         threading.Thread(target=self._hand_back, args=(handle, why or "it lost an event"),
                          name=f"journal-surrender-{self.producer_id}", daemon=True).start()
 

@@ -59,7 +59,7 @@ from runjournal.consumers.runtime.group import LagExport, commit_pending, partit
 from runjournal.consumers.runtime.topic_identity import TopicMismatchError
 from runjournal.consumers.vectors.embed import Embedder, default_embedder
 from runjournal.consumers.vectors.errors import MemoryPlaneError
-from runjournal.core import kafka
+from runjournal.core import kafka, otel
 from runjournal.core.settings import Settings
 from runjournal.schemas import EventCodec, codec_from_settings
 from runjournal.schemas.errors import RegistryError
@@ -256,6 +256,11 @@ class MemoryExtractor:
         return self.stats
 
     def _handle(self, msgs: list[Message]) -> None:
+        links = otel.header_links(msgs) if otel.tracer() is not None else None  # the runs' traces
+        with otel.step_span("runjournal.memory.batch", {"runjournal.records": len(msgs)}, links):
+            self._handle_batch(msgs)
+
+    def _handle_batch(self, msgs: list[Message]) -> None:
         started = time.perf_counter()
         segment: list[_Unit] = []
         for msg in msgs:
@@ -317,7 +322,8 @@ class MemoryExtractor:
             return
         items = [i for u in units for i in u.items]
         try:
-            self._write_items(items)
+            with otel.step_span("runjournal.memory.write", {"runjournal.items": len(items)}):
+                self._write_items(items)
             return
         except MemoryPlaneError:
             if self._stop.is_set():

@@ -25,10 +25,11 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from runjournal.consumers.projector._cache import StateCache
 from runjournal.consumers.projector.store import ApplyResult, PreparedBatch, ProjectionStore
-from runjournal.core import failpoints
+from runjournal.core import failpoints, otel
 from runjournal.model.reducer import RunState
 
 __all__ = ["PendingWrite", "WriteBehind", "WriteOutcome", "states_at"]
@@ -109,7 +110,7 @@ class WriteBehind:
         """
         if self._inflight is not None:
             raise RuntimeError("a write is in flight: wait() for its outcome before the next one")
-        self._inflight = (write, self._pool.submit(self._execute, write))
+        self._inflight = (write, self._pool.submit(self._execute, write, otel.current_link()))
 
     def aside(self, job: Callable[[], None]) -> None:
         """Run ``job`` on the write thread after what is queued there (a side write nobody waits for, such as a lag
@@ -131,12 +132,18 @@ class WriteBehind:
         self._inflight = None
         self._pool.shutdown(wait=True)
 
-    def _execute(self, write: PendingWrite) -> WriteOutcome:
+    def _execute(self, write: PendingWrite, link: Any = None) -> WriteOutcome:
+        """``write`` on the write thread (a ``runjournal.projector.write`` span when traced, linked to its batch's
+        apply span ``link``); every failure is returned in the outcome."""
         started = time.perf_counter()
         try:
-            failpoints.hit("projector.before_write")
-            result = self._run(write.batch)
-            failpoints.hit("projector.after_write")
+            with otel.step_span("runjournal.projector.write", {"runjournal.partition": write.partition,
+                                                               "runjournal.states": len(write.dirty),
+                                                               "runjournal.offset": write.last},
+                                links=[link] if link is not None else None):
+                failpoints.hit("projector.before_write")
+                result = self._run(write.batch)
+                failpoints.hit("projector.after_write")
         except Exception as exc:  # noqa: BLE001 - handed to the main thread, which classifies it (failure policy)
             now = time.perf_counter()
             return WriteOutcome(write, None, exc, now - started, now)

@@ -63,7 +63,7 @@ from runjournal.consumers.runtime.failures import (
 )
 from runjournal.consumers.runtime.group import LagExport, commit_pending, partition_lags
 from runjournal.consumers.runtime.topic_identity import TopicMismatchError, check_topic
-from runjournal.core import failpoints, kafka, redis_client
+from runjournal.core import failpoints, kafka, otel, redis_client
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.schemas import EventCodec, codec_from_settings
@@ -291,8 +291,11 @@ class Projector:
         for partition, batch in by_partition.items():
             if partition in self.applied:
                 started = time.perf_counter()
-                self.policy.call(f"apply partition {partition}",  # step 8
-                                 lambda p=partition, b=batch: self._apply_partition(p, b, views.get(p)))  # type: ignore[misc]
+                links = otel.header_links(batch) if otel.tracer() is not None else None  # the runs' traces
+                with otel.step_span("runjournal.projector.apply", {"runjournal.partition": partition,
+                                                                   "runjournal.records": len(batch)}, links):
+                    self.policy.call(f"apply partition {partition}",  # step 8
+                                     lambda p=partition, b=batch: self._apply_partition(p, b, views.get(p)))  # type: ignore[misc]
                 self.metrics.batch_seconds.observe(time.perf_counter() - started)
 
     def _apply_partition(self, partition: int, batch: list[Message], view: int | None) -> None:

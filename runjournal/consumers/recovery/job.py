@@ -78,7 +78,7 @@ from runjournal.consumers.recovery.resumed import (
 from runjournal.consumers.recovery.tail import Snapshot, end_offsets, fold_tails, read_snapshots
 from runjournal.consumers.runtime.failures import FailurePolicy
 from runjournal.consumers.runtime.topic_identity import check_topic
-from runjournal.core import failpoints, redis_client
+from runjournal.core import failpoints, otel, redis_client
 from runjournal.core.errors import RunjournalError
 from runjournal.core.ids import PRODUCER_ID, RUN_ID
 from runjournal.core.redis_keys import RedisKeys
@@ -358,11 +358,16 @@ class RecoveryJob:
     def _pass(self, report: RecoveryReport, *, stale: bool, instance: str | None, runs: list[str] | None,
               assign_to: str | None) -> None:
         """Steps 1-7 into ``report``; everything else they build is garbage when this returns."""
-        chosen, snapshots = self._select(stale=stale, instance=instance, runs=runs, force=self._force,
-                                         reopen=self._reopen_failed)  # 1
-        states, offsets = self._fence_and_read(chosen, snapshots, report)  # 2-4
-        resumable = self._triage(chosen, states, report)  # 5
-        self._resume(resumable, chosen, states, offsets, report, assign_to)  # 6, 7
+        with otel.step_span("runjournal.recovery.pass", {"runjournal.stale": stale}) as span:
+            chosen, snapshots = self._select(stale=stale, instance=instance, runs=runs, force=self._force,
+                                             reopen=self._reopen_failed)  # 1
+            states, offsets = self._fence_and_read(chosen, snapshots, report)  # 2-4
+            with otel.step_span("runjournal.recovery.classify", {"runjournal.runs": len(chosen)}):
+                resumable = self._triage(chosen, states, report)  # 5
+            with otel.step_span("runjournal.recovery.hand_over", {"runjournal.runs": len(resumable)}):
+                self._resume(resumable, chosen, states, offsets, report, assign_to)  # 6, 7
+            if span is not None:
+                span.set_attribute("runjournal.runs", len(chosen))
 
     def _clear_incoming(self, report: RecoveryReport) -> None:
         """Runs taken from a live instance's incoming set that this pass did not hand to it: that marker is stale
@@ -408,10 +413,11 @@ class RecoveryJob:
             failpoints.hit("recovery.after_fence")
             if not by_partition:
                 break
-            bounds = self.policy.call("end offsets", lambda: end_offsets(self.settings, set(by_partition)))  # 3
-            states, report.partitions = fold_tails(self.settings, self.store, self.codec, by_partition, bounds,
-                                                   policy=self.policy, timeout_s=self.read_timeout_s,
-                                                   snapshots=snapshots)  # 4
+            with otel.step_span("runjournal.recovery.read", {"runjournal.partitions": len(by_partition)}):
+                bounds = self.policy.call("end offsets", lambda: end_offsets(self.settings, set(by_partition)))  # 3
+                states, report.partitions = fold_tails(self.settings, self.store, self.codec, by_partition, bounds,
+                                                       policy=self.policy, timeout_s=self.read_timeout_s,
+                                                       snapshots=snapshots)  # 4
             failpoints.hit("recovery.after_read")
             owners = {st.owner for st in states.values() if st is not None and st.owner and not st.terminal
                       and st.owner not in fenced and st.owner != RECOVERY_PRODUCER_ID}
@@ -431,7 +437,8 @@ class RecoveryJob:
         """
         if not owners:
             return
-        with ThreadPoolExecutor(max_workers=min(_FENCE_THREADS, len(owners)), thread_name_prefix="fence") as pool:
+        with otel.step_span("runjournal.recovery.fence", {"runjournal.owners": len(owners)}), \
+                ThreadPoolExecutor(max_workers=min(_FENCE_THREADS, len(owners)), thread_name_prefix="fence") as pool:
             for done in [pool.submit(self.policy.call, "fence", lambda o=o: fence_producer(self.settings, o))
                          for o in owners]:
                 done.result()
@@ -577,7 +584,10 @@ class RecoveryJob:
                 request and request.action == RESUME and self._asked[0] is None) \
                 else self._asked  # an operator's resume left for this service: its who and why (unless this pass
             # was itself asked by an operator: that one resumes it, and the pending request is moot)
-            event = resumed_event(state, classified, target, offsets, requested_by=asked[0], reason=asked[1])
+            traced = None if otel.tracer() is None else otel.run_traceparent(
+                run_id, otel.recovery_span_id(run_id, state.epoch + 1))
+            event = resumed_event(state, classified, target, offsets, requested_by=asked[0], reason=asked[1],
+                                  traceparent=traced)
             plan = build_plan(state, classified, new_epoch=event.epoch, resumed_seq=event.seq, assigned_to=target,
                               now_ms=now_ms)
             if request is not None and request.action == RESUME:
@@ -624,6 +634,26 @@ class RecoveryJob:
                 if (request := self._requests.get(plan.run_id)) is not None and request.action == RESUME:
                     self._request_done(request)
             self._hand_over([HandOver(plan, dead_owner) for _e, plan, _o, dead_owner in batch])  # 7
+            if otel.tracer() is not None:
+                self._trace_hand_overs([(plan, dead_owner) for _e, plan, _o, dead_owner in batch])
+
+    def _trace_hand_overs(self, handed: list[tuple[RecoveryPlan, str | None]]) -> None:
+        """Each handed-over run's spans in its own trace (docs/design/decisions/0054-traces.md): the dead owner's
+        segment, ended here for it (it never will: the span id derives from the run and its epoch), and this
+        hand-over (the span the RUN_RESUMED's traceparent names), linked to this pass and that segment."""
+        pass_link = otel.current_link()
+        for plan, dead_owner in handed:
+            run_id, previous = plan.run_id, plan.epoch - 1
+            dead = otel.segment_span_id(run_id, previous)
+            if dead_owner and not self._spares(run_id, dead_owner):
+                otel.emit_run_span("runjournal.run.segment", run_id, dead, attributes={
+                    "runjournal.run_id": run_id, "runjournal.epoch": previous, "runjournal.producer_id": dead_owner,
+                    "runjournal.outcome": "lost"}, links=[], error=f"owner {dead_owner} was fenced by recovery")
+            otel.emit_run_span("runjournal.recovery.run", run_id, otel.recovery_span_id(run_id, plan.epoch),
+                               attributes={"runjournal.run_id": run_id, "runjournal.epoch": plan.epoch,
+                                           "runjournal.previous_epoch": previous,
+                                           "runjournal.assigned_to": plan.assigned_to or ""},
+                               links=[link for link in (pass_link, otel.span_link(run_id, dead)) if link is not None])
 
     def _held(self, resumable: dict[str, Classified], chosen: dict[str, str | None],
               states: dict[str, RunState | None],

@@ -49,12 +49,14 @@ def _recovered_by() -> str:
 
 
 def resumed_event(state: RunState, classified: Classified, target: str, offsets: dict[str, int], *,
-                  requested_by: str | None = None, reason: str | None = None) -> Event:
+                  requested_by: str | None = None, reason: str | None = None,
+                  traceparent: str | None = None) -> Event:
     """The RUN_RESUMED of ``state``: seq = last + 1, epoch + 1, the plan summary, ``assigned_to`` = ``target``.
 
     Args:
         offsets: partition (as text) -> end offset the decision was made from (in the summary).
         requested_by, reason: the operator who resumed a paused run, and why (envelope v5; None: a recovery).
+        traceparent: the recovery job's hand-over span of the run, when traced (``runjournal.core.otel``).
     """
     return Event(event_id=new_event_id(), run_id=state.run_id, tenant_id=state.tenant_id or "",
                  seq=state.last_seq + 1, epoch=state.epoch + 1, producer_id=RECOVERY_PRODUCER_ID,
@@ -63,7 +65,8 @@ def resumed_event(state: RunState, classified: Classified, target: str, offsets:
                           "plan_json": plan_summary(classified, previous_epoch=state.epoch,
                                                     new_epoch=state.epoch + 1, offsets=offsets),
                           "assigned_to": target, "requested_by": requested_by, "request_reason": reason,
-                          "request_id": None, "paused": None, "resume_at_ms": None, "waiting_for": None})
+                          "request_id": None, "paused": None, "resume_at_ms": None, "waiting_for": None},
+                 traceparent=traceparent)
 
 
 def control_event(state: RunState, classified: Classified, request: ControlRequest, offsets: dict[str, int]) -> Event:
