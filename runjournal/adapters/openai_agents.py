@@ -17,6 +17,9 @@
   a live instance, where ``resume_agent`` loads the recorded state, waits for the same decision (the journal
   says it was asked: it is not asked again), approves or rejects the interruption and runs on — the tool
   runs once.
+* :func:`stream_agent` — ``Runner.run_streamed`` with its tools on the journal, every streamed event also appended
+  to the run's durable stream (``run.stream()``, decision 0055, docs/guide/streams.md): text deltas as text, items
+  and agent changes as small JSON, so a chat UI reading the run's stream survives this process's crash.
 
 Run state snapshots are loaded from the journal only (``RunState.from_json``: not authenticated).
 """
@@ -27,6 +30,7 @@ import contextvars
 import dataclasses
 import json
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 try:
@@ -46,7 +50,7 @@ from runjournal.producers.errors import PlanMismatchError
 from runjournal.producers.spend import AsyncReservation, Usage
 from runjournal.schemas import EventType
 
-__all__ = ["JournalRunHooks", "JournalSession", "journal_function_tool", "resume_agent", "run_agent"]
+__all__ = ["JournalRunHooks", "JournalSession", "journal_function_tool", "resume_agent", "run_agent", "stream_agent"]
 
 log = logging.getLogger("runjournal.adapters.openai_agents")
 
@@ -340,6 +344,57 @@ async def resume_agent(agent: Agent[Any], *, run: AsyncRunHandle, inbox: Approva
                                approval_timeout_s=approval_timeout_s, **runner_options)
     await _record_state(run, store, None)
     return result
+
+
+async def stream_agent(agent: Agent[Any], input: Any, *, run: AsyncRunHandle, name: str | None = None,
+                       **runner_options: Any) -> AsyncIterator[Any]:
+    """``Runner.run_streamed(agent, input)`` with its journaled tools on ``run``; yields the SDK's stream events
+    unchanged and appends each to the run's durable stream (segment ``name``, default ``agents.stream``).
+
+    What a reader of the run's stream gets (``runjournal.consumers.streams``, ``GET /streams/{run_id}``): the
+    model's text deltas (``response.output_text.delta``) as text; ``{"event": <item event name>, "item": <item
+    type>, "tool": <name, for a tool call>}`` for the SDK's run-item events; ``{"event": "agent_updated", "agent":
+    <name>}`` for a hand-off. Other raw events (created, in progress, done) are not appended. The segment ends
+    when the stream does (or with the error that ended it); a crash leaves it open, and the run's next owner
+    marks the gap. Tool approvals (``needs_approval``) are :func:`run_agent`'s: a streamed run that stops on an
+    interruption raises ``RuntimeError`` naming it.
+
+    Raises:
+        StreamError: a chunk refused (``StreamDataError``, ``StreamChunkTooLargeError``).
+        As ``Runner.run_streamed`` and ``AsyncRunHandle.call`` for the run itself.
+    """
+    token = _RUN.set(run)
+    try:  # the SDK starts its run task here: the task's context carries the run for journal_function_tool
+        result = Runner.run_streamed(agent, input, **runner_options)
+    finally:
+        _RUN.reset(token)
+    async with run.stream(name or "agents.stream") as out:
+        async for event in result.stream_events():
+            chunk = _stream_chunk(event)
+            if chunk is not None:
+                await out.write(chunk)
+            yield event
+    if result.interruptions:
+        raise RuntimeError(f"run {run.run_id} stopped on {len(result.interruptions)} tool approval(s): a run "
+                           "that needs approvals goes through run_agent (its approvals are durable)")
+
+
+def _stream_chunk(event: Any) -> Any:
+    """What the durable stream keeps of one SDK stream event (:func:`stream_agent`), or None."""
+    kind = getattr(event, "type", None)
+    if kind == "raw_response_event":
+        data = event.data
+        return data.delta if getattr(data, "type", None) == "response.output_text.delta" else None
+    if kind == "run_item_stream_event":
+        item = event.item
+        out = {"event": event.name, "item": getattr(item, "type", None)}
+        tool = getattr(getattr(item, "raw_item", None), "name", None)
+        if event.name == "tool_called" and isinstance(tool, str):
+            out["tool"] = tool
+        return out
+    if kind == "agent_updated_stream_event":
+        return {"event": "agent_updated", "agent": event.new_agent.name}
+    return None
 
 
 async def _settle_open(hooks: Any, error: BaseException) -> None:
