@@ -38,7 +38,7 @@ PINNED: dict[str, list[str]] = {
     "runjournal.adapters.langgraph": ["GraphNodeJournal", "GraphSpendJournal", "JournalCheckpointSaver", "JournalRuns",
                                       "TaskStepError", "ThreadNotOwnedError", "journaled_tool_node"],
     "runjournal.adapters.openai_agents": ["JournalRunHooks", "JournalSession", "journal_function_tool",
-                                          "resume_agent", "run_agent"],
+                                          "resume_agent", "run_agent", "stream_agent"],
     "runjournal.cli": ["app", "main"],
     "runjournal.console": ["ConsoleConfig", "ConsoleData", "build_app"],
     "runjournal.consumers.cognition": ["CognitionOwner", "DISCOVERY_FILE", "KnowledgeReader", "MemoryReaderClient",
