@@ -145,3 +145,38 @@ def test_the_cli_archiver_then_inspect_and_replay_read_the_archive(topics: Setti
     assert replayed.returncode == 0, replayed.stderr
     assert json.loads(replayed.stdout)["archived"] == report["archived"]
     assert json.loads(replayed.stdout)["state"]["last_seq"] == 2
+
+
+@pytest.mark.slow
+def test_archive_to_s3_through_a_real_s3proxy(topics: Settings, tmp_path: Path) -> None:
+    """The same archive on ``s3://`` against a real S3Proxy (its objects are files under its data folder)."""
+    from pydantic import SecretStr
+
+    from runjournal.core.settings import default_cache_dir
+    from runjournal.deploy.object_store import ARCHIVE_BUCKET, up_object_store
+    from runjournal.deploy.procs import Proc, free_port
+
+    state: dict = {}
+    up_object_store(state, tmp_path / "stack", default_cache_dir(), free_port(), timeout_s=120)
+    entry = state["object_store"]
+    try:
+        settings = topics.model_copy(update={
+            "archive_url": f"s3://{ARCHIVE_BUCKET}/{topics.topic_prefix}", "retention_s": 1.0,
+            "object_store_endpoint": entry["url"], "object_store_key": entry["identity"],
+            "object_store_secret": SecretStr(entry["credential"])})
+        events = run_events("s3-arc", calls=2)
+        publish(settings, events)
+        project(settings)
+        report = archive_run(settings, "s3-arc")
+        assert report.object_url.startswith(f"s3://{ARCHIVE_BUCKET}/{topics.topic_prefix}/tenant=acme/date=")
+        again = archive_run(settings, "s3-arc")
+        assert again.already_archived
+        found = replay_archived(settings, "s3-arc")
+        assert found is not None and str(found[0].state.status) == "SUCCEEDED"
+        on_disk = sorted((Path(entry["data"]) / ARCHIVE_BUCKET).rglob("*.parquet"))
+        assert len(on_disk) == 1, on_disk
+        assert all(v is None for k, v in latest_by_key(settings).items() if k.startswith("s3-arc:"))
+    finally:
+        proc = Proc.from_json(entry["process"])
+        if proc is not None:
+            proc.stop(grace_s=10)
