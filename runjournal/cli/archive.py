@@ -14,7 +14,7 @@ from runjournal.cli._errors import cli_errors
 if TYPE_CHECKING:
     from runjournal.core.settings import Settings
 
-__all__ = ["archived_report", "archiver_command"]
+__all__ = ["archived_report", "archiver_command", "erase_archived"]
 
 console = Console()
 
@@ -70,3 +70,16 @@ def archived_report(settings: Settings, run_id: str, *, until_seq: int | None = 
         return None
     replayed, url = found
     return {**replayed.as_dict(), "archived": url}
+
+
+def erase_archived(settings: Settings, run_id: str) -> list[str]:
+    """``erase`` of an archived run: delete its archive object and manifest; the URLs deleted ([] when the archive
+    does not hold it, or the archive extra is not installed: nothing can have been archived by this install)."""
+    from runjournal.stores.errors import ObjectStoreError
+
+    try:
+        from runjournal.consumers.archive.store import delete_archived
+
+        return delete_archived(settings, run_id)
+    except (ImportError, ObjectStoreError):
+        return []

@@ -145,6 +145,11 @@ def test_the_cli_archiver_then_inspect_and_replay_read_the_archive(topics: Setti
     assert replayed.returncode == 0, replayed.stderr
     assert json.loads(replayed.stdout)["archived"] == report["archived"]
     assert json.loads(replayed.stdout)["state"]["last_seq"] == 2
+    erased = cli("erase", "cli-arc", "--yes", "--json")
+    assert erased.returncode == 0, erased.stderr
+    assert report["archived"] in json.loads(erased.stdout)["archive_objects_deleted"]
+    assert parquet_files(folder) == []
+    assert cli("inspect", "cli-arc", "--json").returncode == 1  # gone from the archive too
 
 
 @pytest.mark.slow
