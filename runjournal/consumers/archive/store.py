@@ -34,8 +34,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from runjournal.consumers.ops.replay import ReplayedState, TimelineRow
 from runjournal.consumers.ops.erase import cached_results, check_not_live, delete_run_redis, run_records, tombstone
+from runjournal.consumers.ops.replay import ReplayedState, TimelineRow
 from runjournal.consumers.runtime.partitions import run_partition
 from runjournal.core import redis_client as redis_clients
 from runjournal.core.checkpoint_records import of_thread

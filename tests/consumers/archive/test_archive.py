@@ -16,7 +16,6 @@ import pytest
 
 from runjournal.consumers.archive import Archiver, archive_run, read_archived, replay_archived
 from runjournal.consumers.archive.store import ArchiveError, RunNotFinishedError, manifest_path
-from runjournal.consumers.projector.store import ProjectionStore
 from runjournal.consumers.runtime.partitions import run_partition
 from runjournal.core import redis_client
 from runjournal.core.redis_keys import RedisKeys
