@@ -21,6 +21,7 @@ policy (``runjournal.consumers.runtime.failures``): a transient failure waits, a
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -42,7 +43,7 @@ from runjournal.consumers.runtime.group import commit_pending, partition_lags
 from runjournal.core import kafka, redis_client
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
-from runjournal.schemas import EventType, codec_from_settings
+from runjournal.schemas import Event, EventType, codec_from_settings
 from runjournal.schemas.errors import RegistryError, SchemaError
 
 __all__ = ["Archiver", "ArchiverStats", "archiver_group"]
@@ -99,9 +100,10 @@ class Archiver:
         self.policy = FailurePolicy("archiver", log, max_wait_s=max_outage_s, stop=self._stop)
         self._fatal: str | None = None
         self.stats = ArchiverStats()
-        self.consumer = kafka.consumer(settings, **{
-            "group.id": archiver_group(settings), "enable.auto.commit": False, "enable.auto.offset.store": False,
-            "auto.offset.reset": "earliest", "isolation.level": "read_committed"}, error_cb=self._on_error)
+        config: dict[str, Any] = {"group.id": archiver_group(settings), "enable.auto.commit": False,
+                                  "enable.auto.offset.store": False, "auto.offset.reset": "earliest",
+                                  "isolation.level": "read_committed"}
+        self.consumer = kafka.consumer(settings, **config, error_cb=self._on_error)
 
     def _on_error(self, err: Any) -> None:
         if stops_consumer(err):
@@ -167,13 +169,13 @@ class Archiver:
             if msg.error() is not None:
                 continue
             self.stats.events += 1
-            pending[msg.partition()] = msg.offset() + 1
-            done[msg.partition()] = msg.offset()
+            partition, offset = int(msg.partition() or 0), int(msg.offset() or 0)
+            pending[partition] = offset + 1
+            done[partition] = offset
             if msg.value() is None:
                 continue
             try:
-                event = self.policy.call("decode", lambda m=msg: self.codec.decode(
-                    m.value(), topic=m.topic(), partition=m.partition(), offset=m.offset()))
+                event = self.policy.call("decode", functools.partial(self._decode, msg))
             except SchemaError as exc:
                 if isinstance(exc, RegistryError):
                     raise
@@ -189,6 +191,9 @@ class Archiver:
             self.policy.call("redis", lambda: self._write(notes))
         if pending:
             commit_pending(self.consumer, self.topic, pending, set(pending), asynchronous=False, log=log)
+
+    def _decode(self, msg: Message) -> Event:
+        return self.codec.decode(msg.value(), topic=msg.topic(), partition=msg.partition(), offset=msg.offset())
 
     def _write(self, notes: list[tuple[str, str, Any]]) -> None:
         now = redis_now_ms(self.redis)
@@ -218,8 +223,8 @@ class Archiver:
             if retention is None or now - score < retention * 1000:
                 continue
             try:
-                report = self.policy.call("archive", lambda r=run_id: archive_run(self.settings, r,
-                                                                                  redis_client=self.redis))
+                report = self.policy.call("archive", functools.partial(archive_run, self.settings, run_id,
+                                                                       redis_client=self.redis))
             except RunNotFinishedError as exc:
                 log.warning("not archived: not finished", extra={"run_id": run_id, "error": str(exc)})
                 self.redis.zrem(self.keys.archive_due(), run_id)
