@@ -184,3 +184,47 @@ def test_archive_to_s3_through_a_real_s3proxy(topics: Settings, tmp_path: Path) 
         proc = Proc.from_json(entry["process"])
         if proc is not None:
             proc.stop(grace_s=10)
+
+
+def test_a_failed_run_continued_by_a_resume_leaves_the_due_set(topics: Settings, tmp_path: Path) -> None:
+    """Reducer rule 8: a RUN_RESUMED raising the epoch of a FAILED run reopens it — the archiver takes it out of the
+    due set, and archiving it by hand is refused."""
+    import uuid
+    from datetime import timedelta
+
+    from runjournal.schemas import Event, EventType
+
+    settings = archive_settings(topics, tmp_path / "archive", retention_s=3600.0)
+    events = run_events("reopen-1", finish=False)
+    last = events[-1]
+
+    def ev(seq: int, epoch: int, kind: EventType, payload: dict) -> Event:
+        return Event(event_id=str(uuid.uuid4()), run_id="reopen-1", tenant_id="acme", seq=seq, epoch=epoch,
+                     producer_id="agent-1", type=kind, occurred_at=last.occurred_at + timedelta(seconds=seq),
+                     payload=payload)
+
+    failed = ev(last.seq + 1, 1, EventType.RUN_FAILED, {"error": "bad"})
+    publish(settings, [*events, failed])
+    Archiver(settings).run(until_caught_up=True)
+    r, keys = redis_client.client(settings), RedisKeys(settings.topic_prefix)
+    assert r.zscore(keys.archive_due(), "reopen-1") is not None  # finished: noted by Redis's clock
+    assert json.loads(r.hget(keys.archive_runs(), "reopen-1")) == {"tenant_id": "acme", "agent": "airline"}
+    publish(settings, [ev(last.seq + 2, 2, EventType.RUN_RESUMED, {"previous_epoch": 1, "recovered_by": "rec",
+                                                                   "plan_json": "{}", "assigned_to": "agent-2"})])
+    Archiver(settings).run(until_caught_up=True)
+    assert r.zscore(keys.archive_due(), "reopen-1") is None
+    with pytest.raises(RunNotFinishedError):
+        archive_run(settings, "reopen-1")
+
+
+def test_retention_scopes_most_specific_wins_and_bad_ones_are_named() -> None:
+    from runjournal.core.errors import ConfigError
+
+    s = Settings.load(retention_s=60, retention_overrides={"tenant:a": 10, "agent:x": 0, "tenant:a/agent:y": 5})
+    assert s.retention_for("a", "y") == 5 and s.retention_for("a", "x") is None  # agent:x = forever
+    assert s.retention_for("a", "z") == 10 and s.retention_for("b", "z") == 60
+    assert Settings.load().retention_for("a", "y") is None  # the default: forever
+    with pytest.raises(ConfigError, match="RETENTION_OVERRIDES.*unknown scope"):
+        Settings.load(retention_overrides={"team:a": 1})
+    with pytest.raises(ConfigError, match="RETENTION_OVERRIDES"):
+        Settings.load(retention_overrides={"tenant:a": -1})
