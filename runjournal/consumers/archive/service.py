@@ -227,7 +227,10 @@ class Archiver:
                                                                        redis_client=self.redis))
             except RunNotFinishedError as exc:
                 log.warning("not archived: not finished", extra={"run_id": run_id, "error": str(exc)})
-                self.redis.zrem(self.keys.archive_due(), run_id)
+                pipe = self.redis.pipeline(transaction=True)  # an erased or reopened run: it leaves the queue
+                pipe.zrem(self.keys.archive_due(), run_id)
+                pipe.hdel(self.keys.archive_runs(), run_id)
+                self.policy.call("redis", pipe.execute)
                 self.stats.refused.append(run_id)
                 continue
             log.info("archived", extra={"run_id": run_id, "object": report.object_url, "rows": report.rows})
