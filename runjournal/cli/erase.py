@@ -20,13 +20,15 @@ def erase_command(
     = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON object.")] = False,
 ) -> None:
-    """Erase a run: a tombstone for every event key and framework-record key, its Redis state and records, its memory.
+    """Erase a run: a tombstone for every event key and framework-record key, its Redis state and records, its memory;
+    an archived run's archive object and manifest too.
 
     Exits 1 when the run is live (without --force), a tombstone was not acknowledged, or the topic
     never held the run. A local Qdrant held by a running memory extractor is reported, not an error:
     the extractor erases the run's items when it reads the tombstones.
     """
     from runjournal.cli._errors import cli_errors, fail
+    from runjournal.cli.archive import erase_archived
     from runjournal.consumers.ops.erase import erase_run
     from runjournal.consumers.runtime.topic_identity import preflight
     from runjournal.core.settings import Settings
@@ -39,7 +41,8 @@ def erase_command(
     with cli_errors(as_json):  # EraseError included
         report = erase_run(settings, run_id, force=force,
                            progress=None if as_json else lambda text: console.print(f"… {text}", highlight=False))
-    out = report.as_dict()
+        archived = erase_archived(settings, run_id)  # an archived run: its object and manifest too (decision 0056)
+    out = {**report.as_dict(), "archive_objects_deleted": archived}
     if as_json:
         print(json.dumps(out))
     else:
@@ -51,5 +54,7 @@ def erase_command(
                       f"key(s) and {report.redis_entries_removed} entr(ies) deleted, {memory} memory point(s) deleted")
         if report.memory_note:
             console.print(f"memory: {report.memory_note}")
-    if report.records_seen == 0:
+        for url in archived:
+            console.print(f"archive: deleted {url}", highlight=False)
+    if report.records_seen == 0 and not archived:
         raise fail(f"the topic never held run {run_id}", as_json=as_json, kind="RunNotFound")

@@ -82,7 +82,7 @@ def inspect_command(
     timeline: Annotated[bool, typer.Option(help="Read the run's events from the topic too.")] = True,
 ) -> None:
     """Show a run's projected state (input, output, graph nodes, approvals), execution records and (from the topic)
-    its timeline."""
+    its timeline; an archived run is read from the archive, which is named (``"archived"`` in --json)."""
     from runjournal.cli._errors import fail
     from runjournal.consumers.ops.inspect import inspect_run
     from runjournal.consumers.runtime.topic_identity import preflight
@@ -93,6 +93,16 @@ def inspect_command(
         preflight(settings)
         report = inspect_run(settings, run_id, with_timeline=timeline)
     if report is None:
+        from runjournal.cli.archive import archived_report
+
+        with cli_errors(as_json):
+            archived = archived_report(settings, run_id)
+        if archived is not None:  # archived runs stay first-class (decision 0056): read from the object
+            report = {"run_id": run_id, "partition": archived["partition"], "state": archived["state"],
+                      "archived": archived["archived"]}
+            if timeline:
+                report["timeline"] = archived["timeline"]
+    if report is None:
         raise fail(f"no state for run {run_id} in Redis (prefix {settings.topic_prefix}): is the projector running "
                    "(`runjournal projector`), and is RUNJOURNAL_TOPIC_PREFIX right? `runjournal replay RUN_ID` "
                    "rebuilds it from the topic alone.", as_json=as_json, kind="RunNotFound")
@@ -102,6 +112,8 @@ def inspect_command(
     st = report["state"]
     console.print(f"run {run_id}  partition {report['partition']}  status [bold]{st['status']}[/]  "
                   f"epoch {st['epoch']}  last seq {st['last_seq']}  owner {st.get('owner') or '-'}")
+    if report.get("archived"):
+        console.print(f"  archived: {report['archived']}", markup=False, highlight=False)
     for label, key in (("input", "input_json"), ("output", "output_json"), ("error", "error"),
                        ("gap", "gap_reason"), ("blocked", "blocked_reason")):
         if st.get(key):

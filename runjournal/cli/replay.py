@@ -24,9 +24,11 @@ def replay_command(
     """Rebuild a run's state, execution records and timeline from the topic, up to --until-seq.
 
     Reads only the journal (not the Redis projection) and runs no tool: docs/design/protocol.md § Replay is not resume.
-    Exits 1 when the topic holds nothing of the run.
+    An archived run is rebuilt from the archive, which is named (``"archived"`` in --json). Exits 1 when neither the
+    topic nor the archive holds the run.
     """
     from runjournal.cli._errors import cli_errors, fail
+    from runjournal.cli.archive import archived_report
     from runjournal.consumers.ops.replay import replay_state
     from runjournal.consumers.runtime.topic_identity import preflight
     from runjournal.core.settings import Settings
@@ -34,7 +36,17 @@ def replay_command(
     settings = Settings.load()
     with cli_errors(as_json):
         preflight(settings, need_redis=False)
-        replayed = replay_state(settings, run_id, until_seq=until_seq)
+        # an archived run is read from its object: its records in the topic are tombstoned (until compaction
+        # drops them they would still fold; decision 0056)
+        archived = archived_report(settings, run_id, until_seq=until_seq)
+        replayed = None if archived is not None else replay_state(settings, run_id, until_seq=until_seq)
+    if archived is not None:
+        if as_json:
+            print(json.dumps(archived, default=str))
+        else:
+            _print(archived)
+        return
+    assert replayed is not None
     if replayed.state is None:
         raise fail(f"the topic holds no event of run {run_id} (never started, or erased)", as_json=as_json,
                    kind="RunNotFound")
@@ -50,6 +62,8 @@ def _print(report: dict[str, Any]) -> None:
     point = f"up to seq {report['until_seq']}" if report["until_seq"] is not None else "full history"
     console.print(f"run {report['run_id']}  partition {report['partition']}  ({point})  status [bold]{st['status']}"
                   f"[/]  epoch {st['epoch']}  last seq {st['last_seq']}  owner {st.get('owner')}")
+    if report.get("archived"):
+        console.print(f"  archived: {report['archived']}")
     for name in ("blocked_reason", "gap_reason", "output_json", "error"):
         if st.get(name):
             console.print(f"  {name}: {st[name]}")

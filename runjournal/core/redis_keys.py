@@ -20,6 +20,8 @@ unit of atomicity; a key used alone needs no tag and is spread over the cluster 
   budgets, spent and reserved amounts and reservations, checked and charged by one script
   (``runjournal.producers.spend``; docs/design/decisions/0053-spend-ledger.md). ``<h>`` is the first 32 hex digits of
   the tenant id's SHA-256: a tenant id may hold ``{`` or ``}``, which would end the tag early;
+* archive ``{P:arc}``: ``rj:{P:arc}:due``, ``:runs`` — finished runs waiting for their retention, and each one's
+  tenant and agent, written together by the archiver (``runjournal.consumers.archive``; decision 0056);
 * control ``{P:ctl}``: ``rj:{P:ctl}:requests``, ``:version``, ``:timers`` — an operator's (or a waiting run's own)
   request, the version counter heartbeat readers watch, and held runs' wake-up times (``runjournal.producers.control``).
 
@@ -240,6 +242,16 @@ class RedisKeys:
         """``rj:{P:ctl}:version`` — counter raised by every change of the requests (agents' heartbeats watch it)."""
         return f"rj:{{{self.prefix}:ctl}}:version"
 
+    # -- archive unit: finished runs waiting for their retention (runjournal.consumers.archive) ----------
+    def archive_due(self) -> str:
+        """``rj:{P:arc}:due`` — sorted set run_id → when the archiver saw the run finish (ms by Redis's clock)."""
+        return f"rj:{{{self.prefix}:arc}}:due"
+
+    def archive_runs(self) -> str:
+        """``rj:{P:arc}:runs`` — hash run_id → ``{"tenant_id", "agent"}`` (JSON) of each run in the due set: its
+        retention's scope. Written with the due set in one MULTI (same tag)."""
+        return f"rj:{{{self.prefix}:arc}}:runs"
+
     # -- demo unit: the demo's work queue (runjournal.demo) -----------------------------------------------
     def demo(self, name: str) -> str:
         """``rj:{P:demo}:<name>`` — the demo's queue, done flag, context counters and claimed lists."""
@@ -278,4 +290,4 @@ class RedisKeys:
         """Globs covering every key of this prefix (and none of another): cleanup of a whole prefix."""
         return [*self.partition_globs(), f"rj:{{{self.prefix}:i:*", f"rj:{{{self.prefix}:r:*",
                 f"rj:{{{self.prefix}:t:*", f"rj:{{{self.prefix}:s:*", f"rj:{{{self.prefix}:demo}}:*",
-                f"rj:{{{self.prefix}:ctl}}:*", f"rj:{self.prefix}:*"]
+                f"rj:{{{self.prefix}:ctl}}:*", f"rj:{{{self.prefix}:arc}}:*", f"rj:{self.prefix}:*"]

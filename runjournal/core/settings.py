@@ -8,7 +8,8 @@ Variables (each field of :class:`Settings`, upper-cased, with the ``RUNJOURNAL_`
 docs/reference/settings.md lists meanings and defaults): ``BOOTSTRAP``, ``REDIS_URL``,
 ``QDRANT_PATH``, ``QDRANT_URL``, ``QDRANT_API_KEY``, ``SCHEMA_REGISTRY_URL``, ``TOPIC_PREFIX``,
 ``STACK_DIR``, ``CACHE_DIR``, the archive's ``ARCHIVE_URL``, ``OBJECT_STORE_ENDPOINT``, ``OBJECT_STORE_KEY``,
-``OBJECT_STORE_SECRET``, ``PARTITIONS``, ``REPLICATION_FACTOR``, ``LOG_LEVEL``,
+``OBJECT_STORE_SECRET``, its retention ``RETENTION_S`` and ``RETENTION_OVERRIDES``, ``PARTITIONS``,
+``REPLICATION_FACTOR``, ``LOG_LEVEL``,
 ``CONSOLE_OPERATOR_TOKEN``, ``STREAMS_RETENTION_MS``, ``STREAM_CHUNK_BYTES``, the Redis security settings
 ``REDIS_USERNAME``, ``REDIS_PASSWORD``,
 ``REDIS_SSL_CA_LOCATION``, ``REDIS_SSL_CERTIFICATE_LOCATION``,
@@ -67,6 +68,17 @@ def mask_url(url: str | None) -> str | None:
     return _USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}:***@" if m["user"] or "@" in m[0] else m[0], url)
 
 
+def retention_scope(scope: str) -> tuple[str | None, str | None] | None:
+    """``(tenant, agent)`` named by a ``RUNJOURNAL_RETENTION_OVERRIDES`` scope, or None when it is not one."""
+    if m := re.fullmatch(r"tenant:(.+)/agent:(.+)", scope):
+        return m[1], m[2]
+    if m := re.fullmatch(r"tenant:(.+)", scope):
+        return m[1], None
+    if m := re.fullmatch(r"agent:(.+)", scope):
+        return None, m[1]
+    return None
+
+
 class Settings(BaseSettings):
     """Connection and naming settings for every runjournal command and service.
 
@@ -121,6 +133,14 @@ class Settings(BaseSettings):
     ``~/.aws``, instance role)."""
     object_store_secret: SecretStr | None = None
     """S3 secret access key; masked when printed."""
+    retention_s: float | None = Field(default=None, ge=0)
+    """How long a finished run stays in the hot stores (Kafka, Redis) before the archiver moves it to the archive,
+    seconds, counted by Redis's clock from when the archiver saw the run finish (issue 30). None or 0: kept
+    forever (the default)."""
+    retention_overrides: dict[str, float] = Field(default_factory=dict)
+    """Per tenant and agent retention, seconds (JSON): ``{"tenant:<id>": s, "agent:<name>": s,
+    "tenant:<id>/agent:<name>": s}``; the most specific entry wins (tenant and agent, then agent, then tenant,
+    then :attr:`retention_s`); 0 keeps that scope's runs forever."""
     stack_dir: Path = Field(default_factory=default_stack_dir)
     """Local stack directory (data, logs, ``stack.json``)."""
     cache_dir: Path = Field(default_factory=default_cache_dir)
@@ -235,6 +255,28 @@ class Settings(BaseSettings):
             SpendConfigError: a malformed price or budget (named).
         """
         return SpendPolicy.parse(self.spend_currency, self.spend_prices, self.spend_budgets)
+
+    @field_validator("retention_overrides")
+    @classmethod
+    def _retention_scopes(cls, v: dict[str, float]) -> dict[str, float]:
+        for scope, seconds in v.items():
+            if retention_scope(scope) is None:
+                raise ValueError(f"unknown scope {scope!r}: use 'tenant:<id>', 'agent:<name>' or "
+                                 "'tenant:<id>/agent:<name>'")
+            if seconds < 0:
+                raise ValueError(f"scope {scope!r}: retention must be >= 0 seconds (0 keeps forever), not {seconds}")
+        return v
+
+    def retention_for(self, tenant_id: str | None, agent: str | None) -> float | None:
+        """The retention of a run of ``tenant_id`` and ``agent``, seconds; None: kept forever.
+
+        The most specific of :attr:`retention_overrides` wins (``tenant:<t>/agent:<a>``, ``agent:<a>``,
+        ``tenant:<t>``), else :attr:`retention_s`; 0 means forever too.
+        """
+        for scope in (f"tenant:{tenant_id}/agent:{agent}", f"agent:{agent}", f"tenant:{tenant_id}"):
+            if scope in self.retention_overrides:
+                return self.retention_overrides[scope] or None
+        return self.retention_s or None
 
     @field_validator("log_level")
     @classmethod

@@ -174,6 +174,8 @@ ELSEWHERE: dict[tuple[str, str | None], str] = {
                                                        "--outcome-commit", "--partitions", "--provider-idempotency",
                                                        "--report", "--runs", "--seed")},
     ("demo", "--fault-times"): "tests/demo/test_faults.py",
+    **{("archiver", o): "tests/consumers/archive/test_archive.py" for o in (None, "--until-caught-up",
+                                                                           "--sweep-interval", "--json")},
     **{("signal", o): "tests/cli/test_signal.py" for o in (None, "--payload", "--by", "--json")},
     **{("fork", o): "tests/cli/test_fork.py" for o in (None, "--at", "--run-id", "--reason", "--by", "--assign-to",
                                                        "--dry-run", "--json")},

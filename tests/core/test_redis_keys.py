@@ -84,7 +84,8 @@ def test_globs_match_one_prefix_and_no_neighbour(settings: Settings) -> None:
         made[prefix] = {keys.offset(1), keys.run(12, "r"), keys.runs(345), keys.topic_identity(), keys.parked(),
                         keys.lease("a*1"), keys.owned("a#2"), keys.incarnation("a"), keys.plan("r"), keys.claim("r"),
                         keys.approvals_pending(), keys.result("ab" * 32), keys.projector_lag(), keys.demo("queue"),
-                        keys.control_requests(), keys.control_version()}
+                        keys.control_requests(), keys.control_version(), keys.archive_due(),
+                        keys.archive_runs()}
         for key in made[prefix]:
             r.set(key, "1")
     try:

@@ -152,6 +152,11 @@ WRITERS: dict[str, Writer] = {
                             "apply script (Redis holds the applied offset)", "the next member re-seeks to Redis's "
                             "offset: nothing double-applied or lost",
                             covered_by="tests/faults/test_projector_crash.py"),
+    "cli archiver": Writer((), "its own group; a run is archived only when finished and not live; the object name is "
+                           "a function of the run (tenant, finish date by Redis's clock, partition, offsets)",
+                           "archiving again rewrites the same object, then finishes the removal (a retry never "
+                           "duplicates; nothing is removed before the read-back check)",
+                           covered_by="tests/consumers/archive/test_archive.py"),
     "cli memory-extractor": Writer((), "its own group; deterministic point ids",
                                    "a redelivery rewrites the same points",
                                    covered_by="tests/faults/test_memory.py"),

@@ -82,13 +82,13 @@ def test_the_package_is_one_tree_and_the_card_names_link_into_it() -> None:
 
 def test_consumers_holds_only_rooms() -> None:
     """``runjournal/consumers/`` has subpackages only (runtime, projector, recovery, ops, vectors, memory,
-    knowledge, cognition, context, streams), no loose modules."""
+    knowledge, cognition, context, streams, archive), no loose modules."""
     consumers = PACKAGE / "consumers"
     loose = sorted(p.name for p in consumers.glob("*.py") if p.name != "__init__.py")
     assert loose == []
     rooms = sorted(p.name for p in consumers.iterdir() if p.is_dir() and (p / "__init__.py").exists())
-    assert rooms == sorted(["cognition", "context", "knowledge", "memory", "ops", "projector", "recovery", "runtime",
-                            "streams", "vectors"])
+    assert rooms == sorted(["archive", "cognition", "context", "knowledge", "memory", "ops", "projector", "recovery",
+                            "runtime", "streams", "vectors"])
 
 
 def test_tests_mirror_the_package() -> None:

@@ -60,7 +60,8 @@ if TYPE_CHECKING:
     from runjournal.consumers.memory.store import QdrantMemoryStore
     from runjournal.consumers.vectors.embed import Embedder
 
-__all__ = ["EraseError", "EraseReport", "RunStillLiveError", "erase_run"]
+__all__ = ["EraseError", "EraseReport", "RunStillLiveError", "cached_results", "check_not_live", "delete_run_redis",
+           "erase_run", "run_records", "tombstone"]
 
 
 class EraseError(RunjournalError):
@@ -144,14 +145,14 @@ def erase_run(settings: Settings, run_id: str, *, force: bool = False, erase_mem
     keys = [k for k, kind in latest.items() if kind != "TOMBSTONE"]
     cp_seen, cp_keys = _checkpoint_keys(settings, partition, run_id, timeout_s)  # 1, framework records
     pl_seen, pl_keys = _payload_keys(settings, partition, run_id, timeout_s)  # 1, large results' records
-    _check_not_live(settings, client, partition, run_id, force)  # 2
+    check_not_live(settings, client, partition, run_id, force)  # 2
     say(f"writing {len(keys)} tombstone(s) to the events, {len(cp_keys)} to the framework records and "
         f"{len(pl_keys)} to the large results' records (waiting for the broker's acknowledgements)")
-    _tombstone(settings, settings.events_topic, partition, keys, timeout_s)  # 3
-    _tombstone(settings, settings.checkpoints_topic, partition, cp_keys, timeout_s)
-    _tombstone(settings, settings.payloads_topic, partition, pl_keys, timeout_s)
+    tombstone(settings, settings.events_topic, partition, keys, timeout_s)  # 3
+    tombstone(settings, settings.checkpoints_topic, partition, cp_keys, timeout_s)
+    tombstone(settings, settings.payloads_topic, partition, pl_keys, timeout_s)
     say("deleting the run's Redis state, records and index entries")
-    deleted, removed = _delete_redis(settings, client, partition, run_id, _cached_results(rows))  # 4
+    deleted, removed = delete_run_redis(settings, client, partition, run_id, cached_results(rows))  # 4
     if erase_memory:
         say("erasing the run's memory items (loads the embedder that names the collection)")
     points, note = _erase_memory(settings, run_id, embedder, memory_store) if erase_memory else (None, "skipped")  # 5
@@ -176,7 +177,23 @@ def _payload_keys(settings: Settings, partition: int, run_id: str, timeout_s: fl
 
 def _run_keys(settings: Settings, topic: str, partition: int, run_id: str, timeout_s: float,
               mine: Callable[[bytes | None, str], bool]) -> tuple[int, list[str]]:
-    latest: dict[bytes, bool] = {}
+    seen, latest = run_records(settings, topic, partition, run_id, mine, timeout_s=timeout_s)
+    return seen, [k.decode() for k, (_offset, value) in latest.items() if value is not None]
+
+
+def run_records(settings: Settings, topic: str, partition: int, run_id: str,
+                mine: Callable[[bytes | None, str], bool], *,
+                timeout_s: float = 30.0) -> tuple[int, dict[bytes, tuple[int, bytes | None]]]:
+    """The run's records on its partition of ``topic`` (``{prefix}.checkpoints`` with
+    ``runjournal.core.checkpoint_records.of_thread``, ``{prefix}.payloads`` with
+    ``runjournal.producers.results.of_run``):
+    ``(records seen, {key: (offset, value) of its latest record})`` — value None for a tombstone; ``(0, {})`` when
+    the topic does not exist (a deployment from before it). Also the archiver's read (decision 0056).
+
+    Raises:
+        EraseError: the partition could not be read to its end within ``timeout_s`` seconds.
+    """
+    latest: dict[bytes, tuple[int, bytes | None]] = {}
     seen = 0
 
     def on_record(msg: Message) -> None:
@@ -184,23 +201,28 @@ def _run_keys(settings: Settings, topic: str, partition: int, run_id: str, timeo
         key = msg.key()
         if mine(key, run_id):  # not a record of a run whose id merely starts with "<run_id>\x1f"
             seen += 1
-            latest[key] = msg.value() is not None
+            latest[key] = (msg.offset(), msg.value())
 
     consumer = range_consumer(settings, "erase-records")
     try:
         meta = consumer.list_topics(timeout=10).topics.get(topic)  # all topics: asking for one may auto-create it
         if meta is None or meta.error is not None or partition not in meta.partitions:
-            return 0, []
+            return 0, {}
         low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10, cached=False)
         if read_ranges(consumer, topic, {partition: (low, high)}, on_record, timeout_s=timeout_s):
             raise EraseError(f"could not read {topic}[{partition}] to offset {high} within {timeout_s} s "
                              "(an open transaction?); nothing was erased — run erase again")
     finally:
         consumer.close()
-    return seen, [k.decode() for k, live in latest.items() if live]
+    return seen, latest
 
 
-def _check_not_live(settings: Settings, client: Any, partition: int, run_id: str, force: bool) -> None:
+def check_not_live(settings: Settings, client: Any, partition: int, run_id: str, force: bool) -> None:
+    """Step 2 (and the archiver's guard).
+
+    Raises:
+        RunStillLiveError: the run is unfinished and its owner holds a live lease (and not ``force``).
+    """
     state = ProjectionStore(client, settings.topic_prefix).get(partition, run_id)
     if force or state is None or state.terminal or not state.owner:
         return
@@ -209,7 +231,12 @@ def _check_not_live(settings: Settings, client: Any, partition: int, run_id: str
                                 "it would keep writing — stop it first (or force)")
 
 
-def _tombstone(settings: Settings, topic: str, partition: int, keys: list[str], timeout_s: float) -> None:
+def tombstone(settings: Settings, topic: str, partition: int, keys: list[str], timeout_s: float) -> None:
+    """Step 3: one acknowledged tombstone per key on ``topic[partition]``.
+
+    Raises:
+        EraseError: the local queue stayed full, or a tombstone was not acknowledged within ``timeout_s``.
+    """
     if not keys:
         return
     errors: list[KafkaError] = []
@@ -237,7 +264,7 @@ def _tombstone(settings: Settings, topic: str, partition: int, keys: list[str], 
                          "run erase again")
 
 
-def _cached_results(rows: list[dict[str, Any]]) -> set[str]:
+def cached_results(rows: list[dict[str, Any]]) -> set[str]:
     """Digests of the run's results on ``{prefix}.payloads`` (``kafka:`` references): their Redis copies are a cache
     (``runjournal.producers.results``), deleted with the run — another run with the same text reads it again from
     its own records. Results stored by ``sha256:`` reference (before the payloads topic) live only in Redis and may
@@ -251,8 +278,9 @@ def _cached_results(rows: list[dict[str, Any]]) -> set[str]:
     return out
 
 
-def _delete_redis(settings: Settings, client: Any, partition: int, run_id: str,
+def delete_run_redis(settings: Settings, client: Any, partition: int, run_id: str,
                   cached: tuple[str, ...] | set[str] = ()) -> tuple[int, int]:
+    """Step 4: delete the run's Redis keys and entries (memory is not touched); ``(keys deleted, entries removed)``."""
     keys = RedisKeys(settings.topic_prefix)
     inbox = ApprovalInbox(client, settings.topic_prefix)
     pipe = client.pipeline(transaction=False)  # single-key commands: a cluster pipeline routes each by its slot

@@ -1,0 +1,249 @@
+"""The archiver: a consumer group of its own (``{prefix}.archiver``) that notes when runs finish and archives each
+one once its retention has passed (decision 0056).
+
+The main loop, in order:
+
+1. Consume a batch of ``{prefix}.events`` (read_committed, offsets stored by hand).
+2. For each decodable event: a terminal one (RUN_SUCCEEDED / FAILED / CANCELLED) notes its run as finished, any
+   later control-flow event of the run (a RUN_RESUMED continuing a failed run) as not finished. Tombstones and
+   undecodable records are passed over (the projector quarantines the latter).
+3. Write the batch's notes to Redis in one MULTI on the archive unit ``{P:arc}``: a finished run goes into the due
+   set ``rj:{P:arc}:due`` scored by Redis's ``TIME`` (ms) at this moment and its tenant and agent into
+   ``rj:{P:arc}:runs``; a reopened run leaves both. Then commit the batch's offsets — after the durable write, so a
+   crash redelivers the batch (the score moves a little later: harmless).
+4. Every ``sweep_interval_s`` (and once when caught up): read Redis's ``TIME`` and the due set; each run whose
+   ``now − score ≥ Settings.retention_for(tenant, agent)`` is archived (:func:`archive_run`, which folds the run's
+   events again and refuses an unfinished one: that one leaves the due set).
+
+One clock decides: both the score and ``now`` are Redis's. Every call to a dependency runs under the one failure
+policy (``runjournal.consumers.runtime.failures``): a transient failure waits, a fatal one stops the service.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from confluent_kafka import Message
+
+from runjournal.consumers.archive.store import (
+    TERMINAL_TYPES,
+    ArchiveError,
+    RunNotFinishedError,
+    archive_run,
+    redis_now_ms,
+)
+from runjournal.consumers.runtime.failures import FailurePolicy, stops_consumer
+from runjournal.consumers.runtime.group import commit_pending, partition_lags
+from runjournal.core import kafka, redis_client
+from runjournal.core.redis_keys import RedisKeys
+from runjournal.core.settings import Settings
+from runjournal.schemas import Event, EventType, codec_from_settings
+from runjournal.schemas.errors import RegistryError, SchemaError
+
+__all__ = ["Archiver", "ArchiverStats", "archiver_group"]
+
+log = logging.getLogger("runjournal.consumers.archive")
+
+
+def archiver_group(settings: Settings) -> str:
+    """The archiver's consumer group id: ``{prefix}.archiver``."""
+    return f"{settings.topic_prefix}.archiver"
+
+
+@dataclass
+class ArchiverStats:
+    """What one :meth:`Archiver.run` did."""
+
+    events: int = 0
+    """Records consumed."""
+    finished_noted: int = 0
+    """Terminal events noted in the due set."""
+    archived: list[str] = field(default_factory=list)
+    """Runs archived and removed from the hot stores."""
+    refused: list[str] = field(default_factory=list)
+    """Runs the due set held that were not finished after all (they left it)."""
+    elapsed_s: float = 0.0
+    """Wall time of the run, seconds."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """The stats as a JSON-able dict."""
+        return asdict(self)
+
+
+class Archiver:
+    """Notes finished runs and archives those past their retention; one instance per process, many per group.
+
+    Args:
+        settings: the stack, prefix, archive URL and retention (``RUNJOURNAL_RETENTION_S``,
+            ``RUNJOURNAL_RETENTION_OVERRIDES``).
+        batch_size: records per consume call (default 1,000).
+        sweep_interval_s: seconds between two sweeps of the due set (default 10).
+        max_outage_s: longest one dependency outage is waited out before the archiver stops, seconds (240).
+    """
+
+    def __init__(self, settings: Settings, *, batch_size: int = 1000, sweep_interval_s: float = 10.0,
+                 max_outage_s: float = 240.0) -> None:
+        self.settings = settings
+        self.topic = settings.events_topic
+        self.batch_size = batch_size
+        self.sweep_interval_s = sweep_interval_s
+        self.codec = codec_from_settings(settings)
+        self.redis = redis_client.client(settings)
+        self.keys = RedisKeys(settings.topic_prefix)
+        self._stop = threading.Event()
+        self.policy = FailurePolicy("archiver", log, max_wait_s=max_outage_s, stop=self._stop)
+        self._fatal: str | None = None
+        self.stats = ArchiverStats()
+        config: dict[str, Any] = {"group.id": archiver_group(settings), "enable.auto.commit": False,
+                                  "enable.auto.offset.store": False, "auto.offset.reset": "earliest",
+                                  "isolation.level": "read_committed"}
+        self.consumer = kafka.consumer(settings, **config, error_cb=self._on_error)
+
+    def _on_error(self, err: Any) -> None:
+        if stops_consumer(err):
+            self._fatal = str(err)
+            log.error("fatal consumer error", extra={"error": str(err)})
+
+    def run(self, *, until_caught_up: bool = False, stop: threading.Event | None = None,
+            idle_timeout_s: float = 60.0) -> ArchiverStats:
+        """Consume and sweep until ``stop`` is set, or (``until_caught_up``) until every partition is read to its
+        end and one sweep is done.
+
+        Raises:
+            FatalDependencyError / DependencyUnavailableError: the failure policy's verdicts.
+            TimeoutError: ``until_caught_up`` and nothing was read for ``idle_timeout_s`` seconds without being caught
+                up.
+        """
+        started = time.monotonic()
+        stop = stop or self._stop
+        done: dict[int, int] = {}
+        next_sweep = 0.0
+        last_data = time.monotonic()
+
+        def on_assign(consumer: Any, partitions: list[Any]) -> None:
+            # a partition resumed at its committed offset has no position until a record arrives: its lag counts
+            # from the committed offset (without this, a quiet partition would never look caught up)
+            for tp in consumer.committed(partitions, timeout=10):
+                if tp.offset >= 0:
+                    done.setdefault(tp.partition, tp.offset - 1)
+
+        self.consumer.subscribe([self.topic], on_assign=on_assign)
+        try:
+            while not stop.is_set():
+                if self._fatal:
+                    raise ArchiveError(f"the archiver's consumer failed: {self._fatal}")
+                batch = self.consumer.consume(self.batch_size, timeout=0.5)  # 1
+                if batch:
+                    last_data = time.monotonic()
+                self._note(batch, done)  # 2, 3
+                if time.monotonic() >= next_sweep:
+                    self.sweep()  # 4
+                    next_sweep = time.monotonic() + self.sweep_interval_s
+                if until_caught_up and self._caught_up(done, last_data, idle_timeout_s):
+                    self.sweep()
+                    break
+        finally:
+            self.consumer.close()
+            self.stats.elapsed_s = round(time.monotonic() - started, 3)
+        return self.stats
+
+    def _caught_up(self, done: dict[int, int], last_data: float, idle_timeout_s: float) -> bool:
+        if time.monotonic() - last_data > idle_timeout_s:
+            raise TimeoutError(f"the archiver read nothing for {idle_timeout_s} s and is not caught up with "
+                               f"{self.topic} (assigned: {[tp.partition for tp in self.consumer.assignment()]})")
+        if not self.consumer.assignment():
+            return False
+        lags = self.policy.call("kafka offsets", lambda: partition_lags(self.consumer, done))
+        return bool(lags) and not any(lags.values())
+
+    def _note(self, batch: list[Message], done: dict[int, int]) -> None:
+        notes: list[tuple[str, str, Any]] = []  # (kind, run_id, scope): started / finished / reopened
+        pending: dict[int, int] = {}
+        for msg in batch:
+            if msg.error() is not None:
+                continue
+            self.stats.events += 1
+            partition, offset = int(msg.partition() or 0), int(msg.offset() or 0)
+            pending[partition] = offset + 1
+            done[partition] = offset
+            if msg.value() is None:
+                continue
+            try:
+                event = self.policy.call("decode", functools.partial(self._decode, msg))
+            except SchemaError as exc:
+                if isinstance(exc, RegistryError):
+                    raise
+                continue
+            if event.type is EventType.RUN_STARTED:
+                notes.append(("started", event.run_id, {"tenant_id": event.tenant_id,
+                                                        "agent": event.payload.get("agent")}))
+            elif event.type in TERMINAL_TYPES:
+                notes.append(("finished", event.run_id, None))
+            elif event.type is EventType.RUN_RESUMED:  # continuing a failed run reopens it (reducer rule 8)
+                notes.append(("reopened", event.run_id, None))
+        if notes:
+            self.policy.call("redis", lambda: self._write(notes))
+        if pending:
+            commit_pending(self.consumer, self.topic, pending, set(pending), asynchronous=False, log=log)
+
+    def _decode(self, msg: Message) -> Event:
+        return self.codec.decode(msg.value(), topic=msg.topic(), partition=msg.partition(), offset=msg.offset())
+
+    def _write(self, notes: list[tuple[str, str, Any]]) -> None:
+        now = redis_now_ms(self.redis)
+        pipe = self.redis.pipeline(transaction=True)  # one unit {P:arc}, in the batch's order
+        for kind, run_id, scope in notes:
+            if kind == "started":
+                pipe.hset(self.keys.archive_runs(), run_id, json.dumps(scope))
+            elif kind == "finished":
+                pipe.zadd(self.keys.archive_due(), {run_id: now})
+            else:
+                pipe.zrem(self.keys.archive_due(), run_id)
+        pipe.execute()
+        self.stats.finished_noted += sum(1 for kind, _r, _s in notes if kind == "finished")
+
+    def sweep(self) -> list[str]:
+        """Archive every run of the due set past its retention (step 4); the runs archived."""
+        now = self.policy.call("redis", lambda: redis_now_ms(self.redis))
+        due = self.policy.call("redis", lambda: self.redis.zrange(self.keys.archive_due(), 0, -1, withscores=True))
+        scopes = self.policy.call("redis", lambda: self.redis.hgetall(self.keys.archive_runs()))
+        archived = []
+        for member, score in due:
+            run_id = member.decode() if isinstance(member, bytes) else member
+            scope = json.loads(scopes.get(member) or scopes.get(run_id) or "{}")
+            if not scope:
+                scope = self._scope(run_id)
+            retention = self.settings.retention_for(scope.get("tenant_id"), scope.get("agent"))
+            if retention is None or now - score < retention * 1000:
+                continue
+            try:
+                report = self.policy.call("archive", functools.partial(archive_run, self.settings, run_id,
+                                                                       redis_client=self.redis))
+            except RunNotFinishedError as exc:
+                log.warning("not archived: not finished", extra={"run_id": run_id, "error": str(exc)})
+                pipe = self.redis.pipeline(transaction=True)  # an erased or reopened run: it leaves the queue
+                pipe.zrem(self.keys.archive_due(), run_id)
+                pipe.hdel(self.keys.archive_runs(), run_id)
+                self.policy.call("redis", pipe.execute)
+                self.stats.refused.append(run_id)
+                continue
+            log.info("archived", extra={"run_id": run_id, "object": report.object_url, "rows": report.rows})
+            archived.append(run_id)
+        self.stats.archived.extend(archived)
+        return archived
+
+    def _scope(self, run_id: str) -> dict[str, Any]:
+        """The run's tenant and agent from its projected state, when the archiver never saw its RUN_STARTED (a
+        group started after the run began and its records were compacted): ``{}`` when unknown too."""
+        from runjournal.consumers.projector.store import ProjectionStore
+        from runjournal.consumers.runtime.partitions import run_partition
+
+        state = ProjectionStore(self.redis, self.settings.topic_prefix).get(run_partition(self.settings, run_id),
+                                                                            run_id)
+        return {} if state is None else {"tenant_id": state.tenant_id, "agent": state.agent}

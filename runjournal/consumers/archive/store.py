@@ -1,0 +1,381 @@
+"""Archive one finished run to Parquet, verify it, then remove it from the hot stores; read it back (decision 0056).
+
+:func:`archive_run`, in order (each step idempotent, so archiving again finishes an interrupted archive):
+
+1. Read the run's records from its partition of the events topic, ``{prefix}.checkpoints`` and ``{prefix}.payloads``
+   (``runjournal.consumers.ops.erase.run_records``; the latest record of each key, tombstones skipped). A run with
+   no live event left but a manifest was archived already: go to step 6.
+2. Fold the events (the reducer): a run that is not finished (SUCCEEDED, FAILED, CANCELLED) is refused
+   (:class:`RunNotFinishedError`), and so is one whose owner holds a live lease (erase's check).
+3. The finish time: the run's score in the due set ``rj:{P:arc}:due`` (Redis's clock when the archiver saw it
+   finish), written now with Redis's ``TIME`` when absent (``ZADD NX``: a retry finds the same one). It names the
+   object's date — one clock, Redis's, decides.
+4. Write one Parquet file (pyarrow, through the fsspec filesystem of ``RUNJOURNAL_ARCHIVE_URL``) with a
+   deterministic name: ``<root>/tenant=<tenant>/date=<yyyy-mm-dd>/p<partition>-<first offset>-<last offset>.parquet``
+   (the tenant id percent-encoded, ``.`` too, so no id escapes the folder); a retried write replaces it.
+5. Read it back and compare the row count and the SHA-256 digest of the rows (:func:`rows_digest`); a mismatch
+   raises :class:`ArchiveVerifyError` and nothing is removed. Then write the manifest
+   ``<root>/runs/<sha256(run_id)>.json`` (object URL, rows, digest, tenant, agent, finish time); an older object of
+   the run named in a previous manifest (more records came after the finish) is deleted after.
+6. Remove the run from the hot stores — erase's steps 3 and 4 (tombstones in the three topics, the run's Redis state,
+   records and index entries), never its memory items: they keep their own lifecycle, their provenance resolves to
+   the archive. Last, the run leaves the due set.
+
+Needs the ``archive`` extra (pyarrow, fsspec; s3fs for ``s3://``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from runjournal.consumers.ops.erase import cached_results, check_not_live, delete_run_redis, run_records, tombstone
+from runjournal.consumers.ops.replay import ReplayedState, TimelineRow
+from runjournal.consumers.runtime.partitions import run_partition
+from runjournal.core import redis_client as redis_clients
+from runjournal.core.checkpoint_records import of_thread
+from runjournal.core.errors import RunjournalError
+from runjournal.core.ids import RUN_ID
+from runjournal.core.redis_keys import RedisKeys
+from runjournal.core.settings import Settings
+from runjournal.model.reducer import RunState, fold
+from runjournal.producers.results import of_run
+from runjournal.schemas import Event, EventType, codec_from_settings
+from runjournal.schemas.keys import KeyFormatError, parse_event_key
+from runjournal.stores.object_store import filesystem
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
+
+__all__ = ["ArchiveError", "ArchiveReport", "ArchiveVerifyError", "ArchivedRun", "RunNotFinishedError",
+           "archive_run", "delete_archived", "finish_time_ms", "manifest_path", "object_name", "read_archived",
+           "redis_now_ms", "replay_archived", "rows_digest"]
+
+COLUMNS = ("source", "partition", "offset", "key", "type", "seq", "epoch", "value")
+"""The Parquet columns: ``source`` (``events``, ``checkpoints`` or ``payloads``: the topic the row came from),
+its ``partition`` and ``offset``, the record ``key`` (text), the event ``type``, ``seq`` and ``epoch`` (null for the
+other sources) and ``value``: the record's encoded bytes as the topic held them (the codec decodes an event)."""
+
+
+class ArchiveError(RunjournalError):
+    """The run could not be archived (nothing was removed from the hot stores; archive again)."""
+
+
+class RunNotFinishedError(ArchiveError):
+    """The run is not finished (no terminal event, or resumed after one): it is never archived."""
+
+
+class ArchiveVerifyError(ArchiveError):
+    """The object read back differs from what was written (row count or digest): the run stays in the hot stores."""
+
+
+@dataclass(frozen=True)
+class ArchiveReport:
+    """What :func:`archive_run` did."""
+
+    run_id: str
+    """The run."""
+    object_url: str
+    """Where the run lives now: ``file:///…/p3-10-42.parquet`` or ``s3://bucket/…``."""
+    rows: int
+    """Rows written (events + framework records + large results' chunks)."""
+    digest: str
+    """SHA-256 (hex) of the rows (:func:`rows_digest`), checked on the object read back."""
+    tombstones: int
+    """Tombstones written to the three topics."""
+    redis_keys_deleted: int
+    """Redis keys deleted (erase's step 4)."""
+    already_archived: bool = False
+    """The run had no live event left and a manifest: an earlier archive was finished here."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report as a JSON-able dict."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ArchivedRun:
+    """A run read back from the archive (:func:`read_archived`)."""
+
+    manifest: dict[str, Any]
+    """The run's manifest: ``run_id``, ``object_url``, ``rows``, ``digest``, ``tenant_id``, ``agent``,
+    ``partition``, ``finished_ms`` (Redis's clock)."""
+    rows: list[dict[str, Any]]
+    """Every row, in (source, offset) order, with the columns of :data:`COLUMNS`."""
+
+    def events(self, settings: Settings) -> list[tuple[Event, int, int]]:
+        """The run's events decoded, as ``(event, partition, offset)`` in offset order (the reducer's input)."""
+        codec = codec_from_settings(settings)
+        return [(codec.decode(r["value"], topic=settings.events_topic, partition=r["partition"],
+                              offset=r["offset"]), r["partition"], r["offset"])
+                for r in self.rows if r["source"] == "events"]
+
+
+def redis_now_ms(client: Any) -> int:
+    """Redis's clock (``TIME``), ms since the epoch: the one clock of every retention decision."""
+    seconds, micros = client.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def finish_time_ms(settings: Settings, client: Any, run_id: str) -> int:
+    """The run's finish time in the due set (step 3), added now by Redis's clock when absent."""
+    keys = RedisKeys(settings.topic_prefix)
+    client.zadd(keys.archive_due(), {run_id: redis_now_ms(client)}, nx=True)
+    return int(client.zscore(keys.archive_due(), run_id))
+
+
+def object_name(root: str, tenant_id: str, finished_ms: int, partition: int, first: int, last: int) -> str:
+    """``<root>/tenant=<tenant>/date=<yyyy-mm-dd>/p<partition>-<first>-<last>.parquet`` (step 4); the tenant id is
+    percent-encoded (``/`` and ``.`` too): no id names a folder outside its own."""
+    day = datetime.fromtimestamp(finished_ms / 1000, UTC).strftime("%Y-%m-%d")
+    return f"{root}/tenant={_segment(tenant_id)}/date={day}/p{partition}-{first}-{last}.parquet"
+
+
+def manifest_path(root: str, run_id: str) -> str:
+    """``<root>/runs/<sha256(run_id) hex>.json``: a run found by its id."""
+    return f"{root}/runs/{hashlib.sha256(run_id.encode()).hexdigest()}.json"
+
+
+def rows_digest(rows: Iterable[dict[str, Any]]) -> str:
+    """SHA-256 (hex) over every row's columns, each length-prefixed, in order: the same rows, the same digest."""
+    h = hashlib.sha256()
+    for row in rows:
+        for col in COLUMNS:
+            value = row[col]
+            data = value if isinstance(value, bytes) else b"\x00" if value is None else str(value).encode()
+            h.update(len(data).to_bytes(8, "big"))
+            h.update(data)
+    return h.hexdigest()
+
+
+def archive_run(settings: Settings, run_id: str, *, redis_client: Any = None, timeout_s: float = 30.0,
+                progress: Callable[[str], None] | None = None,
+                _write: Callable[..., None] | None = None) -> ArchiveReport:
+    """Archive ``run_id`` (see the module docstring for the steps), then remove it from Kafka and Redis.
+
+    Args:
+        settings: the stack, prefix and ``archive_url`` (``RUNJOURNAL_ARCHIVE_URL``).
+        run_id: the run.
+        redis_client: default ``runjournal.core.redis_client.client(settings)``.
+        timeout_s: longest read of a partition and wait for the tombstones' acknowledgements, seconds (30).
+        progress: called with a sentence before each step.
+
+    Returns:
+        :class:`ArchiveReport`.
+
+    Raises:
+        InvalidIdError: ``run_id`` is not text.
+        RunNotFinishedError: the run has no events, or is not finished.
+        RunStillLiveError: its owner holds a live lease.
+        ArchiveVerifyError: the object read back differs (nothing removed).
+        ObjectStoreError: the archive's backend is unknown or not installed.
+        EraseError: a partition could not be read, or a tombstone was not acknowledged.
+    """
+    RUN_ID.check_lookup(run_id)
+    say = progress or (lambda _text: None)
+    client = redis_client if redis_client is not None else redis_clients.client(settings)
+    fs, root = filesystem(settings)
+    partition = run_partition(settings, run_id)
+    say(f"reading the run's records from partition {partition}")
+    events = _event_rows(settings, partition, run_id, timeout_s)  # 1
+    others = [*_rows(settings, "checkpoints", settings.checkpoints_topic, partition, run_id, of_thread, timeout_s),
+              *_rows(settings, "payloads", settings.payloads_topic, partition, run_id, of_run, timeout_s)]
+    manifest = _read_manifest(fs, root, run_id)
+    if not events:
+        if manifest is None:
+            raise RunNotFinishedError(f"run {run_id} has no events in {settings.events_topic}[{partition}] and no "
+                                      "archive: nothing to archive")
+        return _remove(settings, client, partition, run_id, [], others, manifest, timeout_s, already=True)  # 6
+    state = _finished_state(settings, run_id, events)  # 2
+    check_not_live(settings, client, partition, run_id, force=False)
+    finished_ms = finish_time_ms(settings, client, run_id)  # 3
+    rows = events + others
+    path = object_name(root, state.tenant_id or "", finished_ms, partition, events[0]["offset"],
+                       events[-1]["offset"])
+    say(f"writing {len(rows)} rows to {_url(fs, path)}")
+    (_write or _write_parquet)(fs, path, rows)  # 4
+    digest = _verify(fs, path, rows)  # 5
+    new = {"run_id": run_id, "object_url": _url(fs, path), "object_path": path, "rows": len(rows), "digest": digest,
+           "tenant_id": state.tenant_id, "agent": state.agent, "status": str(state.status), "partition": partition,
+           "first_offset": events[0]["offset"], "last_offset": events[-1]["offset"], "finished_ms": finished_ms}
+    _write_manifest(fs, root, run_id, new)
+    if manifest is not None and manifest.get("object_path") not in (None, path):
+        fs.rm(manifest["object_path"])  # an older archive of the run, made before records came after its finish
+    say("tombstoning the run's keys and deleting its Redis state, records and index entries (memory is kept)")
+    return _remove(settings, client, partition, run_id, events, others, new, timeout_s, already=False)  # 6
+
+
+def read_archived(settings: Settings, run_id: str) -> ArchivedRun | None:
+    """The archived run (manifest and rows), or None when the archive has no manifest for ``run_id``.
+
+    Raises:
+        ArchiveVerifyError: the object's rows do not match the manifest's count and digest.
+        ObjectStoreError: the archive's backend is unknown or not installed.
+    """
+    RUN_ID.check_lookup(run_id)
+    fs, root = filesystem(settings)
+    manifest = _read_manifest(fs, root, run_id)
+    if manifest is None:
+        return None
+    rows = _read_parquet(fs, manifest["object_path"])
+    if len(rows) != manifest["rows"] or rows_digest(rows) != manifest["digest"]:
+        raise ArchiveVerifyError(f"archive of run {run_id} at {manifest['object_url']} does not match its manifest "
+                                 f"({len(rows)} rows, manifest {manifest['rows']})")
+    return ArchivedRun(manifest=manifest, rows=rows)
+
+
+def replay_archived(settings: Settings, run_id: str, *,
+                    until_seq: int | None = None) -> tuple[ReplayedState, str] | None:
+    """The run's state, rebuilt from its archived events up to ``until_seq`` (``replay``, ``inspect`` of an archived
+    run), and the object's URL; None when the archive does not hold the run.
+
+    Raises:
+        ArchiveVerifyError: the object does not match its manifest.
+        ObjectStoreError: the archive's backend is unknown or not installed.
+    """
+    archived = read_archived(settings, run_id)
+    if archived is None:
+        return None
+    events = archived.events(settings)
+    state = fold(events, until_seq=until_seq, critical=settings.critical_types)
+    shown = [(e, o) for e, _p, o in events if until_seq is None or e.seq <= until_seq]
+    timeline = tuple(TimelineRow(offset=o, key=e.key, seq=e.seq, epoch=e.epoch, type=str(e.type),
+                                 node_id=e.node_id) for e, o in shown)
+    replayed = ReplayedState(run_id=run_id, partition=archived.manifest["partition"], until_seq=until_seq,
+                             state=state, timeline=timeline, events=tuple(e for e, _o in shown))
+    return replayed, archived.manifest["object_url"]
+
+
+def delete_archived(settings: Settings, run_id: str) -> list[str]:
+    """Delete the run's archive object and manifest (``erase`` of an archived run); the URLs deleted ([] none)."""
+    RUN_ID.check_lookup(run_id)
+    fs, root = filesystem(settings)
+    manifest = _read_manifest(fs, root, run_id)
+    if manifest is None:
+        return []
+    gone = []
+    if fs.exists(manifest["object_path"]):
+        fs.rm(manifest["object_path"])
+        gone.append(manifest["object_url"])
+    fs.rm(manifest_path(root, run_id))
+    gone.append(_url(fs, manifest_path(root, run_id)))
+    return gone
+
+
+def _event_rows(settings: Settings, partition: int, run_id: str, timeout_s: float) -> list[dict[str, Any]]:
+    codec = codec_from_settings(settings)
+
+    def mine(key: bytes | None, rid: str) -> bool:
+        try:
+            return key is not None and parse_event_key(key).run_id == rid
+        except KeyFormatError:
+            return False
+
+    _seen, latest = run_records(settings, settings.events_topic, partition, run_id, mine, timeout_s=timeout_s)
+    rows = []
+    for key, (offset, value) in latest.items():
+        if value is None:
+            continue
+        event = codec.decode(value, topic=settings.events_topic, partition=partition, offset=offset)
+        rows.append({"source": "events", "partition": partition, "offset": offset, "key": key.decode(),
+                     "type": str(event.type), "seq": event.seq, "epoch": event.epoch, "value": value,
+                     "event": event})
+    return sorted(rows, key=lambda r: r["offset"])
+
+
+def _rows(settings: Settings, source: str, topic: str, partition: int, run_id: str,
+          mine: Callable[[bytes | None, str], bool], timeout_s: float) -> list[dict[str, Any]]:
+    _seen, latest = run_records(settings, topic, partition, run_id, mine, timeout_s=timeout_s)
+    rows = [{"source": source, "partition": partition, "offset": offset, "key": key.decode(), "type": None,
+             "seq": None, "epoch": None, "value": value}
+            for key, (offset, value) in latest.items() if value is not None]
+    return sorted(rows, key=lambda r: r["offset"])
+
+
+def _finished_state(settings: Settings, run_id: str, events: list[dict[str, Any]]) -> RunState:
+    state = fold(((r["event"], r["partition"], r["offset"]) for r in events), critical=settings.critical_types)
+    if state is None or not state.terminal:
+        status = "no state" if state is None else str(state.status)
+        raise RunNotFinishedError(f"run {run_id} is {status}, not finished: only finished runs are archived")
+    return state
+
+
+def _write_parquet(fs: AbstractFileSystem, path: str, rows: list[dict[str, Any]]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([("source", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
+                        ("key", pa.string()), ("type", pa.string()), ("seq", pa.int64()), ("epoch", pa.int64()),
+                        ("value", pa.binary())])
+    table = pa.Table.from_pylist([{c: r[c] for c in COLUMNS} for r in rows], schema=schema)
+    with fs.open(path, "wb") as out:  # one object, replaced whole by a retry (same name)
+        pq.write_table(table, out)
+
+
+def _read_parquet(fs: AbstractFileSystem, path: str) -> list[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    with fs.open(path, "rb") as src:
+        rows: list[dict[str, Any]] = pq.read_table(src).to_pylist()
+    return rows
+
+
+def _verify(fs: AbstractFileSystem, path: str, rows: list[dict[str, Any]]) -> str:
+    digest = rows_digest(rows)
+    back = _read_parquet(fs, path)
+    if len(back) != len(rows) or rows_digest(back) != digest:
+        raise ArchiveVerifyError(f"{path} read back holds {len(back)} rows (wrote {len(rows)}) or another digest; "
+                                 "nothing was removed — archive again")
+    return digest
+
+
+def _read_manifest(fs: AbstractFileSystem, root: str, run_id: str) -> dict[str, Any] | None:
+    path = manifest_path(root, run_id)
+    if not fs.exists(path):
+        return None
+    with fs.open(path, "rb") as src:
+        manifest: dict[str, Any] = json.loads(src.read())
+    return manifest
+
+
+def _write_manifest(fs: AbstractFileSystem, root: str, run_id: str, manifest: dict[str, Any]) -> None:
+    with fs.open(manifest_path(root, run_id), "wb") as out:
+        out.write(json.dumps(manifest, sort_keys=True).encode())
+
+
+def _remove(settings: Settings, client: Any, partition: int, run_id: str, events: list[dict[str, Any]],
+            others: list[dict[str, Any]], manifest: dict[str, Any], timeout_s: float, *,
+            already: bool) -> ArchiveReport:
+    by_topic = {"events": settings.events_topic, "checkpoints": settings.checkpoints_topic,
+                "payloads": settings.payloads_topic}
+    rows = events + others
+    for source, topic in by_topic.items():
+        tombstone(settings, topic, partition, [r["key"] for r in rows if r["source"] == source], timeout_s)
+    cached = cached_results(events)
+    deleted, _entries = delete_run_redis(settings, client, partition, run_id, cached)
+    keys = RedisKeys(settings.topic_prefix)
+    pipe = client.pipeline(transaction=True)  # the due set and its scope hash share the tag {P:arc}
+    pipe.zrem(keys.archive_due(), run_id)
+    pipe.hdel(keys.archive_runs(), run_id)
+    pipe.execute()
+    return ArchiveReport(run_id=run_id, object_url=manifest["object_url"], rows=manifest["rows"],
+                         digest=manifest["digest"], tombstones=len(rows), redis_keys_deleted=deleted,
+                         already_archived=already)
+
+
+def _segment(text: str) -> str:
+    return quote(text, safe="").replace(".", "%2E") or "%00"
+
+
+def _url(fs: AbstractFileSystem, path: str) -> str:
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    return f"file://{path}" if protocol in ("file", "local") else f"{protocol}://{path}"
+
+
+TERMINAL_TYPES = frozenset({EventType.RUN_SUCCEEDED, EventType.RUN_FAILED, EventType.RUN_CANCELLED})
+"""The events that finish a run (the reducer's terminal statuses)."""
