@@ -551,7 +551,10 @@ class Operator:
             result.detail = f"the run ended {state.status.value} before the {request.action} was carried out"
         else:  # not pending any more, not carried out: another operator replaced or withdrew it
             result.outcome = "withdrawn"
-            result.detail = "the request was replaced or withdrawn by another operator before it was carried out"
+            now = self.controls.get(request.run_id)
+            result.detail = (f"replaced by a {now.action} requested by {now.requested_by} before it was carried out"
+                             if now is not None and now != request else
+                             "the request was replaced or withdrawn by another operator before it was carried out")
         if result.outcome != "withdrawn":  # carried out, or the run ended: no new intent of it is sent — what
             result.seen = True  # ``seen`` promises, also when the owner acted before marking the request read
 
