@@ -257,6 +257,8 @@ READERS: frozenset[str] = frozenset({
     "Journal.probe_lease", "Journal.check_still_owner", "Journal.run_lock", "Journal.claim_assignment",
     "Journal.release_run", "Journal.event_budget_reached",
     "RunHandle.approval", "RunHandle.wait_idle",
+    # ends this owner's trace segment span (decision 0054): no journal, Redis or Kafka write; no lock taken
+    "RunHandle.end_trace",
     # run.stream(): partial output to {prefix}.streams, never the journal (decision 0055;
     # tests/producers/test_streams.py kills an agent mid-stream)
     "RunHandle.stream", "AsyncRunHandle.stream", "JournalRuns.stream", "AsyncJournal.open", "AsyncJournal.wrap",
