@@ -40,7 +40,7 @@ from runjournal.stores.object_store import filesystem
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
 
-__all__ = ["CALLS", "EVENTS", "RUNS", "QueryError", "QueryResult", "query"]
+__all__ = ["CALLS", "EVENTS", "EXAMPLES", "RUNS", "QueryError", "QueryResult", "query"]
 
 RUNS = ("run_id", "tenant_id", "agent", "status", "epoch", "started_at", "finished_at", "calls", "committed",
         "outcome_unknown", "reconciled", "failed", "location", "archived_url")
@@ -58,6 +58,19 @@ EVENTS = ("run_id", "tenant_id", "agent", "partition", "offset", "seq", "epoch",
           "occurred_at", "node_id", "call_id", "tool", "payload_json", "location")
 """``events`` columns (archive only): position, ``seq`` / ``epoch``, ``type``, ``occurred_at`` (timestamp, UTC), the
 node, the call's ``call_id`` and ``tool`` (tool events; null otherwise) and ``payload_json`` (the payload as JSON)."""
+
+
+EXAMPLES: dict[str, str] = {
+    "unknown outcomes by tool":
+        "SELECT tool, count(*) AS unknown FROM calls WHERE status = 'OUTCOME_UNKNOWN' GROUP BY tool ORDER BY tool",
+    "reconciles by provider":
+        "SELECT tool AS provider, reconciled_outcome, count(*) AS reconciles FROM calls WHERE status = 'RECONCILED' "
+        "GROUP BY ALL ORDER BY ALL",
+    "effects per tenant per day":
+        "SELECT tenant_id, day, count(*) AS effects FROM calls WHERE effect_committed GROUP BY ALL ORDER BY ALL",
+}
+"""The documented example queries (docs/guide/archive.md § Query shows these texts), by title; the console's
+``/counts`` page runs them."""
 
 
 class QueryError(ArchiveError):

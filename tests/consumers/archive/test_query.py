@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from runjournal.consumers.archive import QueryError, archive_run, query
+from runjournal.consumers.archive.sql import EXAMPLES
 from runjournal.core.settings import Settings
 from runjournal.schemas import Event, EventType
 from tests.support.provider import project
@@ -31,9 +32,11 @@ GUIDE = Path(__file__).resolve().parents[3] / "docs" / "guide" / "archive.md"
 
 
 def documented_queries() -> list[str]:
-    """The ```sql blocks of the guide's Query section, in order."""
+    """The ```sql blocks of the guide's Query section, in order (the texts of ``EXAMPLES``, which the console runs)."""
     section = GUIDE.read_text().split("## Query", 1)[1]
-    return [block.strip() for block in re.findall(r"```sql\n(.*?)```", section, re.S)]
+    found = [" ".join(block.split()) for block in re.findall(r"```sql\n(.*?)```", section, re.S)]
+    assert found == list(EXAMPLES.values()), "the guide shows the queries the console runs"
+    return found
 
 
 def resumed_run(run_id: str, *, tenant: str, reconcile: str | None, finish: bool) -> list[Event]:
@@ -131,3 +134,22 @@ def test_the_cli_prints_json_csv_and_a_table_and_names_bad_sql(journal: Settings
     doc = json.loads(bad.stderr.strip().splitlines()[-1])
     assert doc["error"] == "QueryError" and "syntax error" in doc["message"].lower()
     assert cli("query", "SELECT 1", "--json", "--csv").returncode == 2
+
+
+def test_the_console_counts_page_shows_the_counts_query_prints(journal: Settings) -> None:
+    from starlette.testclient import TestClient
+
+    from runjournal.console.app import ConsoleConfig, build_app
+
+    client = TestClient(build_app(ConsoleConfig(journal)))
+    counts = client.get("/api/counts")
+    assert counts.status_code == 200, counts.text
+    shown = counts.json()
+    assert list(shown) == list(EXAMPLES)
+    for title, sql in EXAMPLES.items():
+        columns, rows = query(journal, sql)
+        assert shown[title] == {"columns": columns,
+                                "rows": [[v.isoformat() if isinstance(v, date) else v for v in r] for r in rows]}
+    assert shown["effects per tenant per day"]["rows"] == [["acme", "2026-01-01", 3], ["beta", "2026-01-01", 3]]
+    page = client.get("/counts")
+    assert page.status_code == 200 and "charge_card" in page.text and "effects per tenant per day" in page.text
