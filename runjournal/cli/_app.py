@@ -10,7 +10,7 @@ import typer
 
 from runjournal.cli.acls import acls_app
 from runjournal.cli.approvals import approve_command, deny_command, settle_command
-from runjournal.cli.archive import archiver_command
+from runjournal.cli.archive import archiver_command, query_command
 from runjournal.cli.console import console_command
 from runjournal.cli.control import cancel_command, fork_command, pause_command, resume_command, signal_command
 from runjournal.cli.demo import demo_command
@@ -72,6 +72,7 @@ app.add_typer(acls_app, name="acls")
 app.add_typer(spend_app, name="spend")
 app.command("projector")(projector_command)
 app.command("archiver")(archiver_command)
+app.command("query")(query_command)
 app.command("inspect")(inspect_command)
 app.command("memory-extractor")(memory_extractor_command)
 app.command("recover")(recover_command)

@@ -3,18 +3,22 @@
 
 from __future__ import annotations
 
+import csv
 import json
+import sys
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
-from runjournal.cli._errors import cli_errors
+from runjournal.cli._errors import cli_errors, fail, printable
+from runjournal.cli._tables import folding_table
 
 if TYPE_CHECKING:
     from runjournal.core.settings import Settings
 
-__all__ = ["archived_report", "archiver_command", "erase_archived"]
+__all__ = ["archived_report", "archiver_command", "erase_archived", "query_command"]
 
 console = Console()
 
@@ -83,3 +87,42 @@ def erase_archived(settings: Settings, run_id: str) -> list[str]:
         return delete_archived(settings, run_id)
     except (ImportError, ObjectStoreError):
         return []
+
+
+def query_command(
+    sql: Annotated[str, typer.Argument(help="One DuckDB statement over the tables runs, calls and events.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the rows as a JSON list of objects.")] = False,
+    as_csv: Annotated[bool, typer.Option("--csv", help="Print the rows as CSV (a header line first).")] = False,
+    no_live: Annotated[bool, typer.Option("--no-live", help="Leave out the live projection (Redis).")] = False,
+    no_archive: Annotated[bool, typer.Option("--no-archive", help="Leave out the archive.")] = False,
+) -> None:
+    """Run SQL (DuckDB) over the archive and the live projection: tables runs, calls and events (events: archived
+    runs only).
+
+    Each table is an in-memory copy made for this query: a statement may change the copy, never the journal, Redis
+    or the archive. Exits 1 naming the error (QueryError: DuckDB's message) for bad SQL or a missing stack or
+    archive backend, 2 for a usage error.
+    """
+    from runjournal.core.settings import Settings
+
+    if as_json and as_csv:
+        raise fail("give --json or --csv, not both", as_json=as_json, code=2, kind="UsageError")
+    if no_live and no_archive:
+        raise fail("--no-live and --no-archive leave nothing to query", as_json=as_json, code=2, kind="UsageError")
+    settings = Settings.load()
+    with cli_errors(as_json):
+        from runjournal.consumers.archive.sql import query
+
+        columns, rows = query(settings, sql, live=not no_live, archive=not no_archive)
+    if as_json:
+        print(json.dumps([dict(zip(columns, row, strict=True)) for row in rows], default=str))
+    elif as_csv:
+        writer = csv.writer(sys.stdout, lineterminator="\n")
+        writer.writerow(columns)
+        writer.writerows(["" if v is None else v for v in row] for row in rows)
+    else:
+        table = folding_table(*columns)
+        for row in rows:
+            table.add_row(*(Text("" if v is None else printable(v)) for v in row))  # no markup
+        console.print(table)
+        console.print(f"{len(rows)} row(s)")

@@ -24,6 +24,9 @@ Routes:
   the run page). Not under ``/runs/{run_id}/``: a run id may end in ``/stream``. The run page's stream panel reads
   it with ``EventSource`` (``static/stream.js``, the console's one script).
 * ``GET /lag`` — projector, memory and recovery lag from the services' ``/metrics`` and the recovery backlog.
+* ``GET /counts``, ``GET /api/counts`` — ``runjournal query``'s example queries (unknown outcomes by tool, reconciles
+  by provider, effects per tenant per day) over the archive and the live projection: the same counts as the CLI;
+  needs the ``archive`` extra (duckdb), else the error page names it.
 * ``GET|POST /login``, ``POST /logout`` — operator sign-in (only with a token).
 * ``GET /metrics`` — the console's own Prometheus metrics; ``GET /healthz``; ``/static`` — the stylesheet.
 
@@ -293,6 +296,22 @@ class _Console:
     def lag_page(self, request: Request) -> Response:
         return self._page(request, "lag.html", {"lag": self.lag.view()})
 
+    async def counts(self, request: Request) -> Response:
+        """The documented example queries (``runjournal query``'s ``EXAMPLES``) over the archive and the live
+        projection: the counts ``runjournal query`` prints. ``/api/counts``: ``{title: {"columns", "rows"}}``."""
+        try:
+            from runjournal.consumers.archive.sql import EXAMPLES, query
+
+            tables = {}
+            for title, sql in EXAMPLES.items():
+                columns, rows = await run_in_threadpool(query, self.config.settings, sql, redis=self.data.redis)
+                tables[title] = {"sql": sql, "columns": columns, "rows": [[_cell(v) for v in r] for r in rows]}
+        except (ImportError, RunjournalError, redis.RedisError, KafkaException) as exc:
+            return self._error(request, exc)
+        if request.url.path.startswith("/api/"):
+            return JSONResponse({t: {"columns": v["columns"], "rows": v["rows"]} for t, v in tables.items()})
+        return self._page(request, "counts.html", {"tables": tables})
+
     # -- decisions -------------------------------------------------------------------------------
     async def decide(self, request: Request) -> Response:
         run_id, call_id = request.path_params["run_id"], request.path_params["call_id"]
@@ -446,6 +465,11 @@ class _Console:
         return response
 
 
+def _cell(value: Any) -> Any:
+    """A query's cell for JSON and the page: a date or timestamp as ISO text, anything else as DuckDB gave it."""
+    return value.isoformat() if hasattr(value, "isoformat") else value
+
+
 def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
@@ -495,6 +519,7 @@ def build_app(config: ConsoleConfig, *, data: ConsoleData | None = None,
         Route("/runs/{run_id:path}", console.run), Route("/api/runs/{run_id:path}", console.run),
         Route("/streams/{run_id:path}", console.stream),
         Route("/lag", console.lag_page),
+        Route("/counts", console.counts), Route("/api/counts", console.counts),
         Route("/login", console.login, methods=["GET", "POST"]), Route("/logout", console.logout, methods=["POST"]),
         Route("/healthz", lambda _r: JSONResponse({"ok": True})),
         Route("/metrics", lambda _r: Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)),

@@ -176,6 +176,8 @@ ELSEWHERE: dict[tuple[str, str | None], str] = {
     ("demo", "--fault-times"): "tests/demo/test_faults.py",
     **{("archiver", o): "tests/consumers/archive/test_archive.py" for o in (None, "--until-caught-up",
                                                                            "--sweep-interval", "--json")},
+    **{("query", o): "tests/consumers/archive/test_query.py" for o in (None, "--json", "--csv", "--no-live",
+                                                                      "--no-archive")},
     **{("signal", o): "tests/cli/test_signal.py" for o in (None, "--payload", "--by", "--json")},
     **{("fork", o): "tests/cli/test_fork.py" for o in (None, "--at", "--run-id", "--reason", "--by", "--assign-to",
                                                        "--dry-run", "--json")},

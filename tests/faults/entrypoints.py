@@ -278,6 +278,7 @@ READERS: frozenset[str] = frozenset({
     "cli topics create", "cli topics describe", "cli schemas check", "cli schemas publish", "cli memory serve",
     "cli memory search", "cli memory stats", "cli knowledge ingest", "cli knowledge search", "cli knowledge stats",
     "cli acls show", "cli acls create",
+    "cli query",  # reads the archive and the projection into in-memory DuckDB copies; writes nothing
     "cli spend",  # reads the projection and the spend ledger
     "cli spend budget",  # writes an operator's limit to the tenant's spend ledger (Redis), never the journal
 })
