@@ -19,7 +19,6 @@ __all__ = ["acls_app"]
 acls_app = typer.Typer(help="The Kafka ACLs (and, with --redis, the Redis ACL rules) each runjournal role needs, "
                             "for the current topic prefix.", no_args_is_help=True)
 console = Console()
-err_console = Console(stderr=True)
 
 
 RedisOpt = Annotated[bool, typer.Option("--redis", help="Redis ACL rules (key patterns and commands) instead of "
@@ -119,12 +118,16 @@ def acls_create(
         _create_redis(settings, dict(pairs) if pairs else {r: r for r in ROLES}, agent_name, as_json)  # type: ignore[arg-type]
         return
     principals = dict(pairs) if pairs else {r: f"User:{r}" for r in ROLES}  # type: ignore[arg-type]
+    from runjournal.cli._errors import cli_errors, fail
+    from runjournal.consumers.runtime.topic_identity import preflight
+
+    with cli_errors(as_json):  # no broker: named at once (it waited 30 s and blamed the user's rights)
+        preflight(settings, need_topic=False, need_redis=False)
     try:
         count = create_acls(settings, principals)
     except KafkaException as exc:
-        err_console.print(f"[bold red]error:[/] the broker refused: {exc.args[0].str()} (creating ACLs needs ALTER on "
-                          "the cluster: run as the cluster's administrator)")
-        raise typer.Exit(code=1) from exc
+        raise fail(f"the broker refused: {exc.args[0].str()} (creating ACLs needs ALTER on the cluster: run as the "
+                   "cluster's administrator)", as_json=as_json, kind="KafkaException") from exc
     if as_json:
         print(json.dumps({"prefix": settings.topic_prefix, "principals": principals, "bindings": count}))
     else:

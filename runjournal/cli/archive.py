@@ -112,7 +112,10 @@ def query_command(
     settings = Settings.load()
     with cli_errors(as_json):
         from runjournal.consumers.archive.sql import query
+        from runjournal.consumers.runtime.topic_identity import preflight
 
+        if not no_live:  # the live projection needs the stack (the archive alone does not): named at once
+            preflight(settings)
         columns, rows = query(settings, sql, live=not no_live, archive=not no_archive)
     if as_json:
         print(json.dumps([dict(zip(columns, row, strict=True)) for row in rows], default=str))

@@ -24,6 +24,7 @@ def stream_command(
     chunks are dropped). Without --json the chunks' text, with a marked line per gap.
     """
     from runjournal.cli._errors import cli_errors
+    from runjournal.consumers.runtime.topic_identity import preflight
     from runjournal.consumers.streams import read_stream
     from runjournal.core.ids import RUN_ID
     from runjournal.core.settings import Settings
@@ -31,6 +32,7 @@ def stream_command(
     settings = Settings.load()
     with cli_errors(as_json):
         RUN_ID.check_lookup(run_id)
+        preflight(settings, need_topic=False, need_redis=False)  # no broker: named at once, not after 10 s
         for _offset, event in read_stream(settings, run_id, from_offset, follow=follow):
             if as_json:
                 print(json.dumps(event.as_dict(), ensure_ascii=False), flush=True)
