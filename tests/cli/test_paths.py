@@ -100,7 +100,8 @@ def test_every_command_is_checked_without_a_stack_or_exempt() -> None:
     assert missing == [], "add these to NO_STACK_COMMANDS (or NO_STACK_EXEMPT, saying why)"
 
 
-@pytest.mark.parametrize("argv", NO_STACK_COMMANDS, ids=lambda a: a[0] + ("-" + a[1] if a[0] in ("topics", "spend", "acls") else ""))
+@pytest.mark.parametrize("argv", NO_STACK_COMMANDS,
+                         ids=lambda a: a[0] + ("-" + a[1] if a[0] in ("topics", "spend", "acls") else ""))
 def test_case9_no_stack_is_named_within_5s_with_the_fix(service_env: dict[str, str], argv: list[str]) -> None:
     env = {**service_env, "RUNJOURNAL_BOOTSTRAP": f"127.0.0.1:{free_port()}",
            "RUNJOURNAL_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
