@@ -216,7 +216,7 @@ def test_acls_create_as_the_administrator_and_never_as_the_operator(cluster: Clu
     admin_env = {**cluster.env("admin"), "RUNJOURNAL_TOPIC_PREFIX": prefix}
     made = cli(admin_env, "acls", "create", "--principal", "agent=User:svc-agent", "--json")
     assert made.returncode == 0, made.stderr
-    assert json.loads(made.stdout) == {"prefix": prefix, "principals": {"agent": "User:svc-agent"}, "bindings": 14}
+    assert json.loads(made.stdout) == {"prefix": prefix, "principals": {"agent": "User:svc-agent"}, "bindings": 17}
     admin = kafka.admin_client(tenant.settings())  # referenced until the future resolves
     found = admin.describe_acls(AclBindingFilter(
         ResourceType.ANY, None, ResourcePatternType.ANY, "User:svc-agent", None, AclOperation.ANY,
@@ -228,6 +228,8 @@ def test_acls_create_as_the_administrator_and_never_as_the_operator(cluster: Clu
         (f"{prefix}.checkpoints", "WRITE", "ALLOW"), (f"{prefix}.checkpoints", "DESCRIBE", "ALLOW"),
         (f"{prefix}.payloads", "WRITE", "ALLOW"), (f"{prefix}.payloads", "READ", "ALLOW"),
         (f"{prefix}.payloads", "DESCRIBE", "ALLOW"),
+        (f"{prefix}.streams", "WRITE", "ALLOW"), (f"{prefix}.streams", "READ", "ALLOW"),
+        (f"{prefix}.streams", "DESCRIBE", "ALLOW"),
         (f"{prefix}.", "WRITE", "ALLOW"), (f"{prefix}.", "DESCRIBE", "ALLOW"),
         (f"{prefix}.recovery", "WRITE", "DENY"), (f"{prefix}.recovery", "DESCRIBE", "DENY")}
     refused = cli({**tenant.env("operator"), "RUNJOURNAL_TOPIC_PREFIX": prefix}, "acls", "create")
