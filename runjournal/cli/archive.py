@@ -61,15 +61,17 @@ def archiver_command(
 
 def archived_report(settings: Settings, run_id: str, *, until_seq: int | None = None) -> dict[str, Any] | None:
     """``replay``'s report of an archived run with ``"archived": "<object url>"``; None when the archive does not hold
-    it (or the archive extra is not installed: nothing can have been archived by this install)."""
-    from runjournal.stores.errors import ObjectStoreError
+    it (or the archive extra is not installed: nothing can have been archived by this install).
 
+    Raises:
+        ObjectStoreError: RUNJOURNAL_ARCHIVE_URL cannot be used (an unknown scheme, no bucket, s3fs missing) — said,
+            never taken for an archive that does not hold the run.
+    """
     try:
         from runjournal.consumers.archive.store import replay_archived
-
-        found = replay_archived(settings, run_id, until_seq=until_seq)
-    except (ImportError, ObjectStoreError):
+    except ImportError:
         return None
+    found = replay_archived(settings, run_id, until_seq=until_seq)
     if found is None:
         return None
     replayed, url = found
@@ -78,15 +80,17 @@ def archived_report(settings: Settings, run_id: str, *, until_seq: int | None = 
 
 def erase_archived(settings: Settings, run_id: str) -> list[str]:
     """``erase`` of an archived run: delete its archive object and manifest; the URLs deleted ([] when the archive
-    does not hold it, or the archive extra is not installed: nothing can have been archived by this install)."""
-    from runjournal.stores.errors import ObjectStoreError
+    does not hold it, or the archive extra is not installed: nothing can have been archived by this install).
 
+    Raises:
+        ObjectStoreError: RUNJOURNAL_ARCHIVE_URL cannot be used — an erase must not report success while an archived
+            copy may remain.
+    """
     try:
         from runjournal.consumers.archive.store import delete_archived
-
-        return delete_archived(settings, run_id)
-    except (ImportError, ObjectStoreError):
+    except ImportError:
         return []
+    return delete_archived(settings, run_id)
 
 
 def query_command(

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
+
+if TYPE_CHECKING:
+    from runjournal.core.settings import Settings
 
 __all__ = ["erase_command"]
 
@@ -36,6 +39,7 @@ def erase_command(
     settings = Settings.load()
     with cli_errors(as_json):
         preflight(settings)
+        _archive_usable(settings)  # before anything is erased: an archive that cannot be read is named first
     if not yes:
         typer.confirm(f"Erase run {run_id} (events, Redis state, memory)? This cannot be undone", abort=True)
     with cli_errors(as_json):  # EraseError included
@@ -58,3 +62,15 @@ def erase_command(
             console.print(f"archive: deleted {url}", highlight=False)
     if report.records_seen == 0 and not archived:
         raise fail(f"the topic never held run {run_id}", as_json=as_json, kind="RunNotFound")
+
+
+def _archive_usable(settings: Settings) -> None:
+    """Raise ``ObjectStoreError`` when RUNJOURNAL_ARCHIVE_URL cannot be used (only with the archive extra installed:
+    without it nothing can have been archived by this install)."""
+    import importlib.util
+
+    if importlib.util.find_spec("pyarrow") is None or importlib.util.find_spec("fsspec") is None:
+        return
+    from runjournal.stores.object_store import filesystem
+
+    filesystem(settings)

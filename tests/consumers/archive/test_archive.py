@@ -228,3 +228,19 @@ def test_retention_scopes_most_specific_wins_and_bad_ones_are_named() -> None:
         Settings.load(retention_overrides={"team:a": 1})
     with pytest.raises(ConfigError, match="RETENTION_OVERRIDES"):
         Settings.load(retention_overrides={"tenant:a": -1})
+
+
+@pytest.mark.parametrize("url", ["ftp://somewhere/archive", "s3://"])
+@pytest.mark.parametrize("command", [["inspect", "no-such-run"], ["replay", "no-such-run"],
+                                     ["erase", "no-such-run", "--yes"]], ids=lambda c: c[0])
+def test_a_misconfigured_archive_is_named_not_taken_for_an_empty_one(topics: Settings, service_env: dict[str, str],
+                                                                     command: list[str], url: str) -> None:
+    """inspect, replay and erase ask the archive for a run not in the hot stores: an archive URL they cannot use is
+    an ``ObjectStoreError`` naming RUNJOURNAL_ARCHIVE_URL (exit 1) — never "not found" (for erase: an archived copy
+    left behind while the erase reports success)."""
+    env = {**service_env, "RUNJOURNAL_ARCHIVE_URL": url}
+    out = subprocess.run([sys.executable, "-m", "runjournal", *command, "--json"], env=env, capture_output=True,
+                         text=True, timeout=120, check=False)
+    assert out.returncode == 1 and out.stdout.strip() == "", (out.returncode, out.stdout, out.stderr[-1500:])
+    doc = json.loads(out.stderr.strip().splitlines()[-1])
+    assert doc["error"] == "ObjectStoreError" and "RUNJOURNAL_ARCHIVE_URL" in doc["message"], doc
