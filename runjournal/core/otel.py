@@ -35,6 +35,7 @@ from runjournal.core.errors import ConfigError
 
 __all__ = [
     "TRACING_ENV",
+    "apply_setting",
     "configure_tracing",
     "current_link",
     "emit_run_span",
@@ -100,6 +101,24 @@ def tracer() -> Any:
         if not _checked:
             _setup(None) if tracing_requested() else _set(None, None)
     return _tracer
+
+
+def apply_setting(mode: str) -> None:
+    """Apply ``Settings.tracing`` given in code (``Journal`` and ``RecoveryJob`` call it with their settings):
+    ``otel`` switches traces on in this process when they are off (the exporter from the ``OTEL_*`` variables);
+    ``off`` keeps them off when nothing has decided yet; ``auto`` leaves the decision to the environment
+    (:func:`tracer`). A provider installed by :func:`configure_tracing` is never replaced.
+
+    Raises:
+        ConfigError: ``otel`` without the ``otel`` extra installed (``pip install 'runjournal[otel]'``).
+    """
+    if mode == "auto" or (mode == "off" and _checked):
+        return
+    with _lock:
+        if mode == "otel" and _tracer is None:
+            _setup(None)
+        elif mode == "off" and not _checked:
+            _set(None, None)
 
 
 def configure_tracing(span_processor: Any = None) -> Any:

@@ -185,7 +185,8 @@ class Settings(BaseSettings):
     """OpenTelemetry traces (the ``otel`` extra; docs/guide/tracing.md): ``otel`` — on, exported as the standard
     ``OTEL_*`` variables say (OTLP over HTTP by default); ``off`` — off whatever they say; ``auto`` — on when
     ``OTEL_TRACES_EXPORTER`` (not ``none``), ``OTEL_EXPORTER_OTLP_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``
-    is set. Read from the environment by ``runjournal.core.otel`` at the first traced step of a process."""
+    is set. Read from the environment by ``runjournal.core.otel`` at the first traced step of a process; a value given
+    in code takes effect when a ``Journal`` or ``RecoveryJob`` is built with it (``otel.apply_setting``)."""
     run_events_warn: int = Field(default=10_000, ge=0, le=2**62)
     """A run's event budget (events, counted by seq): an agent publishing the event that reaches it logs a warning
     once and counts ``runjournal_journal_runs_over_event_budget_total``; the console marks the run. 0: no warning.

@@ -65,7 +65,7 @@ import orjson
 import redis
 from confluent_kafka import KafkaException
 
-from runjournal.core import failpoints, kafka
+from runjournal.core import failpoints, kafka, otel
 from runjournal.core.ids import AGENT, PRODUCER_ID, RUN_ID, TENANT_ID, USER_ID
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
@@ -215,6 +215,7 @@ class Journal:
 
             redis_client = redis_clients.client(settings)
         self.settings = settings
+        otel.apply_setting(settings.tracing)  # Settings(tracing=...) given in code (docs/guide/tracing.md)
         prefix = redis_prefix or settings.topic_prefix
         # Arguments checked before the lease: a Journal that fails to start must leave no live-looking instance
         # behind (recovery would hand runs to it until its lease expired).

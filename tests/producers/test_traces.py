@@ -280,3 +280,26 @@ def test_an_async_run_has_the_same_spans(topics: Settings, exporter: InMemorySpa
     assert len(calls) == 2 and all(c["parent_id"] == node["span_id"] for c in calls)
     assert {c["attributes"]["runjournal.outcome"] for c in calls} == {"committed"}
     assert len({c["attributes"]["runjournal.idempotency_key"] for c in calls}) == 2
+
+
+def test_settings_tracing_given_in_code_switches_traces_on_and_off(topics: Settings,
+                                                                   service_env: dict[str, str]) -> None:
+    """``Settings(tracing="otel")`` handed to a Journal (not the environment) turns traces on in that process;
+    ``off`` keeps them off although an OTEL_* variable asks for them — each in a fresh process (the switch is
+    per process)."""
+    code = ("import json, sys, uuid\n"
+            "from runjournal.core import otel\n"
+            "from runjournal.core.settings import Settings\n"
+            "from runjournal.producers import Journal\n"
+            "settings = Settings.load().model_copy(update={'tracing': sys.argv[1]})\n"
+            "with Journal(settings, producer_id=f'tr-{uuid.uuid4().hex[:6]}'):\n"
+            "    print(json.dumps(otel.tracer() is not None))\n"
+            "otel.shutdown_tracing()\n")
+    base = {k: v for k, v in service_env.items() if not k.startswith(("OTEL_", "RUNJOURNAL_TRACING"))}
+    base["RUNJOURNAL_TOPIC_PREFIX"] = topics.topic_prefix
+    env = {**base, "OTEL_TRACES_EXPORTER": "none"}
+    on = subprocess.run([sys.executable, "-c", code, "otel"], env=env, capture_output=True, text=True, timeout=120)
+    assert on.returncode == 0 and on.stdout.strip() == "true", on.stderr[-2000:]
+    env = {**base, "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}
+    off = subprocess.run([sys.executable, "-c", code, "off"], env=env, capture_output=True, text=True, timeout=120)
+    assert off.returncode == 0 and off.stdout.strip() == "false", off.stderr[-2000:]

@@ -126,6 +126,7 @@ class RecoveryJob:
     def __init__(self, settings: Settings, *, max_wait_s: float = 30.0, outage_wait_s: float = 10.0,
                  read_timeout_s: float = 30.0) -> None:
         self.settings = settings
+        otel.apply_setting(settings.tracing)  # Settings(tracing=...) given in code (docs/guide/tracing.md)
         self.max_wait_s = max_wait_s
         self.read_timeout_s = read_timeout_s
         self.policy = FailurePolicy("recovery", log, max_wait_s=outage_wait_s)
