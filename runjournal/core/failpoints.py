@@ -25,6 +25,9 @@ REGISTRY: dict[str, str] = {
     "producers.txn.after_outcome_commit": "a commit that acknowledged a deferred (group-mode) outcome returned",
     "producers.surrender.after_flush": "a surrendering instance committed its open transaction; the run not yet "
                                        "moved from its owned set to its surrendered hash",
+    "archive.after_write": "a run's Parquet object written and verified, its manifest not yet written",
+    "archive.after_manifest": "the manifest written, the erase mark not yet checked, nothing tombstoned",
+    "archive.after_tombstones": "the run's keys tombstoned in the three topics, its Redis state not yet deleted",
     "projector.before_write": "a batch folded, its Redis write not yet sent",
     "projector.write_in_flight": "a batch's Redis write sent (write-behind), not yet answered",
     "projector.after_write": "a batch written to Redis, the group offset not yet committed",

@@ -21,7 +21,8 @@ unit of atomicity; a key used alone needs no tag and is spread over the cluster 
   (``runjournal.producers.spend``; docs/design/decisions/0053-spend-ledger.md). ``<h>`` is the first 32 hex digits of
   the tenant id's SHA-256: a tenant id may hold ``{`` or ``}``, which would end the tag early;
 * archive ``{P:arc}``: ``rj:{P:arc}:due``, ``:runs`` — finished runs waiting for their retention, and each one's
-  tenant and agent, written together by the archiver (``runjournal.consumers.archive``; decision 0056);
+  tenant and agent, written together by the archiver (``runjournal.consumers.archive``; decision 0056); ``:erased``
+  — runs an ``erase`` began, by Redis's clock, which an archive in flight checks after its write (decision 0057);
 * control ``{P:ctl}``: ``rj:{P:ctl}:requests``, ``:version``, ``:timers`` — an operator's (or a waiting run's own)
   request, the version counter heartbeat readers watch, and held runs' wake-up times (``runjournal.producers.control``).
 
@@ -251,6 +252,12 @@ class RedisKeys:
         """``rj:{P:arc}:runs`` — hash run_id → ``{"tenant_id", "agent"}`` (JSON) of each run in the due set: its
         retention's scope. Written with the due set in one MULTI (same tag)."""
         return f"rj:{{{self.prefix}:arc}}:runs"
+
+    def archive_erased(self) -> str:
+        """``rj:{P:arc}:erased`` — sorted set run_id → when an ``erase`` of the run began (ms by Redis's clock), kept
+        for ``runjournal.consumers.ops.erase.ERASE_MARK_MS``: an archive that wrote the run while it was erased finds
+        the mark after its write and deletes its copy (decision 0057)."""
+        return f"rj:{{{self.prefix}:arc}}:erased"
 
     # -- demo unit: the demo's work queue (runjournal.demo) -----------------------------------------------
     def demo(self, name: str) -> str:

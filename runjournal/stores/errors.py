@@ -9,14 +9,16 @@ A caller that breaks a store's contract gets one of these, never a silent fallba
 * :class:`ReadOnlyError` — a write attempted through a read-only store (the knowledge corpus at query time).
 
 And :class:`ObjectStoreError` (a :class:`~runjournal.core.errors.ConfigError`): the archive's object store cannot
-be used as configured (an unknown URL scheme, ``s3://`` without the ``archive`` extra installed).
+be used as configured (an unknown URL scheme, ``s3://`` without the ``archive`` extra installed), and
+:class:`ObjectStoreUnavailableError`: it is configured right but does not answer now (the one failure policy waits).
 """
 
 from __future__ import annotations
 
 from runjournal.core.errors import ConfigError, RunjournalError
 
-__all__ = ["ObjectStoreError", "PlaneError", "ProvenanceError", "ReadOnlyError", "ScopeError", "StoreContractError"]
+__all__ = ["ObjectStoreError", "ObjectStoreUnavailableError", "PlaneError",
+           "ProvenanceError", "ReadOnlyError", "ScopeError", "StoreContractError"]
 
 
 class StoreContractError(RunjournalError):
@@ -48,3 +50,10 @@ class ReadOnlyError(StoreContractError):
 class ObjectStoreError(ConfigError):
     """The archive's object store cannot be used as configured: ``RUNJOURNAL_ARCHIVE_URL`` has a scheme other than
     ``file`` or ``s3``, or ``s3://`` is asked without s3fs (``pip install 'runjournal[archive]'``)."""
+
+
+class ObjectStoreUnavailableError(RunjournalError):
+    """The archive's object store did not answer (refused, reset, timed out, a 5xx, a full disk): waiting can fix
+    it. The one failure policy (``runjournal.consumers.runtime.failures``) classifies it ``transient`` with the
+    dependency ``object_store``: the archiver waits and removes nothing from the hot stores meanwhile
+    (docs/design/decisions/0057-erase-while-archiving.md)."""

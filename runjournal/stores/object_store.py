@@ -10,6 +10,7 @@ Needs the ``archive`` extra (``pip install 'runjournal[archive]'``: fsspec, s3fs
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 
     from runjournal.core.settings import Settings
 
-__all__ = ["filesystem"]
+__all__ = ["filesystem", "object_store_outage"]
 
 EXTRA = "pip install 'runjournal[archive]'"
 
@@ -85,3 +86,40 @@ def _s3(settings: Settings) -> AbstractFileSystem:
     # a fresh instance: fsspec caches instances by arguments, and a test's stack differs from the next one's
     fs: AbstractFileSystem = s3fs.S3FileSystem(skip_instance_cache=True, **kwargs)
     return fs
+
+
+_OUTAGE_ERRNOS = frozenset({errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED, errno.ETIMEDOUT,
+                            errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EPIPE, errno.EIO, errno.ENOSPC, errno.EAGAIN})
+_OUTAGE_MODULES = ("botocore", "aiobotocore", "aiohttp", "urllib3", "s3fs")
+_OUTAGE_WORDS = ("Connect", "Timeout", "Disconnected", "Closed", "ServiceUnavailable", "SlowDown", "InternalError")
+
+
+def object_store_outage(exc: BaseException) -> bool:
+    """True when ``exc`` (or an exception in its chain of causes) means the object store did not answer now —
+    waiting can fix it — rather than that it refused the request.
+
+    Outages: the built-in ``ConnectionError`` and ``TimeoutError``; an ``OSError`` whose errno is refused, reset,
+    aborted, timed out, unreachable, a broken pipe, an I/O error (s3fs's translation of a 5xx) or a full disk; an
+    error of botocore, aiobotocore, aiohttp, urllib3 or s3fs whose class names a connection, a timeout, a closed or
+    disconnected peer, or S3's ``ServiceUnavailable`` / ``SlowDown`` / ``InternalError``. Not outages: a missing
+    object (``FileNotFoundError``), a refused access (``PermissionError``), anything else. Never raises.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, (FileNotFoundError, PermissionError)):
+            return False
+        if isinstance(current, (ConnectionError, TimeoutError)):
+            return True
+        if isinstance(current, OSError) and current.errno in _OUTAGE_ERRNOS:
+            return True
+        for cls in type(current).__mro__:
+            if cls.__module__.split(".")[0] in _OUTAGE_MODULES and any(w in cls.__name__ for w in _OUTAGE_WORDS):
+                return True
+        code = str(getattr(current, "response", {}).get("Error", {}).get("Code", "")) \
+            if isinstance(getattr(current, "response", None), dict) else ""
+        if code in ("ServiceUnavailable", "SlowDown", "InternalError", "503", "500"):
+            return True
+        current = current.__cause__ or current.__context__
+    return False

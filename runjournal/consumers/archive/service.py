@@ -16,7 +16,11 @@ The main loop, in order:
    events again and refuses an unfinished one: that one leaves the due set).
 
 One clock decides: both the score and ``now`` are Redis's. Every call to a dependency runs under the one failure
-policy (``runjournal.consumers.runtime.failures``): a transient failure waits, a fatal one stops the service.
+policy (``runjournal.consumers.runtime.failures``): a transient failure waits — the object store not answering
+too (``ObjectStoreUnavailableError``: nothing is removed meanwhile) — and a fatal one stops the service. A failure
+of one run's archive (a verify mismatch, an owner still holding its lease, a tombstone not acknowledged) leaves that
+run due for the next sweep; a run erased meanwhile (``RunErasedError``, decision 0057) leaves the due set. Each sweep
+also trims erase marks older than ``ERASE_MARK_MS``.
 """
 
 from __future__ import annotations
@@ -34,10 +38,12 @@ from confluent_kafka import Message
 from runjournal.consumers.archive.store import (
     TERMINAL_TYPES,
     ArchiveError,
+    RunErasedError,
     RunNotFinishedError,
     archive_run,
     redis_now_ms,
 )
+from runjournal.consumers.ops.erase import ERASE_MARK_MS, EraseError, RunStillLiveError
 from runjournal.consumers.runtime.failures import FailurePolicy, stops_consumer
 from runjournal.consumers.runtime.group import commit_pending, partition_lags
 from runjournal.core import kafka, redis_client
@@ -67,7 +73,10 @@ class ArchiverStats:
     archived: list[str] = field(default_factory=list)
     """Runs archived and removed from the hot stores."""
     refused: list[str] = field(default_factory=list)
-    """Runs the due set held that were not finished after all (they left it)."""
+    """Runs the due set held that were not finished after all, or were erased meanwhile (they left it)."""
+    retried: list[str] = field(default_factory=list)
+    """Runs whose archive failed on their own (a verify mismatch, an owner's live lease, a tombstone not
+    acknowledged): nothing was removed, they stay due and the next sweep tries them again."""
     elapsed_s: float = 0.0
     """Wall time of the run, seconds."""
 
@@ -211,6 +220,8 @@ class Archiver:
     def sweep(self) -> list[str]:
         """Archive every run of the due set past its retention (step 4); the runs archived."""
         now = self.policy.call("redis", lambda: redis_now_ms(self.redis))
+        self.policy.call("redis", lambda: self.redis.zremrangebyscore(self.keys.archive_erased(), "-inf",
+                                                                      now - ERASE_MARK_MS))  # old erase marks
         due = self.policy.call("redis", lambda: self.redis.zrange(self.keys.archive_due(), 0, -1, withscores=True))
         scopes = self.policy.call("redis", lambda: self.redis.hgetall(self.keys.archive_runs()))
         archived = []
@@ -225,13 +236,20 @@ class Archiver:
             try:
                 report = self.policy.call("archive", functools.partial(archive_run, self.settings, run_id,
                                                                        redis_client=self.redis))
-            except RunNotFinishedError as exc:
-                log.warning("not archived: not finished", extra={"run_id": run_id, "error": str(exc)})
+            except (RunNotFinishedError, RunErasedError) as exc:
+                log.warning("not archived: not finished or erased", extra={"run_id": run_id, "error": str(exc)})
                 pipe = self.redis.pipeline(transaction=True)  # an erased or reopened run: it leaves the queue
                 pipe.zrem(self.keys.archive_due(), run_id)
                 pipe.hdel(self.keys.archive_runs(), run_id)
                 self.policy.call("redis", pipe.execute)
                 self.stats.refused.append(run_id)
+                continue
+            except (ArchiveError, RunStillLiveError, EraseError) as exc:
+                # this run only, and nothing was removed that is not archived: it stays due and the next sweep tries
+                # it again (a verify mismatch, an owner still holding its lease, a tombstone not acknowledged)
+                log.warning("not archived yet: tried again at the next sweep",
+                            extra={"run_id": run_id, "error": f"{type(exc).__name__}: {exc}"})
+                self.stats.retried.append(run_id)
                 continue
             log.info("archived", extra={"run_id": run_id, "object": report.object_url, "rows": report.rows})
             archived.append(run_id)

@@ -31,12 +31,20 @@ import json
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
 
-from runjournal.consumers.ops.erase import cached_results, check_not_live, delete_run_redis, run_records, tombstone
+from runjournal.consumers.ops.erase import (
+    ERASE_MARK_MS,
+    cached_results,
+    check_not_live,
+    delete_run_redis,
+    run_records,
+    tombstone,
+)
 from runjournal.consumers.ops.replay import ReplayedState, TimelineRow
 from runjournal.consumers.runtime.partitions import run_partition
+from runjournal.core import failpoints
 from runjournal.core import redis_client as redis_clients
 from runjournal.core.checkpoint_records import of_thread
 from runjournal.core.errors import RunjournalError
@@ -47,14 +55,17 @@ from runjournal.model.reducer import RunState, fold
 from runjournal.producers.results import of_run
 from runjournal.schemas import Event, EventType, codec_from_settings
 from runjournal.schemas.keys import KeyFormatError, parse_event_key
-from runjournal.stores.object_store import filesystem
+from runjournal.stores.errors import ObjectStoreUnavailableError
+from runjournal.stores.object_store import filesystem, object_store_outage
 
 if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
 
-__all__ = ["ArchiveError", "ArchiveReport", "ArchiveVerifyError", "ArchivedRun", "RunNotFinishedError",
-           "archive_run", "delete_archived", "finish_time_ms", "manifest_path", "object_name", "read_archived",
-           "redis_now_ms", "replay_archived", "rows_digest"]
+__all__ = ["ArchiveError", "ArchiveReport", "ArchiveVerifyError", "ArchivedRun", "RunErasedError",
+           "RunNotFinishedError", "archive_run", "delete_archived", "finish_time_ms", "manifest_path", "object_name",
+           "read_archived", "redis_now_ms", "replay_archived", "rows_digest"]
+
+T = TypeVar("T")
 
 COLUMNS = ("source", "partition", "offset", "key", "type", "seq", "epoch", "value")
 """The Parquet columns: ``source`` (``events``, ``checkpoints`` or ``payloads``: the topic the row came from),
@@ -68,6 +79,11 @@ class ArchiveError(RunjournalError):
 
 class RunNotFinishedError(ArchiveError):
     """The run is not finished (no terminal event, or resumed after one): it is never archived."""
+
+
+class RunErasedError(ArchiveError):
+    """The run was erased while it was archived (``rj:{P:arc}:erased`` holds it): the archive deleted its own copy
+    (decision 0057); the run leaves the due set."""
 
 
 class ArchiveVerifyError(ArchiveError):
@@ -181,16 +197,21 @@ def archive_run(settings: Settings, run_id: str, *, redis_client: Any = None, ti
     client = redis_client if redis_client is not None else redis_clients.client(settings)
     fs, root = filesystem(settings)
     partition = run_partition(settings, run_id)
+    started_ms = redis_now_ms(client)  # before the read: an erase marked after it is found after the write (0057)
     say(f"reading the run's records from partition {partition}")
     events = _event_rows(settings, partition, run_id, timeout_s)  # 1
     others = [*_rows(settings, "checkpoints", settings.checkpoints_topic, partition, run_id, of_thread, timeout_s),
               *_rows(settings, "payloads", settings.payloads_topic, partition, run_id, of_run, timeout_s)]
-    manifest = _read_manifest(fs, root, run_id)
+    manifest, archived = _object_store(lambda: _archived_rows(fs, root, run_id))
+    if manifest is not None and _covers(archived, events):
+        # archived before (a kill after the write, the manifest or some tombstones; a redelivered terminal event):
+        # every live event is in the object, so only the removal is left — never a fold of a partly tombstoned run
+        _check_not_erased(settings, client, fs, root, run_id, manifest, started_ms)
+        return _remove(settings, client, partition, run_id, _decoded(settings, archived), others, manifest,
+                       timeout_s, already=True)  # 6
     if not events:
-        if manifest is None:
-            raise RunNotFinishedError(f"run {run_id} has no events in {settings.events_topic}[{partition}] and no "
-                                      "archive: nothing to archive")
-        return _remove(settings, client, partition, run_id, [], others, manifest, timeout_s, already=True)  # 6
+        raise RunNotFinishedError(f"run {run_id} has no events in {settings.events_topic}[{partition}] and no "
+                                  "archive: nothing to archive")
     state = _finished_state(settings, run_id, events)  # 2
     check_not_live(settings, client, partition, run_id, force=False)
     finished_ms = finish_time_ms(settings, client, run_id)  # 3
@@ -198,16 +219,89 @@ def archive_run(settings: Settings, run_id: str, *, redis_client: Any = None, ti
     path = object_name(root, state.tenant_id or "", finished_ms, partition, events[0]["offset"],
                        events[-1]["offset"])
     say(f"writing {len(rows)} rows to {_url(fs, path)}")
-    (_write or _write_parquet)(fs, path, rows)  # 4
-    digest = _verify(fs, path, rows)  # 5
+    _object_store(lambda: (_write or _write_parquet)(fs, path, rows))  # 4
+    digest = _object_store(lambda: _verify(fs, path, rows))  # 5
+    failpoints.hit("archive.after_write")
     new = {"run_id": run_id, "object_url": _url(fs, path), "object_path": path, "rows": len(rows), "digest": digest,
            "tenant_id": state.tenant_id, "agent": state.agent, "status": str(state.status), "partition": partition,
-           "first_offset": events[0]["offset"], "last_offset": events[-1]["offset"], "finished_ms": finished_ms}
-    _write_manifest(fs, root, run_id, new)
+           "first_offset": events[0]["offset"], "last_offset": events[-1]["offset"], "finished_ms": finished_ms,
+           "archive_started_ms": started_ms}
+    _object_store(lambda: _write_manifest(fs, root, run_id, new))
+    failpoints.hit("archive.after_manifest")
+    _check_not_erased(settings, client, fs, root, run_id, new, started_ms)
     if manifest is not None and manifest.get("object_path") not in (None, path):
-        fs.rm(manifest["object_path"])  # an older archive of the run, made before records came after its finish
+        old = manifest["object_path"]  # an older archive of the run, made before records came after its finish
+        _object_store(lambda: fs.rm(old) if fs.exists(old) else None)
     say("tombstoning the run's keys and deleting its Redis state, records and index entries (memory is kept)")
     return _remove(settings, client, partition, run_id, events, others, new, timeout_s, already=False)  # 6
+
+
+def _check_not_erased(settings: Settings, client: Any, fs: AbstractFileSystem, root: str, run_id: str,
+                      manifest: dict[str, Any], started_ms: int) -> None:
+    """After the write (step 5): an erase of the run marked in ``rj:{P:arc}:erased`` — or an archive that took so
+    long that a mark may have been trimmed — deletes this archive's object and manifest and raises
+    :class:`RunErasedError` (decision 0057: the erase deletes what was written before its mark, this what came
+    after)."""
+    keys = RedisKeys(settings.topic_prefix)
+    erased = client.zscore(keys.archive_erased(), run_id)
+    took = redis_now_ms(client) - int(manifest.get("archive_started_ms") or started_ms)
+    if erased is None and took < ERASE_MARK_MS // 2:
+        return
+    _object_store(lambda: _delete_copy(fs, root, run_id, manifest))
+    if erased is None:
+        raise ArchiveError(f"archiving run {run_id} took {took / 1000:.0f} s, longer than half the erase marks' "
+                           f"window ({ERASE_MARK_MS // 2000} s): its copy was deleted; archive again")
+    raise RunErasedError(f"run {run_id} was erased while it was archived (erase began at {int(erased)} ms by "
+                         "Redis's clock): the archive's copy was deleted, nothing of the run is kept")
+
+
+def _delete_copy(fs: AbstractFileSystem, root: str, run_id: str, manifest: dict[str, Any]) -> None:
+    path = manifest.get("object_path")
+    if path and fs.exists(path):
+        fs.rm(path)
+    if fs.exists(manifest_path(root, run_id)):
+        fs.rm(manifest_path(root, run_id))
+
+
+def _archived_rows(fs: AbstractFileSystem, root: str,
+                   run_id: str) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """The run's manifest and its object's rows; ``(None, [])`` when there is none. A manifest whose object is gone
+    (an erase or a deleted copy interrupted between the two deletions) is deleted too and counts as none."""
+    manifest = _read_manifest(fs, root, run_id)
+    if manifest is None:
+        return None, []
+    if not fs.exists(manifest["object_path"]):
+        fs.rm(manifest_path(root, run_id))
+        return None, []
+    return manifest, _read_parquet(fs, manifest["object_path"])
+
+
+def _covers(archived: list[dict[str, Any]], events: list[dict[str, Any]]) -> bool:
+    """True when every live event row (key at its offset) is in the archived rows."""
+    have = {(r["key"], r["offset"]) for r in archived if r["source"] == "events"}
+    return all((r["key"], r["offset"]) in have for r in events)
+
+
+def _decoded(settings: Settings, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Archived event rows with their decoded ``event`` (what :func:`cached_results` reads)."""
+    codec = codec_from_settings(settings)
+    return [{**r, "event": codec.decode(r["value"], topic=settings.events_topic, partition=r["partition"],
+                                        offset=r["offset"])}
+            for r in rows if r["source"] == "events"]
+
+
+def _object_store(work: Callable[[], T]) -> T:
+    """Run one object-store operation; a failure of the store's transport (refused, reset, timed out, a 5xx) is
+    :class:`ObjectStoreUnavailableError` — the one failure policy waits it out and removes nothing meanwhile — and
+    a refusal (no such bucket, access denied) stays what it is."""
+    try:
+        return work()
+    except (ArchiveError, FileNotFoundError, PermissionError):
+        raise
+    except Exception as exc:
+        if object_store_outage(exc):
+            raise ObjectStoreUnavailableError(f"the archive's object store is unavailable: {exc!r}") from exc
+        raise
 
 
 def read_archived(settings: Settings, run_id: str) -> ArchivedRun | None:
@@ -356,6 +450,7 @@ def _remove(settings: Settings, client: Any, partition: int, run_id: str, events
     rows = events + others
     for source, topic in by_topic.items():
         tombstone(settings, topic, partition, [r["key"] for r in rows if r["source"] == source], timeout_s)
+    failpoints.hit("archive.after_tombstones")
     cached = cached_results(events)
     deleted, _entries = delete_run_redis(settings, client, partition, run_id, cached)
     keys = RedisKeys(settings.topic_prefix)

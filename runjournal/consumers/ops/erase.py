@@ -10,7 +10,9 @@ Order (each step is idempotent, so running ``erase`` again finishes an interrupt
    ``runjournal.producers.results``; the whole partition is scanned, so chunks no event references — a crash
    between their commit and the event's — go too).
 2. Refuse a run that is not finished while its owner holds a live lease (it would write on), unless
-   forced — judged from the projected state (a run the projector has not seen yet is not refused).
+   forced — judged from the projected state (a run the projector has not seen yet is not refused). Then mark the
+   erase in ``rj:{P:arc}:erased`` (Redis's clock, :func:`mark_erasing`): an archive of the run in flight finds the
+   mark after its write and deletes its copy (decision 0057).
 3. Produce one tombstone (``value=None``) per key to the run's partition of each topic through a plain
    idempotent producer (``acks=all``), flush, and check every delivery. Both topics are compacted, so the
    broker drops the erased values at the next cleaning; every consumer follows the tombstones: the
@@ -60,8 +62,8 @@ if TYPE_CHECKING:
     from runjournal.consumers.memory.store import QdrantMemoryStore
     from runjournal.consumers.vectors.embed import Embedder
 
-__all__ = ["EraseError", "EraseReport", "RunStillLiveError", "cached_results", "check_not_live", "delete_run_redis",
-           "erase_run", "run_records", "tombstone"]
+__all__ = ["ERASE_MARK_MS", "EraseError", "EraseReport", "RunStillLiveError", "cached_results", "check_not_live",
+           "delete_run_redis", "erase_run", "mark_erasing", "run_records", "tombstone"]
 
 
 class EraseError(RunjournalError):
@@ -146,6 +148,7 @@ def erase_run(settings: Settings, run_id: str, *, force: bool = False, erase_mem
     cp_seen, cp_keys = _checkpoint_keys(settings, partition, run_id, timeout_s)  # 1, framework records
     pl_seen, pl_keys = _payload_keys(settings, partition, run_id, timeout_s)  # 1, large results' records
     check_not_live(settings, client, partition, run_id, force)  # 2
+    mark_erasing(settings, client, run_id)  # 2, before anything is removed: an archive in flight finds it (0057)
     say(f"writing {len(keys)} tombstone(s) to the events, {len(cp_keys)} to the framework records and "
         f"{len(pl_keys)} to the large results' records (waiting for the broker's acknowledgements)")
     tombstone(settings, settings.events_topic, partition, keys, timeout_s)  # 3
@@ -215,6 +218,32 @@ def run_records(settings: Settings, topic: str, partition: int, run_id: str,
     finally:
         consumer.close()
     return seen, latest
+
+
+ERASE_MARK_MS = 7 * 24 * 3600 * 1000
+"""How long an erase's mark stays in ``rj:{P:arc}:erased`` (ms, 7 days): longer than twice the longest archive of one
+run may take before it gives up (``runjournal.consumers.archive.store`` aborts an archive older than half of it), so
+an archive that read the run before the erase always finds the mark after its write (decision 0057)."""
+
+
+def mark_erasing(settings: Settings, client: Any, run_id: str) -> int:
+    """Step 2's end: note in ``rj:{P:arc}:erased`` that an erase of ``run_id`` began, scored by Redis's ``TIME``
+    (ms), before any tombstone or deletion; returns that score.
+
+    An archive of the run running at the same time writes its object and manifest, then reads this mark: either the
+    archive's write came first, and this erase's last step (``delete_archived``) deletes the copy, or the mark came
+    first, and the archive deletes its own copy (``RunErasedError``). No erased run keeps a copy in the archive
+    (docs/design/decisions/0057-erase-while-archiving.md). Marks older than :data:`ERASE_MARK_MS` are trimmed by the
+    archiver's sweep (a run id is used once: the mark never refuses another run).
+
+    Raises:
+        redis.RedisError: Redis is unreachable (nothing was erased yet).
+    """
+    keys = RedisKeys(settings.topic_prefix)
+    seconds, micros = client.time()
+    now = int(seconds) * 1000 + int(micros) // 1000
+    client.zadd(keys.archive_erased(), {run_id: now})
+    return now
 
 
 def check_not_live(settings: Settings, client: Any, partition: int, run_id: str, force: bool) -> None:

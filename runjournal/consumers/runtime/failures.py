@@ -8,7 +8,8 @@ same way to the same kind:
   exhausted, ``LOADING``, ``READONLY`` (failover), ``MASTERDOWN``, ``OOM``, a script ``BUSY``, and a Redis Cluster
   changing shape (``CLUSTERDOWN``, ``TRYAGAIN``, ``MOVED``/``ASK`` escaping, a slot not covered, redis-py's own
   retries exhausted: ``ClusterError`` "TTL exhausted"); a broker, leader or coordinator away or moving, a
-  rebalance, a request timed out, the local produce queue full; Qdrant unreachable / 5xx / 429. The Redis and
+  rebalance, a request timed out, the local produce queue full; Qdrant unreachable / 5xx / 429; the archive's object
+  store not answering (``ObjectStoreUnavailableError``). The Redis and
   Kafka clients' errors are read by :mod:`runjournal.core.dependency_errors`, the one table of both. Wait with
   capped exponential backoff (tenacity) and try the same work again — nothing moves past it; each wait is a
   WARNING log line and a metric (``runjournal_dependency_retries_total``, ``runjournal_dependency_waiting``); after
@@ -140,6 +141,8 @@ def classify(exc: BaseException) -> Verdict:
         inner = dependency_errors.meaning(exc.__cause__) if exc.__cause__ is not None else None
         if inner is not None:
             return Verdict(inner.kind, inner.dependency, f"{text} ({inner.cause})")
+    if _is(exc, "runjournal.stores.errors", "ObjectStoreUnavailableError"):  # the archive's object store away
+        return Verdict(TRANSIENT, "object_store", text)
     if getattr(exc, "retryable", False):  # the memory plane marks outages on the class (StoreUnavailableError)
         return Verdict(TRANSIENT, "qdrant", text)
     if hasattr(exc, "retryable"):  # a memory-plane fault of one item (a rejected write, an embedding failure)
