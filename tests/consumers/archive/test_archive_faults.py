@@ -204,9 +204,20 @@ def test_the_object_store_unavailable_the_archiver_waits_and_removes_nothing(top
 
         service = Archiver(settings, sweep_interval_s=0.2, max_outage_s=300)
         result: dict = {}
-        worker = threading.Thread(target=lambda: result.update(stats=service.run(until_caught_up=True)))
+
+        def run() -> None:
+            try:
+                result["stats"] = service.run(until_caught_up=True)
+            except Exception as exc:  # noqa: BLE001 - reported by the assertions
+                result["error"] = exc
+
+        worker = threading.Thread(target=run)
         worker.start()
-        time.sleep(8)
+        deadline = time.monotonic() + 150
+        while service.policy.retries < 2:  # s3fs tries for ~10 s itself before each failure reaches the policy
+            assert worker.is_alive(), f"the archiver stopped instead of waiting: {result}"
+            assert time.monotonic() < deadline, "the archiver never waited on the object store"
+            time.sleep(0.5)
         assert worker.is_alive(), f"the archiver stopped instead of waiting: {result}"
         r, keys = redis_client.client(settings), RedisKeys(settings.topic_prefix)
         assert r.exists(keys.run(run_partition(settings, "outage-1"), "outage-1")) == 1
