@@ -17,6 +17,7 @@ CALL_POINTS = ("producers.call.before_intent_commit", "producers.call.after_inte
 RECOVERY_POINTS = ("recovery.after_fence", "recovery.after_read", "recovery.after_commit", "recovery.inside_handover",
                    "recovery.handover.after_plan", "recovery.handover.after_assign")
 PROJECTOR_POINTS = ("projector.before_write", "projector.write_in_flight", "projector.after_write")
+ARCHIVE_POINTS = ("archive.after_write", "archive.after_manifest", "archive.after_tombstones")
 
 
 @dataclass(frozen=True)
@@ -143,20 +144,24 @@ WRITERS: dict[str, Writer] = {
                           "Redis until its event is durable)",
                           covered_by="tests/console/test_console.py, tests/console/test_controls.py, "
                                      "tests/consumers/ops/test_control.py"),
-    "cli erase": Writer((), "refused while the run is live (RunStillLiveError); every step idempotent",
+    "cli erase": Writer((), "refused while the run is live (RunStillLiveError); every step idempotent; an archive "
+                        "in flight meets its mark in rj:{P:arc}:erased (decision 0057): no archived copy is left",
                         "running it again finishes an interrupted erase",
-                        covered_by="tests/consumers/ops/test_erase.py"),
+                        covered_by="tests/consumers/ops/test_erase.py, tests/consumers/archive/test_archive_faults.py"),
     "cli demo": Writer(CALL_POINTS + RECOVERY_POINTS + PROJECTOR_POINTS, "the fleet's agents, recovery and operators "
                        "act at once (the fault campaign)", "every kill of the campaign", covered_by="tests/campaign"),
     "cli projector": Writer(PROJECTOR_POINTS, "group members split the partitions; a stale view is refused by the "
                             "apply script (Redis holds the applied offset)", "the next member re-seeks to Redis's "
                             "offset: nothing double-applied or lost",
                             covered_by="tests/faults/test_projector_crash.py"),
-    "cli archiver": Writer((), "its own group; a run is archived only when finished and not live; the object name is "
-                           "a function of the run (tenant, finish date by Redis's clock, partition, offsets)",
-                           "archiving again rewrites the same object, then finishes the removal (a retry never "
-                           "duplicates; nothing is removed before the read-back check)",
-                           covered_by="tests/consumers/archive/test_archive.py"),
+    "cli archiver": Writer(ARCHIVE_POINTS, "its own group; a run is archived only when finished and not live; the "
+                           "object name is a function of the run (tenant, finish date by Redis's clock, partition, "
+                           "offsets); an erase at the same time: erase marks checked after the write (decision 0057)",
+                           "archiving again rewrites the same object, or finishes the removal from the object when "
+                           "every live event is in it (a retry never duplicates, a partly tombstoned run is never "
+                           "left half-removed; nothing is removed before the read-back check)",
+                           covered_by="tests/consumers/archive/test_archive.py, "
+                                      "tests/consumers/archive/test_archive_faults.py"),
     "cli memory-extractor": Writer((), "its own group; deterministic point ids",
                                    "a redelivery rewrites the same points",
                                    covered_by="tests/faults/test_memory.py"),
