@@ -22,7 +22,8 @@ unit of atomicity; a key used alone needs no tag and is spread over the cluster 
   the tenant id's SHA-256: a tenant id may hold ``{`` or ``}``, which would end the tag early;
 * archive ``{P:arc}``: ``rj:{P:arc}:due``, ``:runs`` — finished runs waiting for their retention, and each one's
   tenant and agent, written together by the archiver (``runjournal.consumers.archive``; decision 0056); ``:erased``
-  — runs an ``erase`` began, by Redis's clock, which an archive in flight checks after its write (decision 0057);
+  — runs an ``erase`` began, by Redis's clock, which an archive in flight checks after its write; ``:archiving:<run>``,
+  ``:reopening:<run>`` — an archive's and a ``continue_run``'s claims on a run, each checked by the other (0057);
 * control ``{P:ctl}``: ``rj:{P:ctl}:requests``, ``:version``, ``:timers`` — an operator's (or a waiting run's own)
   request, the version counter heartbeat readers watch, and held runs' wake-up times (``runjournal.producers.control``).
 
@@ -252,6 +253,12 @@ class RedisKeys:
         """``rj:{P:arc}:runs`` — hash run_id → ``{"tenant_id", "agent"}`` (JSON) of each run in the due set: its
         retention's scope. Written with the due set in one MULTI (same tag)."""
         return f"rj:{{{self.prefix}:arc}}:runs"
+
+    def archive_claim(self, kind: str, run_id: str) -> str:
+        """``rj:{P:arc}:<kind>:<run_id>`` (kind ``archiving`` or ``reopening``) — an archive's or a
+        ``continue_run``'s claim on a run (a token, ``SET NX PX``), each checked by the other
+        (``runjournal.consumers.runtime.archive_claims``; decision 0057)."""
+        return f"rj:{{{self.prefix}:arc}}:{kind}:{run_id}"
 
     def archive_erased(self) -> str:
         """``rj:{P:arc}:erased`` — sorted set run_id → when an ``erase`` of the run began (ms by Redis's clock), kept

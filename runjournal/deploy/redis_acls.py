@@ -81,6 +81,8 @@ ROLES: dict[str, tuple[RedisGrant, ...]] = {
         RedisGrant("signals", "R", "run.wait_signal reads a run's delivered signals"),
         RedisGrant("spend", "RW", "reserve and settle model spend against its tenant's budgets (one script)"),
         RedisGrant("streams", "RW", "run.stream(): its open stream segments; the next owner's gap record"),
+        RedisGrant("archive_claims", "RW", "continue_run claims the run it reopens and steps back from an archive's "
+                                           "claim (decision 0057)"),
     ),
     "projector": (
         RedisGrant("projection", "RW", "fold the journal: states, run sets, applied offsets (one script)"),
@@ -122,6 +124,8 @@ ROLES: dict[str, tuple[RedisGrant, ...]] = {
         RedisGrant("control", "RW", "cancel / pause a run (a request its owner carries out), withdraw a pause"),
         RedisGrant("signals", "RW", "runjournal signal delivers a signal to a run (once); erase"),
         RedisGrant("spend", "RW", "runjournal spend: set a budget; erase a run's reservations"),
+        RedisGrant("erased", "RW", "erase: mark the run before removing it, for an archive in flight (decision 0057)"),
+        RedisGrant("archive_claims", "RW", "continue_run from an operator's shell: claim the run it reopens"),
     ),
 }
 """Role → the key families it may use (see the module docstring)."""
@@ -158,6 +162,8 @@ def family_globs(family: str, prefix: str, *, agent_name: str | None = None) -> 
         "signals": [keys.run_glob("signals")],
         "streams": [keys.run_glob("streams")],
         "spend": [keys.spend_glob()],
+        "erased": [keys.archive_erased()],
+        "archive_claims": [keys.archive_claim("archiving", "*"), keys.archive_claim("reopening", "*")],
         "everything": keys.patterns(),
     }
     if family == "instance":

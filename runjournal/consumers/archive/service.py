@@ -18,9 +18,10 @@ The main loop, in order:
 One clock decides: both the score and ``now`` are Redis's. Every call to a dependency runs under the one failure
 policy (``runjournal.consumers.runtime.failures``): a transient failure waits — the object store not answering
 too (``ObjectStoreUnavailableError``: nothing is removed meanwhile) — and a fatal one stops the service. A failure
-of one run's archive (a verify mismatch, an owner still holding its lease, a tombstone not acknowledged) leaves that
-run due for the next sweep; a run erased meanwhile (``RunErasedError``, decision 0057) leaves the due set. Each sweep
-also trims erase marks older than ``ERASE_MARK_MS``.
+of one run's archive (a verify mismatch, an owner still holding its lease, a tombstone not acknowledged, a
+continuation or another archiver holding the run: ``RunReopeningError``) leaves that run due for the next sweep; a
+run erased meanwhile (``RunErasedError``, decision 0057) leaves the due set. Each sweep also trims erase marks older
+than ``ERASE_MARK_MS``.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from runjournal.consumers.archive.store import (
     redis_now_ms,
 )
 from runjournal.consumers.ops.erase import ERASE_MARK_MS, EraseError, RunStillLiveError
+from runjournal.consumers.runtime.archive_claims import RunReopeningError
 from runjournal.consumers.runtime.failures import FailurePolicy, stops_consumer
 from runjournal.consumers.runtime.group import commit_pending, partition_lags
 from runjournal.core import kafka, redis_client
@@ -244,7 +246,7 @@ class Archiver:
                 self.policy.call("redis", pipe.execute)
                 self.stats.refused.append(run_id)
                 continue
-            except (ArchiveError, RunStillLiveError, EraseError) as exc:
+            except (ArchiveError, RunStillLiveError, EraseError, RunReopeningError) as exc:
                 # this run only, and nothing was removed that is not archived: it stays due and the next sweep tries
                 # it again (a verify mismatch, an owner still holding its lease, a tombstone not acknowledged)
                 log.warning("not archived yet: tried again at the next sweep",

@@ -43,6 +43,8 @@ from runjournal.consumers.ops.erase import (
     tombstone,
 )
 from runjournal.consumers.ops.replay import ReplayedState, TimelineRow
+from runjournal.consumers.runtime import archive_claims as claims
+from runjournal.consumers.runtime.archive_claims import redis_now_ms
 from runjournal.consumers.runtime.partitions import run_partition
 from runjournal.core import failpoints
 from runjournal.core import redis_client as redis_clients
@@ -132,12 +134,6 @@ class ArchivedRun:
                 for r in self.rows if r["source"] == "events"]
 
 
-def redis_now_ms(client: Any) -> int:
-    """Redis's clock (``TIME``), ms since the epoch: the one clock of every retention decision."""
-    seconds, micros = client.time()
-    return int(seconds) * 1000 + int(micros) // 1000
-
-
 def finish_time_ms(settings: Settings, client: Any, run_id: str) -> int:
     """The run's finish time in the due set (step 3), added now by Redis's clock when absent."""
     keys = RedisKeys(settings.topic_prefix)
@@ -188,6 +184,9 @@ def archive_run(settings: Settings, run_id: str, *, redis_client: Any = None, ti
         InvalidIdError: ``run_id`` is not text.
         RunNotFinishedError: the run has no events, or is not finished.
         RunStillLiveError: its owner holds a live lease.
+        RunReopeningError: a ``continue_run`` of the run, or another archive of it, is in flight (decision 0057).
+        RunErasedError: the run was erased meanwhile; this archive's copy was deleted (decision 0057).
+        ObjectStoreUnavailableError: the object store did not answer (the one failure policy waits it out).
         ArchiveVerifyError: the object read back differs (nothing removed).
         ObjectStoreError: the archive's backend is unknown or not installed.
         EraseError: a partition could not be read, or a tombstone was not acknowledged.
@@ -197,7 +196,24 @@ def archive_run(settings: Settings, run_id: str, *, redis_client: Any = None, ti
     client = redis_client if redis_client is not None else redis_clients.client(settings)
     fs, root = filesystem(settings)
     partition = run_partition(settings, run_id)
-    started_ms = redis_now_ms(client)  # before the read: an erase marked after it is found after the write (0057)
+    # before the read: an erase marked after it is found after the write, and a continuation either sees this claim
+    # or has committed its RUN_RESUMED before the read (decision 0057)
+    started_ms = redis_now_ms(client)
+    token = claims.claim(client, settings.topic_prefix, claims.ARCHIVING, run_id)
+    if token is None:
+        raise claims.RunReopeningError(f"run {run_id} is being archived by another archiver: it stays due")
+    try:
+        if claims.live_claim(client, settings.topic_prefix, claims.REOPENING, run_id):
+            raise claims.RunReopeningError(f"run {run_id} is being continued (continue_run): not archived now; it "
+                                           "stays due")
+        return _archive(settings, client, fs, root, partition, run_id, started_ms, timeout_s, say, _write)
+    finally:
+        claims.release(client, settings.topic_prefix, claims.ARCHIVING, run_id, token)
+
+
+def _archive(settings: Settings, client: Any, fs: AbstractFileSystem, root: str, partition: int, run_id: str,
+             started_ms: int, timeout_s: float, say: Callable[[str], None],
+             _write: Callable[..., None] | None) -> ArchiveReport:
     say(f"reading the run's records from partition {partition}")
     events = _event_rows(settings, partition, run_id, timeout_s)  # 1
     others = [*_rows(settings, "checkpoints", settings.checkpoints_topic, partition, run_id, of_thread, timeout_s),
@@ -207,6 +223,7 @@ def archive_run(settings: Settings, run_id: str, *, redis_client: Any = None, ti
         # archived before (a kill after the write, the manifest or some tombstones; a redelivered terminal event):
         # every live event is in the object, so only the removal is left — never a fold of a partly tombstoned run
         _check_not_erased(settings, client, fs, root, run_id, manifest, started_ms)
+        _check_claim_held(client, run_id, started_ms)
         return _remove(settings, client, partition, run_id, _decoded(settings, archived), others, manifest,
                        timeout_s, already=True)  # 6
     if not events:
@@ -233,7 +250,17 @@ def archive_run(settings: Settings, run_id: str, *, redis_client: Any = None, ti
         old = manifest["object_path"]  # an older archive of the run, made before records came after its finish
         _object_store(lambda: fs.rm(old) if fs.exists(old) else None)
     say("tombstoning the run's keys and deleting its Redis state, records and index entries (memory is kept)")
+    _check_claim_held(client, run_id, started_ms)
     return _remove(settings, client, partition, run_id, events, others, new, timeout_s, already=False)  # 6
+
+
+def _check_claim_held(client: Any, run_id: str, started_ms: int) -> None:
+    """Before the tombstones: an archive that has run for half of ``CLAIM_MS`` (a pause) may have lost its claim to
+    a continuation; it removes nothing and the run stays due (decision 0057)."""
+    took = redis_now_ms(client) - started_ms
+    if took >= claims.CLAIM_MS // 2:
+        raise ArchiveError(f"archiving run {run_id} took {took / 1000:.0f} s, past half its claim "
+                           f"({claims.CLAIM_MS // 2000} s): nothing removed; it stays due")
 
 
 def _check_not_erased(settings: Settings, client: Any, fs: AbstractFileSystem, root: str, run_id: str,

@@ -10,6 +10,10 @@ run is continued instead, through the recovery job, so the journal — not the c
    which the reducer takes as reopening a FAILED run; the plan goes to Redis, assigned to ``journal``.
 2. The assignment is taken off the journal's list and ``journal.resume(run_id)`` returns the handle.
 
+Step 1 runs under a claim on the run (``rj:{P:arc}:reopening:<run>``, ``SET NX``) taken before anything is read,
+and only while no archive of the run holds its own claim: an archive and a continuation of one run never overlap,
+so a continued run's history is never tombstoned under it (decision 0057).
+
 The agent then re-executes its code on that handle: committed calls return their recorded results
 (nothing runs), unknown ones are reconciled by key, recorded approvals are honoured (not asked again),
 a recorded retryable failure runs again under its own key (attempt + 1), a non-retryable one is raised
@@ -19,6 +23,8 @@ again (``RecordedFailureError``) — the rules of any resume (``RunHandle.call``
 from __future__ import annotations
 
 from runjournal.consumers.recovery.job import RecoveryJob
+from runjournal.consumers.runtime import archive_claims as claims
+from runjournal.core import redis_client as redis_clients
 from runjournal.core.errors import RunjournalError
 from runjournal.core.ids import RUN_ID
 from runjournal.producers import Journal, RunHandle
@@ -52,18 +58,31 @@ def continue_run(journal: Journal, run_id: str, *, max_wait_s: float = 30.0) -> 
         InvalidIdError: ``run_id`` breaks the run-id rules (``runjournal.core.ids.RUN_ID``); nothing was fenced,
             read or published.
         RunNotContinuableError: no such run (``no_facts``), it has not ended or is parked (``not_ended``:
-            nobody is fenced by this call; a crashed run is the stale pass's), or it ended SUCCEEDED or
-            CANCELLED (``finished``).
+            nobody is fenced by this call; a crashed run is the stale pass's), it ended SUCCEEDED or
+            CANCELLED (``finished``), the archiver is archiving it now (``being_archived``) or another
+            ``continue_run`` of it is in flight (``being_continued``) — nothing fenced or published in the last two
+            (claims on ``{P:arc}``: ``runjournal.consumers.runtime.archive_claims``, decision 0057).
         DeliveryError: the journal's open transaction could not be committed first.
         RecoveryError, KafkaException, redis.RedisError: as ``RecoveryJob.recover``.
     """
     RUN_ID.check(run_id)
-    journal.flush()  # its own open transaction would hold back the partitions' last stable offset the job reads to
-    job = RecoveryJob(journal.settings, max_wait_s=max_wait_s)
+    prefix = journal.settings.topic_prefix
+    client = redis_clients.client(journal.settings)
+    token = claims.claim(client, prefix, claims.REOPENING, run_id)  # before anything is read (decision 0057)
+    if token is None:
+        raise RunNotContinuableError(run_id, "being_continued", "another continue_run of the run is in flight")
     try:
-        report = job.recover(runs=[run_id], reopen_failed=True, assign_to=journal.producer_id)
+        if claims.live_claim(client, prefix, claims.ARCHIVING, run_id):
+            raise RunNotContinuableError(run_id, "being_archived", "the archiver is archiving it now: try again "
+                                         "once it is done")
+        journal.flush()  # its own open transaction would hold back the partitions' last stable offset the job reads
+        job = RecoveryJob(journal.settings, max_wait_s=max_wait_s)
+        try:
+            report = job.recover(runs=[run_id], reopen_failed=True, assign_to=journal.producer_id)
+        finally:
+            job.close()
     finally:
-        job.close()
+        claims.release(client, prefix, claims.REOPENING, run_id, token)  # RUN_RESUMED committed (or nothing was)
     (outcome,) = report.runs
     if outcome.action != "resumed":
         raise RunNotContinuableError(run_id, outcome.action, outcome.detail)

@@ -20,9 +20,11 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
+import redis
 
 from runjournal.consumers.archive import Archiver, read_archived
 from runjournal.consumers.archive.store import manifest_path
@@ -31,10 +33,13 @@ from runjournal.consumers.runtime.partitions import run_partition
 from runjournal.core import redis_client
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
+from runjournal.producers import Journal
 from runjournal.schemas import Event, EventType
 from runjournal.stores.object_store import filesystem
 from tests.consumers.archive.test_archive import archive_settings, latest_by_key, parquet_files
+from tests.support.ledger import Ledger, LedgerTool
 from tests.support.provider import project
+from tests.support.readback import events_of, read_committed
 from tests.support.workload import publish, run_events
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -235,3 +240,121 @@ def test_the_object_store_unavailable_the_archiver_waits_and_removes_nothing(top
         proc = Proc.from_json(state["object_store"]["process"])
         if proc is not None:
             proc.stop(grace_s=10)
+
+
+# -- an archive and a continuation of one run (decision 0057: claims on {P:arc}) ---------------------------------
+@pytest.fixture
+def ledger(topics: Settings) -> Ledger:
+    return Ledger(redis.Redis.from_url(topics.redis_url), topics.topic_prefix)
+
+
+def _failed_run(settings: Settings, ledger: Ledger) -> str:
+    """A real run that booked once, then failed: finished, so archivable, and continuable."""
+    book = LedgerTool(ledger, name="book", result={"booking": "B1"})
+    with Journal(settings, producer_id=f"first-{uuid.uuid4().hex[:6]}") as journal:
+        run = journal.start_run("t", "travel", {}, run_id=f"r-{uuid.uuid4().hex[:8]}")
+        with run.node("book"):
+            run.call(book, {"logical": "book"})
+        run.fail("payment provider down")
+    project(settings)
+    return run.run_id
+
+
+def _resumed(settings: Settings, run_id: str) -> list[Event]:
+    return [e for e in events_of(read_committed(settings), run_id) if e.type is EventType.RUN_RESUMED]
+
+
+def test_continue_run_steps_back_from_an_archive_in_flight(topics: Settings, tmp_path: Path,
+                                                            service_env: dict[str, str], ledger: Ledger) -> None:
+    """The archiver SIGSTOPped after its write holds its claim: ``continue_run`` is refused (``being_archived``)
+    before it fences or publishes anything; SIGCONT: the run is archived whole."""
+    from runjournal.consumers.recovery import RunNotContinuableError, continue_run
+
+    folder = tmp_path / "archive"
+    settings = archive_settings(topics, folder, retention_s=0.05)
+    env = {**service_env, "RUNJOURNAL_ARCHIVE_URL": folder.as_uri(), "RUNJOURNAL_RETENTION_S": "0.05"}
+    run_id = _failed_run(settings, ledger)
+    paused = archiver(env, failpoint="archive.after_write=1:stop")
+    try:
+        stopped(paused)
+        with Journal(settings, producer_id="operator-1") as journal, \
+                pytest.raises(RunNotContinuableError) as refused:
+            continue_run(journal, run_id)
+        assert refused.value.action == "being_archived"
+        assert _resumed(settings, run_id) == []
+    finally:
+        paused.send_signal(signal.SIGCONT)
+    report = finished(paused)
+    assert report["archived"] == [run_id]
+    assert read_archived(settings, run_id) is not None
+
+
+def test_the_archiver_steps_back_from_a_continuation_in_flight(topics: Settings, tmp_path: Path,
+                                                                ledger: Ledger) -> None:
+    """A continuation's claim held: ``archive_run`` writes nothing and removes nothing (``RunReopeningError``); the
+    archiver leaves the run due and tries it at the next sweep."""
+    from runjournal.consumers.archive import archive_run
+    from runjournal.consumers.runtime import archive_claims as claims
+
+    folder = tmp_path / "archive"
+    settings = archive_settings(topics, folder, retention_s=0.05)
+    run_id = _failed_run(settings, ledger)
+    r = redis_client.client(settings)
+    token = claims.claim(r, settings.topic_prefix, claims.REOPENING, run_id)
+    assert token is not None
+    with pytest.raises(claims.RunReopeningError):
+        archive_run(settings, run_id)
+    assert parquet_files(folder) == [] and all(v is not None for v in latest_by_key(settings).values())
+    stats = Archiver(settings, sweep_interval_s=0.2).run(until_caught_up=True)
+    assert stats.retried == [run_id] and stats.archived == []
+    assert r.zscore(RedisKeys(settings.topic_prefix).archive_due(), run_id) is not None, "it stays due"
+    claims.release(r, settings.topic_prefix, claims.REOPENING, run_id, token)
+    assert archive_run(settings, run_id).rows > 0
+
+
+def test_an_archive_and_a_continuation_of_one_run_at_once_never_both_go_through(topics: Settings, tmp_path: Path,
+                                                                                ledger: Ledger) -> None:
+    """Both actors at once, from a barrier, five times: either the run is archived and nobody continued it (no
+    RUN_RESUMED), or it was continued and nothing of it was archived or tombstoned — never a continued run whose
+    history is tombstoned under it."""
+    from runjournal.consumers.archive import archive_run
+    from runjournal.consumers.recovery import continue_run
+
+    settings = archive_settings(topics, tmp_path / "archive", retention_s=0.05)
+    for i in range(5):
+        run_id = _failed_run(settings, ledger)
+        barrier = threading.Barrier(2)
+        outcome: dict[str, object] = {}
+
+        def archive(run_id: str = run_id, barrier: threading.Barrier = barrier,
+                    outcome: dict[str, object] = outcome) -> None:
+            barrier.wait()
+            try:
+                outcome["archive"] = archive_run(settings, run_id)
+            except Exception as exc:  # noqa: BLE001 - judged below
+                outcome["archive"] = exc
+
+        def resume(run_id: str = run_id, barrier: threading.Barrier = barrier,
+                   outcome: dict[str, object] = outcome, i: int = i) -> None:
+            with Journal(settings, producer_id=f"op-{i}") as journal:
+                barrier.wait()
+                try:
+                    handle = continue_run(journal, run_id)
+                    outcome["continue"] = handle.epoch
+                except Exception as exc:  # noqa: BLE001 - judged below
+                    outcome["continue"] = exc
+
+        threads = [threading.Thread(target=archive), threading.Thread(target=resume)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(180)
+        archived = not isinstance(outcome["archive"], Exception)
+        continued = not isinstance(outcome["continue"], Exception)
+        assert not (archived and continued), outcome
+        if continued:
+            mine = {k: v for k, v in latest_by_key(settings).items() if k.startswith(f"{run_id}:")}
+            assert mine and all(v is not None for v in mine.values()), "the continued run's history is live"
+            assert read_archived(settings, run_id) is None
+        else:
+            assert _resumed(settings, run_id) == []
