@@ -46,6 +46,7 @@ from confluent_kafka import KafkaError, Message, TopicPartition
 from runjournal.consumers.ops.inspect import read_run_events
 from runjournal.consumers.projector.store import ProjectionStore
 from runjournal.consumers.recovery.instances import Instances
+from runjournal.consumers.runtime import archive_claims as claims
 from runjournal.consumers.runtime.partitions import range_consumer, read_ranges, run_partition
 from runjournal.core import kafka
 from runjournal.core import redis_client as redis_clients
@@ -132,7 +133,9 @@ def erase_run(settings: Settings, run_id: str, *, force: bool = False, erase_mem
     Raises:
         InvalidIdError: ``run_id`` is not text (``runjournal.core.ids`` ``check_lookup``: a run started before the id
             rules with an id they refuse is still erased).
-        RunStillLiveError: step 2.
+        RunStillLiveError: step 2 — an owner's live lease, or a ``continue_run`` of the run in flight (its claim;
+            the erase marks first and then looks, the continuation claims first and then looks for the mark:
+            decision 0057).
         EraseError: a tombstone was not acknowledged.
         TopicNotFoundError: the events topic does not exist.
         KafkaException / redis.RedisError: the broker or Redis is unreachable.
@@ -149,6 +152,10 @@ def erase_run(settings: Settings, run_id: str, *, force: bool = False, erase_mem
     pl_seen, pl_keys = _payload_keys(settings, partition, run_id, timeout_s)  # 1, large results' records
     check_not_live(settings, client, partition, run_id, force)  # 2
     mark_erasing(settings, client, run_id)  # 2, before anything is removed: an archive in flight finds it (0057)
+    if not force and claims.live_claim(client, settings.topic_prefix, claims.REOPENING, run_id):
+        client.zrem(RedisKeys(settings.topic_prefix).archive_erased(), run_id)  # nothing erased: no mark either
+        raise RunStillLiveError(f"run {run_id} is being continued (continue_run holds its claim): erasing it now "
+                                "would leave a resumed run without its history — try again once it is done (or force)")
     say(f"writing {len(keys)} tombstone(s) to the events, {len(cp_keys)} to the framework records and "
         f"{len(pl_keys)} to the large results' records (waiting for the broker's acknowledgements)")
     tombstone(settings, settings.events_topic, partition, keys, timeout_s)  # 3

@@ -27,6 +27,7 @@ from runjournal.consumers.runtime import archive_claims as claims
 from runjournal.core import redis_client as redis_clients
 from runjournal.core.errors import RunjournalError
 from runjournal.core.ids import RUN_ID
+from runjournal.core.redis_keys import RedisKeys
 from runjournal.producers import Journal, RunHandle
 
 __all__ = ["RunNotContinuableError", "continue_run"]
@@ -59,8 +60,9 @@ def continue_run(journal: Journal, run_id: str, *, max_wait_s: float = 30.0) -> 
             read or published.
         RunNotContinuableError: no such run (``no_facts``), it has not ended or is parked (``not_ended``:
             nobody is fenced by this call; a crashed run is the stale pass's), it ended SUCCEEDED or
-            CANCELLED (``finished``), the archiver is archiving it now (``being_archived``) or another
-            ``continue_run`` of it is in flight (``being_continued``) — nothing fenced or published in the last two
+            CANCELLED (``finished``), the archiver is archiving it now (``being_archived``), another
+            ``continue_run`` of it is in flight (``being_continued``) or an erase of it began (``erased``) —
+            nothing fenced or published in the last three
             (claims on ``{P:arc}``: ``runjournal.consumers.runtime.archive_claims``, decision 0057).
         DeliveryError: the journal's open transaction could not be committed first.
         RecoveryError, KafkaException, redis.RedisError: as ``RecoveryJob.recover``.
@@ -75,6 +77,9 @@ def continue_run(journal: Journal, run_id: str, *, max_wait_s: float = 30.0) -> 
         if claims.live_claim(client, prefix, claims.ARCHIVING, run_id):
             raise RunNotContinuableError(run_id, "being_archived", "the archiver is archiving it now: try again "
                                          "once it is done")
+        if client.zscore(RedisKeys(prefix).archive_erased(), run_id) is not None:
+            raise RunNotContinuableError(run_id, "erased", "runjournal erase began on it: an erased run is not "
+                                         "continued")
         journal.flush()  # its own open transaction would hold back the partitions' last stable offset the job reads
         job = RecoveryJob(journal.settings, max_wait_s=max_wait_s)
         try:

@@ -358,3 +358,28 @@ def test_an_archive_and_a_continuation_of_one_run_at_once_never_both_go_through(
             assert read_archived(settings, run_id) is None
         else:
             assert _resumed(settings, run_id) == []
+
+
+def test_an_erase_and_a_continuation_of_one_run_step_back_from_each_other(topics: Settings, tmp_path: Path,
+                                                                          ledger: Ledger) -> None:
+    """Decision 0057: a continuation's claim held, ``erase`` is refused before it removes anything (and leaves no
+    mark); an erase begun (its mark), ``continue_run`` is refused (``erased``) before it fences or publishes."""
+    from runjournal.consumers.ops.erase import RunStillLiveError, erase_run, mark_erasing
+    from runjournal.consumers.recovery import RunNotContinuableError, continue_run
+    from runjournal.consumers.runtime import archive_claims as claims
+
+    settings = archive_settings(topics, tmp_path / "archive")
+    r, keys = redis_client.client(settings), RedisKeys(settings.topic_prefix)
+    run_id = _failed_run(settings, ledger)
+    token = claims.claim(r, settings.topic_prefix, claims.REOPENING, run_id)
+    assert token is not None
+    with pytest.raises(RunStillLiveError, match="being continued"):
+        erase_run(settings, run_id, erase_memory=False)
+    assert all(v is not None for v in latest_by_key(settings).values()), "nothing erased"
+    assert r.zscore(keys.archive_erased(), run_id) is None
+    claims.release(r, settings.topic_prefix, claims.REOPENING, run_id, token)
+
+    mark_erasing(settings, r, run_id)
+    with Journal(settings, producer_id="operator-2") as journal, pytest.raises(RunNotContinuableError) as refused:
+        continue_run(journal, run_id)
+    assert refused.value.action == "erased" and _resumed(settings, run_id) == []
