@@ -14,6 +14,7 @@ from rich.text import Text
 
 from runjournal.cli._errors import cli_errors, fail, printable
 from runjournal.cli._tables import folding_table
+from runjournal.cli._values import PORT
 
 if TYPE_CHECKING:
     from runjournal.core.settings import Settings
@@ -28,6 +29,8 @@ def archiver_command(
                                                   "its end and one sweep of the due runs is done.")] = False,
     sweep_interval_s: Annotated[float, typer.Option("--sweep-interval", min=0.1,
                                                     help="Seconds between two sweeps of the due runs.")] = 10.0,
+    metrics_port: Annotated[int | None, typer.Option(**PORT, help="Serve Prometheus /metrics on this port.")] = None,
+    metrics_addr: Annotated[str, typer.Option(help="Bind address of /metrics.")] = "0.0.0.0",
     as_json: Annotated[bool, typer.Option("--json", help="Print the final stats as JSON.")] = False,
 ) -> None:
     """Run the archiver (the ``{prefix}.archiver`` consumer group) until SIGINT/SIGTERM, or until caught up.
@@ -50,7 +53,19 @@ def archiver_command(
         preflight(settings)
         filesystem(settings)  # an unknown scheme or a missing extra: said now, not at the first due run
         archiver = Archiver(settings, sweep_interval_s=sweep_interval_s)
-        stats = archiver.run(until_caught_up=until_caught_up, stop=stop_on_signals())
+        stop = stop_on_signals()  # before /metrics is announced: a SIGTERM from then on withdraws it (finally)
+        failed: BaseException | None = None
+        try:
+            if metrics_port is not None:
+                archiver.metrics.serve(metrics_port, addr=metrics_addr, redis_client=archiver.redis,
+                                       prefix=settings.topic_prefix)
+            stats = archiver.run(until_caught_up=until_caught_up, stop=stop)
+        except BaseException as exc:
+            failed = exc
+            raise
+        finally:
+            if archiver.metrics.server is not None:  # the console: withdrawn, or "stopped since …, why"
+                archiver.metrics.server.close(failed)
     out = stats.as_dict()
     if as_json:
         print(json.dumps(out))

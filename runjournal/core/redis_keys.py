@@ -255,8 +255,8 @@ class RedisKeys:
         return f"rj:{{{self.prefix}:arc}}:runs"
 
     def archive_claim(self, kind: str, run_id: str) -> str:
-        """``rj:{P:arc}:<kind>:<run_id>`` (kind ``archiving`` or ``reopening``) — an archive's or a
-        ``continue_run``'s claim on a run (a token, ``SET NX PX``), each checked by the other
+        """``rj:{P:arc}:<kind>:<run_id>`` (kind ``archiving`` or ``reopening``) — sorted set token → expiry (ms by
+        Redis's clock): the claims of archives or of ``continue_run`` calls on a run, each kind checked by the other
         (``runjournal.consumers.runtime.archive_claims``; decision 0057)."""
         return f"rj:{{{self.prefix}:arc}}:{kind}:{run_id}"
 

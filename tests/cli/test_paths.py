@@ -214,6 +214,8 @@ ELSEWHERE: dict[tuple[str, str | None], str] = {
     ("demo", "--fault-times"): "tests/demo/test_faults.py",
     **{("archiver", o): "tests/consumers/archive/test_archive.py" for o in (None, "--until-caught-up",
                                                                            "--sweep-interval", "--json")},
+    **{("archiver", o): "tests/consumers/archive/test_archive_faults.py" for o in ("--metrics-port",
+                                                                                  "--metrics-addr")},
     **{("query", o): "tests/consumers/archive/test_query.py" for o in (None, "--json", "--csv", "--no-live",
                                                                       "--no-archive")},
     **{("signal", o): "tests/cli/test_signal.py" for o in (None, "--payload", "--by", "--json")},

@@ -19,7 +19,7 @@ One clock decides: both the score and ``now`` are Redis's. Every call to a depen
 policy (``runjournal.consumers.runtime.failures``): a transient failure waits — the object store not answering
 too (``ObjectStoreUnavailableError``: nothing is removed meanwhile) — and a fatal one stops the service. A failure
 of one run's archive (a verify mismatch, an owner still holding its lease, a tombstone not acknowledged, a
-continuation or another archiver holding the run: ``RunReopeningError``) leaves that run due for the next sweep; a
+continuation holding the run: ``RunReopeningError``) leaves that run due for the next sweep; a
 run erased meanwhile (``RunErasedError``, decision 0057) leaves the due set. Each sweep also trims erase marks older
 than ``ERASE_MARK_MS``.
 """
@@ -36,6 +36,7 @@ from typing import Any
 
 from confluent_kafka import Message
 
+from runjournal.consumers.archive.metrics import ArchiverMetrics
 from runjournal.consumers.archive.store import (
     TERMINAL_TYPES,
     ArchiveError,
@@ -96,10 +97,12 @@ class Archiver:
         batch_size: records per consume call (default 1,000).
         sweep_interval_s: seconds between two sweeps of the due set (default 10).
         max_outage_s: longest one dependency outage is waited out before the archiver stops, seconds (240).
+        metrics: its Prometheus families (default: a new registry; ``runjournal archiver --metrics-port`` serves
+            it).
     """
 
     def __init__(self, settings: Settings, *, batch_size: int = 1000, sweep_interval_s: float = 10.0,
-                 max_outage_s: float = 240.0) -> None:
+                 max_outage_s: float = 240.0, metrics: ArchiverMetrics | None = None) -> None:
         self.settings = settings
         self.topic = settings.events_topic
         self.batch_size = batch_size
@@ -108,7 +111,9 @@ class Archiver:
         self.redis = redis_client.client(settings)
         self.keys = RedisKeys(settings.topic_prefix)
         self._stop = threading.Event()
-        self.policy = FailurePolicy("archiver", log, max_wait_s=max_outage_s, stop=self._stop)
+        self.metrics = metrics if metrics is not None else ArchiverMetrics()
+        self.policy = FailurePolicy("archiver", log, max_wait_s=max_outage_s, stop=self._stop,
+                                    registry=self.metrics.registry)
         self._fatal: str | None = None
         self.stats = ArchiverStats()
         config: dict[str, Any] = {"group.id": archiver_group(settings), "enable.auto.commit": False,
@@ -180,6 +185,7 @@ class Archiver:
             if msg.error() is not None:
                 continue
             self.stats.events += 1
+            self.metrics.events.inc()
             partition, offset = int(msg.partition() or 0), int(msg.offset() or 0)
             pending[partition] = offset + 1
             done[partition] = offset
@@ -217,16 +223,23 @@ class Archiver:
             else:
                 pipe.zrem(self.keys.archive_due(), run_id)
         pipe.execute()
-        self.stats.finished_noted += sum(1 for kind, _r, _s in notes if kind == "finished")
+        noted = sum(1 for kind, _r, _s in notes if kind == "finished")
+        self.stats.finished_noted += noted
+        self.metrics.noted.inc(noted)
 
     def sweep(self) -> list[str]:
         """Archive every run of the due set past its retention (step 4); the runs archived."""
+        with self.metrics.sweep_seconds.time():
+            return self._sweep()
+
+    def _sweep(self) -> list[str]:
         now = self.policy.call("redis", lambda: redis_now_ms(self.redis))
         self.policy.call("redis", lambda: self.redis.zremrangebyscore(self.keys.archive_erased(), "-inf",
                                                                       now - ERASE_MARK_MS))  # old erase marks
         due = self.policy.call("redis", lambda: self.redis.zrange(self.keys.archive_due(), 0, -1, withscores=True))
         scopes = self.policy.call("redis", lambda: self.redis.hgetall(self.keys.archive_runs()))
-        archived = []
+        archived: list[str] = []
+        overdue = 0
         for member, score in due:
             run_id = member.decode() if isinstance(member, bytes) else member
             scope = json.loads(scopes.get(member) or scopes.get(run_id) or "{}")
@@ -240,6 +253,7 @@ class Archiver:
                                                                        redis_client=self.redis))
             except (RunNotFinishedError, RunErasedError) as exc:
                 log.warning("not archived: not finished or erased", extra={"run_id": run_id, "error": str(exc)})
+                self.metrics.refused.labels("erased" if isinstance(exc, RunErasedError) else "not_finished").inc()
                 pipe = self.redis.pipeline(transaction=True)  # an erased or reopened run: it leaves the queue
                 pipe.zrem(self.keys.archive_due(), run_id)
                 pipe.hdel(self.keys.archive_runs(), run_id)
@@ -252,10 +266,16 @@ class Archiver:
                 log.warning("not archived yet: tried again at the next sweep",
                             extra={"run_id": run_id, "error": f"{type(exc).__name__}: {exc}"})
                 self.stats.retried.append(run_id)
+                self.metrics.retried.labels(type(exc).__name__).inc()
+                overdue += 1
                 continue
             log.info("archived", extra={"run_id": run_id, "object": report.object_url, "rows": report.rows})
             archived.append(run_id)
+            self.metrics.archived.inc()
+            self.metrics.rows.inc(0 if report.already_archived else report.rows)
         self.stats.archived.extend(archived)
+        self.metrics.due.set(self.policy.call("redis", lambda: self.redis.zcard(self.keys.archive_due())))
+        self.metrics.overdue.set(overdue)
         return archived
 
     def _scope(self, run_id: str) -> dict[str, Any]:

@@ -184,7 +184,7 @@ def archive_run(settings: Settings, run_id: str, *, redis_client: Any = None, ti
         InvalidIdError: ``run_id`` is not text.
         RunNotFinishedError: the run has no events, or is not finished.
         RunStillLiveError: its owner holds a live lease.
-        RunReopeningError: a ``continue_run`` of the run, or another archive of it, is in flight (decision 0057).
+        RunReopeningError: a ``continue_run`` of the run is in flight (decision 0057).
         RunErasedError: the run was erased meanwhile; this archive's copy was deleted (decision 0057).
         ObjectStoreUnavailableError: the object store did not answer (the one failure policy waits it out).
         ArchiveVerifyError: the object read back differs (nothing removed).
@@ -198,10 +198,7 @@ def archive_run(settings: Settings, run_id: str, *, redis_client: Any = None, ti
     partition = run_partition(settings, run_id)
     # before the read: an erase marked after it is found after the write, and a continuation either sees this claim
     # or has committed its RUN_RESUMED before the read (decision 0057)
-    started_ms = redis_now_ms(client)
-    token = claims.claim(client, settings.topic_prefix, claims.ARCHIVING, run_id)
-    if token is None:
-        raise claims.RunReopeningError(f"run {run_id} is being archived by another archiver: it stays due")
+    token, started_ms = claims.claim(client, settings.topic_prefix, claims.ARCHIVING, run_id)
     try:
         if claims.live_claim(client, settings.topic_prefix, claims.REOPENING, run_id):
             raise claims.RunReopeningError(f"run {run_id} is being continued (continue_run): not archived now; it "

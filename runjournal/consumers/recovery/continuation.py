@@ -10,7 +10,7 @@ run is continued instead, through the recovery job, so the journal — not the c
    which the reducer takes as reopening a FAILED run; the plan goes to Redis, assigned to ``journal``.
 2. The assignment is taken off the journal's list and ``journal.resume(run_id)`` returns the handle.
 
-Step 1 runs under a claim on the run (``rj:{P:arc}:reopening:<run>``, ``SET NX``) taken before anything is read,
+Step 1 runs under a claim on the run (a token in ``rj:{P:arc}:reopening:<run>``) taken before anything is read,
 and only while no archive of the run holds its own claim: an archive and a continuation of one run never overlap,
 so a continued run's history is never tombstoned under it (decision 0057).
 
@@ -60,9 +60,8 @@ def continue_run(journal: Journal, run_id: str, *, max_wait_s: float = 30.0) -> 
             read or published.
         RunNotContinuableError: no such run (``no_facts``), it has not ended or is parked (``not_ended``:
             nobody is fenced by this call; a crashed run is the stale pass's), it ended SUCCEEDED or
-            CANCELLED (``finished``), the archiver is archiving it now (``being_archived``), another
-            ``continue_run`` of it is in flight (``being_continued``) or an erase of it began (``erased``) —
-            nothing fenced or published in the last three
+            CANCELLED (``finished``), the archiver is archiving it now (``being_archived``) or an erase of it
+            began (``erased``) — nothing fenced or published in the last two
             (claims on ``{P:arc}``: ``runjournal.consumers.runtime.archive_claims``, decision 0057).
         DeliveryError: the journal's open transaction could not be committed first.
         RecoveryError, KafkaException, redis.RedisError: as ``RecoveryJob.recover``.
@@ -70,9 +69,7 @@ def continue_run(journal: Journal, run_id: str, *, max_wait_s: float = 30.0) -> 
     RUN_ID.check(run_id)
     prefix = journal.settings.topic_prefix
     client = redis_clients.client(journal.settings)
-    token = claims.claim(client, prefix, claims.REOPENING, run_id)  # before anything is read (decision 0057)
-    if token is None:
-        raise RunNotContinuableError(run_id, "being_continued", "another continue_run of the run is in flight")
+    token, _now = claims.claim(client, prefix, claims.REOPENING, run_id)  # before anything is read (decision 0057)
     try:
         if claims.live_claim(client, prefix, claims.ARCHIVING, run_id):
             raise RunNotContinuableError(run_id, "being_archived", "the archiver is archiving it now: try again "

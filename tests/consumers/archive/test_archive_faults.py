@@ -300,8 +300,7 @@ def test_the_archiver_steps_back_from_a_continuation_in_flight(topics: Settings,
     settings = archive_settings(topics, folder, retention_s=0.05)
     run_id = _failed_run(settings, ledger)
     r = redis_client.client(settings)
-    token = claims.claim(r, settings.topic_prefix, claims.REOPENING, run_id)
-    assert token is not None
+    token, _now = claims.claim(r, settings.topic_prefix, claims.REOPENING, run_id)
     with pytest.raises(claims.RunReopeningError):
         archive_run(settings, run_id)
     assert parquet_files(folder) == [] and all(v is not None for v in latest_by_key(settings).values())
@@ -371,8 +370,7 @@ def test_an_erase_and_a_continuation_of_one_run_step_back_from_each_other(topics
     settings = archive_settings(topics, tmp_path / "archive")
     r, keys = redis_client.client(settings), RedisKeys(settings.topic_prefix)
     run_id = _failed_run(settings, ledger)
-    token = claims.claim(r, settings.topic_prefix, claims.REOPENING, run_id)
-    assert token is not None
+    token, _now = claims.claim(r, settings.topic_prefix, claims.REOPENING, run_id)
     with pytest.raises(RunStillLiveError, match="being continued"):
         erase_run(settings, run_id, erase_memory=False)
     assert all(v is not None for v in latest_by_key(settings).values()), "nothing erased"
@@ -383,3 +381,37 @@ def test_an_erase_and_a_continuation_of_one_run_step_back_from_each_other(topics
     with Journal(settings, producer_id="operator-2") as journal, pytest.raises(RunNotContinuableError) as refused:
         continue_run(journal, run_id)
     assert refused.value.action == "erased" and _resumed(settings, run_id) == []
+
+
+def test_the_archiver_serves_its_metrics_and_stops_on_sigterm(topics: Settings, tmp_path: Path,
+                                                              service_env: dict[str, str]) -> None:
+    """``runjournal archiver --metrics-port P --metrics-addr 127.0.0.1``: /metrics has the archiver's families
+    (a run archived, the due set) and the failure policy's; SIGTERM stops it with exit 0."""
+    import urllib.request
+
+    from runjournal.deploy.procs import free_port
+
+    folder = tmp_path / "archive"
+    env = {**service_env, "RUNJOURNAL_ARCHIVE_URL": folder.as_uri(), "RUNJOURNAL_RETENTION_S": "0.05"}
+    publish(topics, run_events("metrics-1"))
+    port = free_port()
+    served = subprocess.Popen([sys.executable, "-m", "runjournal", "archiver", "--sweep-interval", "0.2",
+                               "--metrics-port", str(port), "--metrics-addr", "127.0.0.1"], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, body = time.monotonic() + 120, ""
+        while "runjournal_archive_runs_archived_total 1.0" not in body:
+            assert time.monotonic() < deadline, body[-3000:]
+            assert served.poll() is None, served.communicate()[1][-3000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:  # noqa: S310
+                    body = resp.read().decode()
+            except OSError:
+                pass
+            time.sleep(0.3)
+        assert "runjournal_archive_due_runs 0.0" in body and "runjournal_dependency_retries" in body
+        assert "runjournal_archive_rows_written_total" in body
+    finally:
+        served.send_signal(signal.SIGTERM)
+        assert served.wait(60) == 0, served.communicate()[1][-2000:]
+    assert len(parquet_files(folder)) == 1
