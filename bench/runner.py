@@ -43,6 +43,9 @@ def _sizes(quick: bool, rounds: int | None) -> dict[str, Any]:
         "stream_tokens": 5_000 if quick else 20_000,
         "stream_paced": 200 if quick else 400,
         "stream_rounds": min(r, 2 if quick else 3),
+        "retention_runs": (30, 6) if quick else (200, 40),  # (runs, of them in the window): a fifth kept
+        "retention_archive_runs": 3 if quick else 10,  # archive_run calls per round of the throughput row
+        "retention_rounds": min(r, 2 if quick else 3),
     }
 
 
@@ -58,6 +61,12 @@ def _run_pair(name: str, env: BenchEnv, shared: dict[str, Any], sizes: dict[str,
 
         return run_streams(env, StreamsConfig(tokens=sizes["stream_tokens"], paced=sizes["stream_paced"],
                                               rounds=sizes["stream_rounds"]))
+    if name == "retention":
+        from bench.retention import RetentionConfig, run_retention
+
+        runs, window = sizes["retention_runs"]
+        return run_retention(env, RetentionConfig(runs, window, sizes["retention_archive_runs"],
+                                                  sizes["retention_rounds"]))
     if name == "spend":
         from bench.spend import SpendConfig, run_spend
 
