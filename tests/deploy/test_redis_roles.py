@@ -116,8 +116,8 @@ def test_the_archiver_archives_under_its_redis_rules_and_is_refused_a_key_outsid
         topics: Settings, service_env: dict[str, str], users: dict[str, tuple[str, str]], tmp_path: Path) -> None:
     """``runjournal archiver`` as the ``archiver`` user: notes the finish (TIME, the ``{P:arc}`` MULTI), archives the
     run (a large result's records too) and removes its Redis state, records and index entries (erase's step: the
-    instance sets SCANned); that user may not write a lease, the topic identity, another prefix's archive unit, or run a
-    script."""
+    instance sets SCANned); that user may not write a lease, the topic identity, another prefix's archive unit or a
+    run-id claim."""
     import redis
 
     from runjournal.consumers.archive import read_archived
@@ -153,6 +153,6 @@ def test_the_archiver_archives_under_its_redis_rules_and_is_refused_a_key_outsid
     for refused in (lambda: archiver.set(keys.lease("someone"), "x"),  # leases: read only
                     lambda: archiver.set(keys.topic_identity(), "x"),  # not its family
                     lambda: archiver.zadd(RedisKeys(f"other{topics.topic_prefix}").archive_due(), {"r": 1}),
-                    lambda: archiver.eval("return 1", 0)):  # no scripts
+                    lambda: archiver.set(keys.claim(run_id), "x")):  # run-id claims: the Journal's
         with pytest.raises(redis.exceptions.NoPermissionError):
             refused()
