@@ -188,7 +188,7 @@ def family_globs(family: str, prefix: str, *, agent_name: str | None = None) -> 
         "spend": [keys.spend_glob()],
         "erased": [keys.archive_erased()],
         "archive_claims": [keys.archive_claim("archiving", "*"), keys.archive_claim("reopening", "*")],
-        "archive": [f"rj:{{{prefix}:arc}}:*"],
+        "archive": [keys.archive_glob()],
         "everything": keys.patterns(),
     }
     if family == "instance":
