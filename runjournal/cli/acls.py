@@ -34,7 +34,7 @@ def acls_show(
     agent_name: AgentNameOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object: role → grants.")] = False,
 ) -> None:
-    """Print each role's grants for RUNJOURNAL_TOPIC_PREFIX (agent, projector, recovery, memory, operator)."""
+    """Print each role's grants for RUNJOURNAL_TOPIC_PREFIX (agent, projector, recovery, memory, operator, archiver)."""
     from runjournal.core.settings import Settings
     from runjournal.deploy.acls import ROLES, grants_for
 

@@ -115,8 +115,8 @@ def stack_up(
 
 @stack_app.command("env")
 def stack_env(
-    role: Annotated[str, typer.Option(help="agent, projector, recovery, memory, operator, or admin (the stack's "
-                                           "administrator).")],
+    role: Annotated[str, typer.Option(help="agent, projector, recovery, memory, operator, archiver, or admin (the "
+                                           "stack's administrator).")],
     as_json: JsonOpt = False,
 ) -> None:
     """Print the RUNJOURNAL_* settings that run a service as ROLE's user on the secure local stack (its Kafka

@@ -7,7 +7,10 @@ Routes:
   holds no lease), most urgent first; ``GET /api/runs`` as JSON.
 * ``GET /runs/{run_id}`` — input and output, graph nodes, timeline (seq, epoch, offset), epochs, execution records by
   class, approvals, memory, and a note when the projection is behind the history; ``GET /api/runs/{run_id}`` the
-  same page as JSON (``RunPage.as_dict``).
+  same page as JSON (``RunPage.as_dict``). A run Redis no longer holds is read from the archive (a run archived past
+  its retention: docs/guide/archive.md): the page says where it lives (``archived — <object URL>``, ``"archived"`` in
+  the JSON) and offers no control; an archive that cannot be read is a 503 naming ``ObjectStoreError``.
+  ``GET /search?run_id=ID`` finds a run of either.
 * ``POST /runs/{run_id}/approvals/{call_id}`` — ``decision=grant|deny|executed`` (+ ``comment``: a grant's comment,
   a denial's reason — or ``reason`` —, ``result`` for ``executed``, ``csrf``): operators only
   (``runjournal.console.auth``); 403 on a console started without a token, 401 without valid credentials.
@@ -237,7 +240,8 @@ class _Console:
             return self._error(request, exc)
         if page is None:
             return self._error(request, f"no state for run {run_id} in the projection of prefix "
-                                        f"{self.config.settings.topic_prefix} (is the projector running?)", 404,
+                                        f"{self.config.settings.topic_prefix} (is the projector running?) nor in "
+                                        f"the archive ({self.config.settings.effective_archive_url})", 404,
                                kind="RunNotFound")
         if request.url.path.startswith("/api/"):  # the page's own fields (RunPage.as_dict): JSON and HTML agree
             return JSONResponse(page.as_dict())
@@ -413,12 +417,25 @@ class _Console:
     def _act(self, action: str, run_id: str, reason: str, requested_by: str) -> ControlResult:
         """Run ``Operator.<action>`` for one request (an operator of its own: its recovery producer fences, reads and
         publishes for this action only), then wait briefly for the projection to show the outcome, so that the run
-        page the browser is sent to agrees with it."""
+        page the browser is sent to agrees with it. An archived run (no state in Redis, held by the archive) is
+        refused first: it is finished and out of the hot stores (docs/guide/archive.md)."""
+        archived = self._archived_url(run_id)
+        if archived is not None:
+            raise ControlRefusedError(f"run {run_id} is archived ({archived}): it is finished and out of the hot "
+                                      f"stores; {action} does not apply")
         with Operator(self.config.settings, wait_s=self.config.control_wait_s) as operator:
             result: ControlResult = getattr(operator, action)(run_id, reason=reason, requested_by=requested_by)
         if result.outcome in ("cancelled", "paused", "resumed"):
             self._await_projection(run_id, result.outcome, timeout_s=min(2.0, self.config.control_wait_s))
         return result
+
+    def _archived_url(self, run_id: str) -> str | None:
+        """The archive object's URL of ``run_id`` when the projection has no state for it and the archive holds it;
+        None otherwise. Raises ObjectStoreError (the archive cannot be read)."""
+        if self.data.store.get(partition_for(run_id, self.data.partitions), run_id) is not None:
+            return None
+        page = self.data.archived(run_id)
+        return None if page is None else page.archived
 
     def _await_projection(self, run_id: str, outcome: str, *, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` until the projection shows ``outcome`` carried out on ``run_id`` (the projector

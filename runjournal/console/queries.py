@@ -23,6 +23,7 @@ from runjournal.consumers.projector.index import RunSummary, attention, read_ent
 from runjournal.consumers.projector.store import ProjectionStore
 from runjournal.consumers.runtime.partitions import events_partition_count
 from runjournal.core import redis_client as redis_clients
+from runjournal.core.errors import RunjournalError
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.model.reducer import CallStatus, RunState, RunStatus
@@ -31,6 +32,7 @@ from runjournal.producers.control import ControlRequest, ControlStore
 from runjournal.producers.handle import approval_scope
 from runjournal.producers.spend import RESERVE_TOOL, SETTLE_TOOL, fold_spend
 from runjournal.schemas.keys import partition_for
+from runjournal.stores.errors import ObjectStoreError
 
 __all__ = ["ConsoleData", "RunPage", "RunsPage", "rank", "record_class", "run_page"]
 
@@ -124,12 +126,19 @@ class RunPage:
     """The run's spend, when it reserved any (``fold_spend`` of its records, ``SpendSummary.as_dict``): settled,
     open (unknown spend: reserved, never settled), charged, by model — base units (tokens, model calls,
     ``cost_micros``: micro-units of ``Settings.spend_currency``). None: no spend records."""
+    archived: str | None = None
+    """The archive object's URL (``file://…`` or ``s3://…/p3-10-42.parquet``) when the run was read from the archive:
+    Redis no longer holds it, it was archived past its retention (docs/guide/archive.md, decision 0056) — the page
+    is its archived history and no operator control applies. None: a run of the projection."""
 
     @property
     def actions(self) -> list[str]:
         """The operator controls that apply to the run, in button order: ``cancel`` (not ended, not parked),
         ``pause`` (RUNNING / WAITING_APPROVAL), ``resume`` (PAUSED — or a pause pending, which a resume withdraws):
-        ``runjournal.consumers.ops.control.applies``; the action checks the run again when it is asked."""
+        ``runjournal.consumers.ops.control.applies``; the action checks the run again when it is asked. None for an
+        archived run (finished, out of the hot stores: nothing to act on)."""
+        if self.archived is not None:
+            return []
         status = self.state.status.value
         pause_pending = self.control is not None and self.control.action == "pause"
         return [a for a in ("cancel", "pause", "resume")
@@ -141,7 +150,8 @@ class RunPage:
         parked reason, the operator of the last cancel / pause / resume with why and when paused), the operator's
         request pending on the run (``pending_request``, None when there is none) and the controls that apply
         (``actions``), ``input`` / ``output`` (the recorded JSON, decoded), ``nodes``, ``behind`` and
-        ``behind_note``, the timeline, epochs, records, approvals and memory (advisory)."""
+        ``behind_note``, the timeline, epochs, records, approvals and memory (advisory), and ``archived``: the
+        archive object's URL for a run read from the archive (None otherwise)."""
         st = self.state
         return {"run_id": self.run_id, "partition": self.partition, "status": st.status.value, "epoch": st.epoch,
                 "tenant_id": st.tenant_id, "agent": st.agent, "user_id": st.user_id, "last_seq": st.last_seq,
@@ -155,7 +165,8 @@ class RunPage:
                 "behind": self.behind, "behind_note": self.behind_note, "timeline": self.timeline,
                 "timeline_total": self.timeline_total, "records_total": self.records_total,
                 "epochs": self.epochs, "records": self.records, "pending": self.pending, "decided": self.decided,
-                "memory": [h.as_dict() for h in self.memory], "memory_note": self.memory_note, "spend": self.spend}
+                "memory": [h.as_dict() for h in self.memory], "memory_note": self.memory_note, "spend": self.spend,
+                "archived": self.archived}
 
 
 def record_class(status: CallStatus, reconciled: Any) -> str:
@@ -242,16 +253,57 @@ class ConsoleData:
 
     # -- one run -----------------------------------------------------------------------------------
     def run(self, run_id: str, *, with_memory: bool = True) -> RunPage | None:
-        """The run page of ``run_id``, or None when the projection has no state for it."""
+        """The run page of ``run_id``: from the projection, else from the archive (:meth:`archived`: a run archived
+        past its retention, ``RunPage.archived`` its object's URL); None when neither holds it.
+
+        Raises:
+            ObjectStoreError: the projection has no state and the archive cannot be read (see :meth:`archived`).
+        """
         partition = partition_for(run_id, self.partitions)
         state = self.store.get(partition, run_id)
         if state is None:
-            return None
+            page = self.archived(run_id)
+            if page is not None and with_memory and page.state is not None:
+                page.memory, page.memory_note = self._memory_items(page.state)
+            return page
         rows = read_run_events(self.settings, run_id, partition=partition)  # the count read once per console
         page = run_page(run_id, partition, state, rows, inbox_decision=self.inbox.decision,
                         control=self.controls.get(run_id))
         if with_memory:
             page.memory, page.memory_note = self._memory_items(state)
+        return page
+
+    def archived(self, run_id: str) -> RunPage | None:
+        """The run page of an archived run, read from its archive object (``replay_archived``: the manifest and the
+        Parquet rows, checked against each other; docs/guide/archive.md § Read an archived run), with
+        ``RunPage.archived`` the object's URL; None when the archive does not hold the run (or the ``archive`` extra
+        is not installed: nothing can have been archived by this install). Pending approvals, inbox decisions and
+        operator requests are Redis's and gone with the run: none are shown.
+
+        Raises:
+            ObjectStoreError: ``RUNJOURNAL_ARCHIVE_URL`` cannot be used, or the archive cannot be read (its backend
+                unreachable, an object unreadable) — named, never taken for an archive without the run.
+            ArchiveVerifyError: the object does not match its manifest (rows, digest).
+        """
+        try:
+            from runjournal.consumers.archive.store import replay_archived
+        except ImportError:
+            return None
+        try:
+            found = replay_archived(self.settings, run_id)
+        except RunjournalError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any backend's failure (s3fs, botocore, pyarrow), named
+            raise ObjectStoreError(f"the archive at {self.settings.effective_archive_url} could not be read for run "
+                                   f"{run_id}: {type(exc).__name__}: {exc}") from exc
+        if found is None:
+            return None
+        replayed, url = found
+        if replayed.state is None:
+            return None
+        rows = [{**row, "event": event} for row, event in zip(replayed.timeline, replayed.events, strict=True)]
+        page = run_page(run_id, replayed.partition, replayed.state, rows, inbox_decision=lambda _run, _call: None)
+        page.archived = url
         return page
 
     def _memory_items(self, state: RunState) -> tuple[list[Any], str | None]:

@@ -254,6 +254,11 @@ class RedisKeys:
         retention's scope. Written with the due set in one MULTI (same tag)."""
         return f"rj:{{{self.prefix}:arc}}:runs"
 
+    def archive_glob(self) -> str:
+        """``rj:{P:arc}:*`` — every key of the archive unit (due set, scopes, claims, erase marks): the archiver's Redis
+        ACL rule (``runjournal.deploy.redis_acls``)."""
+        return f"rj:{{{self.prefix}:arc}}:*"
+
     def archive_claim(self, kind: str, run_id: str) -> str:
         """``rj:{P:arc}:<kind>:<run_id>`` (kind ``archiving`` or ``reopening``) — sorted set token → expiry (ms by
         Redis's clock): the claims of archives or of ``continue_run`` calls on a run, each kind checked by the other

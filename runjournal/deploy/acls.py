@@ -20,9 +20,12 @@ what they do:
 * ``operator`` — ``topics create/describe``, ``inspect``, ``replay``, ``erase`` (tombstones on the events,
   checkpoints and payloads topics), reading the DLQs. Not ACL administration: that stays with the cluster's
   administrator.
+* ``archiver`` — consumer group ``{prefix}.archiver`` on the events topic (notes finished runs); reads a due run's
+  records in the events, checkpoints and payloads topics (group-less, by partition) and, once its archive object is
+  verified, writes their tombstones there (decision 0056). No transactional id, no topic creation.
 
 Every role that encodes events (agent, recovery, operator tools) writes its writer schema to
-``{prefix}.schemas`` before its first event; every reader (projector, recovery, memory, operator) reads
+``{prefix}.schemas`` before its first event; every reader (projector, recovery, memory, operator, archiver) reads
 writer schemas there by fingerprint (``runjournal.schemas.catalog``). Only the operator creates topics.
 
 Throw-away readers (recovery's tails, inspect, replay, erase) need no group ACL: they ``assign()``
@@ -115,6 +118,16 @@ ROLES: dict[str, tuple[Grant, ...]] = {
               "erase: tombstones of the run's framework records (LangGraph checkpoints, Agents SDK sessions)"),
         Grant("topic", _PAYLOADS, "literal", ("WRITE",), "erase: tombstones of the run's large results' records"),
         Grant("topic", _SCHEMAS, "literal", ("WRITE",), "tools that encode events (e.g. the demo's seeding)"),
+    ),
+    "archiver": (
+        Grant("topic", _EVENTS, "literal", ("READ", "WRITE", "DESCRIBE"),
+              "note finished runs; read a due run's events; tombstone them once archived"),
+        _SCHEMAS_READ,
+        Grant("topic", "{prefix}.checkpoints", "literal", ("READ", "WRITE", "DESCRIBE"),
+              "a due run's framework records into its archive object; their tombstones"),
+        Grant("topic", _PAYLOADS, "literal", ("READ", "WRITE", "DESCRIBE"),
+              "a due run's large results' records into its archive object; their tombstones"),
+        Grant("group", "{prefix}.archiver", "literal", ("READ", "DESCRIBE"), "its consumer group and commits"),
     ),
 }
 """Role → its grants (see the module docstring)."""

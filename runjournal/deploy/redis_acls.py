@@ -25,6 +25,12 @@ transaction (MULTI/EXEC/ DISCARD/WATCH/UNWATCH) commands. Nobody but the adminis
   assignment lists, the parked set, the framework adapters' checkpoint projection) and ``approve``/``deny``
   (approval decisions) (RW). Not leases, run-id
   claims, results, the topic identity or the lag samples.
+* ``archiver`` — the archive unit ``rj:{P:arc}:*`` (RW: the due set and scopes, finished runs by Redis's ``TIME`` in
+  one MULTI; its claim on a run, released by a script; erase marks, read and expired — decision 0057) and, for a run
+  once archived, what ``erase``'s Redis step removes (RW: the projection, plans, approval
+  decisions and the pending set, signals, the adapters' checkpoint projection, large results, the parked set, the
+  run's entries in owned / incoming sets, assignment lists and surrendered hashes, operators' requests and timers);
+  leases (R: a run whose owner holds one is never archived) (``runjournal.consumers.archive``, decision 0056).
 """
 
 from __future__ import annotations
@@ -127,10 +133,28 @@ ROLES: dict[str, tuple[RedisGrant, ...]] = {
         RedisGrant("erased", "RW", "erase: mark the run before removing it, for an archive in flight (decision 0057)"),
         RedisGrant("archive_claims", "RW", "continue_run from an operator's shell: claim the run it reopens"),
     ),
+    "archiver": (
+        RedisGrant("archive", "RW", "the archive unit: the due set and scopes (by Redis's clock), its claim on a run "
+                                    "(steps back from a continue_run's), erase marks (checked, expired)"),
+        RedisGrant("projection", "RW", "a run's owner and scope; once archived: its state, run-set and index entries"),
+        RedisGrant("lease", "R", "a run whose owner holds a live lease is never archived (erase's check)"),
+        RedisGrant("plan", "RW", "once archived: the run's recovery plan (erase's step)"),
+        RedisGrant("approvals", "RW", "once archived: the run's approval decisions (erase's step)"),
+        RedisGrant("pending", "RW", "once archived: the run's entries in the pending-approvals set"),
+        RedisGrant("signals", "RW", "once archived: the run's delivered signals"),
+        RedisGrant("checkpoints", "RW", "once archived: the run's framework checkpoint projection and thread entry"),
+        RedisGrant("result", "RW", "once archived: the run's cached large results"),
+        RedisGrant("parked", "RW", "once archived: the run's entry in the parked set"),
+        RedisGrant("owned", "RW", "once archived: the run's entry in owned sets (and a view of its owner)"),
+        RedisGrant("incoming", "RW", "once archived: the run's entry in incoming sets (and a view of its owner)"),
+        RedisGrant("assign", "RW", "once archived: the run's entry in assignment lists"),
+        RedisGrant("surrendered", "RW", "once archived: the run's entry in surrendered hashes"),
+        RedisGrant("control", "RW", "once archived: an operator's request on the run and its wake-up time"),
+    ),
 }
 """Role → the key families it may use (see the module docstring)."""
 
-_WRITERS = {"agent", "projector", "recovery", "operator"}
+_WRITERS = {"agent", "projector", "recovery", "operator", "archiver"}
 
 
 def family_globs(family: str, prefix: str, *, agent_name: str | None = None) -> list[str]:
@@ -164,6 +188,7 @@ def family_globs(family: str, prefix: str, *, agent_name: str | None = None) -> 
         "spend": [keys.spend_glob()],
         "erased": [keys.archive_erased()],
         "archive_claims": [keys.archive_claim("archiving", "*"), keys.archive_claim("reopening", "*")],
+        "archive": [keys.archive_glob()],
         "everything": keys.patterns(),
     }
     if family == "instance":

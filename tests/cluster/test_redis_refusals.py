@@ -75,6 +75,7 @@ def _actions(keys: RedisKeys, other: RedisKeys) -> dict[str, Callable[[Any], Any
         "write the parked set": lambda r: r.srem(keys.parked(), "probe"),
         "write a checkpoint projection": lambda r: r.hdel(keys.checkpoint("probe", "cp"), "f"),
         "a MULTI on a thread's checkpoints": lambda r: _multi(r, keys.checkpoint("probe", "cp")),
+        "write the archive unit": lambda r: r.zrem(keys.archive_due(), "probe"),
         "write another prefix's plan": lambda r: r.set(other.plan("probe"), "{}"),
         "FLUSHALL": lambda r: r.flushall(),
         "KEYS": lambda r: r.keys("*"),
@@ -108,6 +109,10 @@ ALLOWED = {
     "memory": {"read the projection"},
     "operator": _READS | {"write the projection", "write an owned set", "write an assignment list", "write a plan",
                           "write an approval", "write the parked set", "write a checkpoint projection",
+                          "a MULTI on a thread's checkpoints"},
+    "archiver": _READS | {"write the archive unit", "write the projection", "write an owned set",  # erase's step
+                          "write an assignment list", "write a plan", "write an approval", "write a result",
+                          "write the parked set", "write a checkpoint projection",
                           "a MULTI on a thread's checkpoints"},
 }
 

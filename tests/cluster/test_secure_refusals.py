@@ -174,6 +174,7 @@ ACTIONS: dict[str, Callable[[Settings], None]] = {
     "write another prefix's events": _produce("other{p}.events"),
     "commit projector group": _commit("{p}.projector"),
     "commit memory group": _commit("{p}.memory"),
+    "commit archiver group": _commit("{p}.archiver"),
     "use an agent's transactional id": _init_txn("{p}.agent-x"),
     "use the recovery job's transactional id": _init_txn("{p}.recovery"),
     "create a topic": _admin("create"),
@@ -186,6 +187,7 @@ ALLOWED = {
     "recovery": {"write events", "use an agent's transactional id", "use the recovery job's transactional id"},
     "memory": {"write memory DLQ", "commit memory group"},
     "operator": {"write events", "create a topic"},
+    "archiver": {"write events", "commit archiver group"},  # tombstones; its group (decision 0056)
 }
 
 

@@ -227,7 +227,7 @@ def test_acls_show_lists_each_roles_grants_for_the_prefix(tmp_path: Path) -> Non
     out = _runjournal(env, "acls", "show", "--json")
     assert out.returncode == 0, out.stderr
     grants = json.loads(out.stdout)
-    assert set(grants) == {"agent", "projector", "recovery", "memory", "operator"}
+    assert set(grants) == {"agent", "projector", "recovery", "memory", "operator", "archiver"}
     agent = {(g["resource"], g["name"], g["permission"]): set(g["operations"]) for g in grants["agent"]}
     assert agent == {("topic", "acme.events", "ALLOW"): {"WRITE", "DESCRIBE"},
                      ("topic", "acme.schemas", "ALLOW"): {"WRITE", "DESCRIBE", "READ"},
@@ -244,6 +244,13 @@ def test_acls_show_lists_each_roles_grants_for_the_prefix(tmp_path: Path) -> Non
     assert not any(g["name"] == "acme.payloads" for role in ("projector", "memory") for g in grants[role])
     # the streams are never read by recovery, the projector or the extractor (0055)
     assert not any(g["name"] == "acme.streams" for role in ("projector", "recovery", "memory") for g in grants[role])
+    archiver = {(g["resource"], g["name"], g["permission"]): set(g["operations"]) for g in grants["archiver"]}
+    assert archiver == {("topic", "acme.events", "ALLOW"): {"READ", "WRITE", "DESCRIBE"},  # its group; tombstones
+                        ("topic", "acme.schemas", "ALLOW"): {"READ", "DESCRIBE"},
+                        ("topic", "acme.checkpoints", "ALLOW"): {"READ", "WRITE", "DESCRIBE"},  # archived, tombstoned
+                        ("topic", "acme.payloads", "ALLOW"): {"READ", "WRITE", "DESCRIBE"},
+                        ("group", "acme.archiver", "ALLOW"): {"READ", "DESCRIBE"}}
+    assert not any(g["resource"] == "transactional_id" for g in grants["archiver"])  # it fences nobody
     assert not any("DELETE" in g["operations"] for gs in grants.values() for g in gs)
 
 

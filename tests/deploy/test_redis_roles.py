@@ -15,6 +15,7 @@ import json
 import secrets
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -98,3 +99,60 @@ def test_every_role_does_its_work_with_its_redis_rules_only(topics: Settings, se
     assert fork["outcome"] == "would_fork", fork
     refused = rj(operator, "cancel", run_id, "--json", timeout=120)[0]
     assert refused.returncode == 1 and "already ended" in refused.stderr, refused.stderr[-2000:]
+
+
+class _Blob:
+    """A read-only tool whose result is over ``inline_result_bytes`` (records in ``{prefix}.payloads``)."""
+
+    name = "fetch_blob"
+    side_effect = False
+    timeout_ms = 1000
+
+    def __call__(self, args: dict, idempotency_key: str) -> dict:
+        return {"blob": "b" * 20_000}
+
+
+def test_the_archiver_archives_under_its_redis_rules_and_is_refused_a_key_outside_them(
+        topics: Settings, service_env: dict[str, str], users: dict[str, tuple[str, str]], tmp_path: Path) -> None:
+    """``runjournal archiver`` as the ``archiver`` user: notes the finish (TIME, the ``{P:arc}`` MULTI), archives the
+    run (a large result's records too) and removes its Redis state, records and index entries (erase's step: the
+    instance sets SCANned); that user may not write a lease, the topic identity, another prefix's archive unit or a
+    run-id claim."""
+    import redis
+
+    from runjournal.consumers.archive import read_archived
+    from runjournal.consumers.runtime.partitions import run_partition
+    from runjournal.core.redis_keys import RedisKeys
+    from tests.support.provider import project
+
+    folder = tmp_path / "archive"
+    run_id = f"acl-arc-{uuid.uuid4().hex[:6]}"
+    with Journal(_as(topics, users["agent"]), producer_id=f"ag-{uuid.uuid4().hex[:6]}") as journal:
+        run = journal.start_run("t", "archived", {}, run_id=run_id)
+        with run.node("fetch"):
+            run.call(_Blob(), {"n": 1})
+        run.succeed({"done": True})
+    project(topics)
+    admin, keys = redis_client.client(topics), RedisKeys(topics.topic_prefix)
+    partition = run_partition(topics, run_id)
+    assert admin.exists(keys.run(partition, run_id)) and admin.hexists(keys.index(partition), run_id)
+    env = {**_env(service_env, users["archiver"]), "RUNJOURNAL_ARCHIVE_URL": folder.as_uri(),
+           "RUNJOURNAL_RETENTION_S": "1"}
+    first = _ok(rj(env, "archiver", "--until-caught-up", "--sweep-interval", "0.2", "--json", timeout=180)[0])
+    assert first["finished_noted"] == 1, first
+    time.sleep(1.2)
+    second = _ok(rj(env, "archiver", "--until-caught-up", "--json", timeout=180)[0])
+    assert first["archived"] + second["archived"] == [run_id], (first, second)
+    archived = read_archived(topics.model_copy(update={"archive_url": folder.as_uri()}), run_id)
+    assert archived is not None and archived.manifest["status"] == "SUCCEEDED"
+    assert {r["source"] for r in archived.rows} == {"events", "payloads"}  # the large result's records too
+    assert not admin.exists(keys.run(partition, run_id)) and not admin.hexists(keys.index(partition), run_id)
+    assert admin.zscore(keys.archive_due(), run_id) is None
+    archiver = redis_client.client(_as(topics, users["archiver"]))
+    assert archiver.zcard(keys.archive_due()) == 0  # its own unit: allowed
+    for refused in (lambda: archiver.set(keys.lease("someone"), "x"),  # leases: read only
+                    lambda: archiver.set(keys.topic_identity(), "x"),  # not its family
+                    lambda: archiver.zadd(RedisKeys(f"other{topics.topic_prefix}").archive_due(), {"r": 1}),
+                    lambda: archiver.set(keys.claim(run_id), "x")):  # run-id claims: the Journal's
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            refused()
