@@ -34,6 +34,9 @@ REGISTRY: dict[str, str] = {
     "recovery.inside_handover": "before each batch of the hand-over",
     "recovery.handover.after_plan": "a batch's plans stored, not yet assigned",
     "recovery.handover.after_assign": "a batch assigned, the dead owner's sets not yet cleared",
+    "archive.after_write": "a run's Parquet object written and verified (rows, digest), its manifest not yet written",
+    "archive.after_manifest": "the manifest written, no tombstone yet",
+    "archive.after_tombstones": "the run's keys tombstoned in the three topics, its Redis state not yet removed",
 }
 """Every failpoint production code hits, and where: the crash matrices arm each one
 (tests/faults/test_registry.py fails on a hit missing here, or on one no test arms)."""

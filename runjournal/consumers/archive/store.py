@@ -37,6 +37,7 @@ from urllib.parse import quote
 from runjournal.consumers.ops.erase import cached_results, check_not_live, delete_run_redis, run_records, tombstone
 from runjournal.consumers.ops.replay import ReplayedState, TimelineRow
 from runjournal.consumers.runtime.partitions import run_partition
+from runjournal.core import failpoints
 from runjournal.core import redis_client as redis_clients
 from runjournal.core.checkpoint_records import of_thread
 from runjournal.core.errors import RunjournalError
@@ -200,12 +201,14 @@ def archive_run(settings: Settings, run_id: str, *, redis_client: Any = None, ti
     say(f"writing {len(rows)} rows to {_url(fs, path)}")
     (_write or _write_parquet)(fs, path, rows)  # 4
     digest = _verify(fs, path, rows)  # 5
+    failpoints.hit("archive.after_write")
     new = {"run_id": run_id, "object_url": _url(fs, path), "object_path": path, "rows": len(rows), "digest": digest,
            "tenant_id": state.tenant_id, "agent": state.agent, "status": str(state.status), "partition": partition,
            "first_offset": events[0]["offset"], "last_offset": events[-1]["offset"], "finished_ms": finished_ms}
     _write_manifest(fs, root, run_id, new)
     if manifest is not None and manifest.get("object_path") not in (None, path):
         fs.rm(manifest["object_path"])  # an older archive of the run, made before records came after its finish
+    failpoints.hit("archive.after_manifest")
     say("tombstoning the run's keys and deleting its Redis state, records and index entries (memory is kept)")
     return _remove(settings, client, partition, run_id, events, others, new, timeout_s, already=False)  # 6
 
@@ -356,6 +359,7 @@ def _remove(settings: Settings, client: Any, partition: int, run_id: str, events
     rows = events + others
     for source, topic in by_topic.items():
         tombstone(settings, topic, partition, [r["key"] for r in rows if r["source"] == source], timeout_s)
+    failpoints.hit("archive.after_tombstones")
     cached = cached_results(events)
     deleted, _entries = delete_run_redis(settings, client, partition, run_id, cached)
     keys = RedisKeys(settings.topic_prefix)
