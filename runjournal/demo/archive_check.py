@@ -75,7 +75,7 @@ def read_archive(settings: Settings) -> ArchiveView:
             continue
         with fs.open(path, "rb") as src:
             rows = pq.read_table(src, columns=["source", "key"]).to_pylist()
-        view.objects[path] = {_run_of(r["key"]) for r in rows if r["source"] == "events"} - {None}  # type: ignore[misc]
+        view.objects[path] = {run for r in rows if r["source"] == "events" and (run := _run_of(r["key"])) is not None}
     return view
 
 
@@ -105,8 +105,8 @@ def event_keys(settings: Settings, *, timeout_s: float = 120.0) -> dict[str, dic
     latest: dict[bytes, tuple[int, bool]] = {}
 
     def on_record(m: Message) -> None:
-        if m.key() is not None:
-            latest[m.key()] = (int(m.offset() or 0), m.value() is not None)
+        if (key := m.key()) is not None:
+            latest[key] = (int(m.offset() or 0), m.value() is not None)
 
     ranges = watermarks(settings, range(events_partition_count(settings)))
     consumer = range_consumer(settings, "archive-check")
