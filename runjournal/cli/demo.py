@@ -48,7 +48,8 @@ def demo_command(
     faults: Annotated[str, typer.Option(help="Fault kinds to inject while the fleet runs: all, none, or a comma "
                                         "list of agents, zombies, same_id, projector, projector_stall, broker, "
                                         "broker_stall, redis, recovery, recovery_pair, operators, cancels, skew, "
-                                        "graph, partitions, memory, qdrant, registry, controls.")] = "agents,projector",
+                                        "graph, partitions, memory, qdrant, registry, "
+                                        "archiver, controls.")] = "agents,projector",
     fault_times: Annotated[int, typer.Option(min=1, help="Inject each fault kind at least this many times.")] = 1,
     outcome_commit: Annotated[str | None, typer.Option(
         help="group | strict: the agents' outcome mode (default RUNJOURNAL_OUTCOME_COMMIT, else group).")] = None,

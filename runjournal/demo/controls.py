@@ -113,6 +113,9 @@ class Controls:
         self.r = redis_client.client(settings, socket_timeout=10)
         self.keys = RedisKeys(settings.topic_prefix)
         self.demo_keys = DemoKeys(settings.topic_prefix)
+        self.fresh: Callable[[list[str]], set[str]] = set
+        """Of finished runs, those a fork may take (the campaign's ``archive_safe`` with the archiver on: never one
+        it may archive under the fork); all of them by default."""
 
     def run(self, held: list[str], into: list[dict[str, Any]]) -> None:
         """Pause, cancel, resume and fork (module docstring), appending each action to ``into`` as it is done.
@@ -357,6 +360,7 @@ class Controls:
                 state = op.state(run_id) if run_id not in exclude else None
                 if state is not None and state.status in (RunStatus.SUCCEEDED, RunStatus.FAILED):
                     ended.append(run_id)
+            ended = sorted(self.fresh(ended))  # the archiver on: none it may archive under the fork
             if ended:
                 most = max(self.scripts[r].side_effects for r in ended)
                 return self.rng.choice([r for r in ended if self.scripts[r].side_effects == most])

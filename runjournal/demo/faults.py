@@ -21,6 +21,10 @@ Kinds (``--faults all`` takes every kind this stack allows; ``--faults agents,br
 ``controls``       an operator pauses a run a live agent owns and resumes it, cancels another, and forks a
                    finished run after a dry run (``runjournal.demo.controls``; its runs are held out of
                    the queue until it starts)
+``archiver``       the fleet runs an archiver (``runjournal archiver``, retention :data:`ARCHIVE_RETENTION_S`);
+                   SIGKILL it wherever it is, then restart it armed to die at a step of archiving a run
+                   (``archive.after_write`` … ``after_tombstones``) and restart it again; the end runs it
+                   ``--until-caught-up`` and checks every run hot or archived exactly once, none half-removed
 =================  ====================================================================================
 
 The schedule is drawn from the seed before the fleet starts (:func:`schedule`) and printed: each
@@ -52,11 +56,12 @@ from runjournal.core.errors import RunjournalError
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.demo.agent import DemoKeys
-from runjournal.demo.fleet import RECOVERY_FAILPOINTS, Fleet
+from runjournal.demo.fleet import ARCHIVE_FAILPOINTS, RECOVERY_FAILPOINTS, Fleet
 from runjournal.demo.stackctl import StackControl
 from runjournal.demo.workload import RunScript
 
-__all__ = ["KINDS", "Campaign", "FaultSpecError", "Scheduled", "parse_faults", "schedule"]
+__all__ = ["ARCHIVE_PICK_WINDOW_S", "ARCHIVE_RETENTION_S", "KINDS", "Campaign", "FaultSpecError", "Scheduled",
+           "parse_faults", "schedule"]
 
 log = logging.getLogger("runjournal.demo.faults")
 
@@ -86,7 +91,19 @@ KINDS: dict[str, str] = {
     "qdrant": "Qdrant unavailable to the memory extractor for a window",
     "registry": "SIGKILL the schema registry, restart it after a window",
     "controls": "an operator pauses a run a live agent owns and resumes it, cancels another, forks a finished run",
+    "archiver": "an archiver archives finished runs past a short retention: SIGKILL it, and again at a step of an "
+                "archive; restarted",
 }
+ARCHIVE_RETENTION_S = 60.0
+"""The runs' retention while the ``archiver`` fault is on (``RUNJOURNAL_RETENTION_S``), seconds: short enough that most
+runs of a campaign are archived during it, long enough that a run the ``operators`` or ``controls`` fault picks
+(a run that ended within :data:`ARCHIVE_PICK_WINDOW_S`) is never archived under it."""
+ARCHIVE_PICK_WINDOW_S = 20.0
+"""With the archiver on, the ``operators`` and ``controls`` faults act only on finished runs the archiver has not
+noted yet or noted less than this many seconds ago (Redis's clock): at least ``ARCHIVE_RETENTION_S -
+ARCHIVE_PICK_WINDOW_S`` seconds before it may archive them."""
+ARCHIVER_FAILPOINT_WAIT_S = 240.0
+"""How long the armed archiver may take to reach its failpoint (the first runs must pass their retention), seconds."""
 AGENT_LEASE_S = 3.0
 """The demo agents' lease TTL (``runjournal.demo.agent --lease-ttl-ms`` default), seconds."""
 AGENT_KILL_WAIT_S = 10.0
@@ -179,6 +196,9 @@ class Campaign:
         out until each is taken or released."""
         self.held_controls: list[str] = []
         """Runs held out of the queue for the controls faults (``hold_bait``), queued first when one starts."""
+        self.held_operators: list[str] = []
+        """With the archiver on: a failing run per ``operators`` fault, held out of the queue (``hold_bait``) and
+        queued first when the fault starts, so it continues a run that has just ended (never one archived under it)."""
         self.controls: list[dict[str, Any]] = []
         """The controls faults' operator actions (``runjournal.demo.controls.ControlAction.as_dict``)."""
         self.injected: dict[str, int] = dict.fromkeys(sorted({s.kind for s in plan}), 0)
@@ -222,7 +242,7 @@ class Campaign:
         """Runs held out of the queue for a fault still to come (``recovery``, ``controls``): progress counts them
         out until they are queued."""
         with self._lock:
-            return self.held + len(self.held_controls)
+            return self.held + len(self.held_controls) + len(self.held_operators)
 
     @property
     def settled(self) -> bool:
@@ -258,6 +278,8 @@ class Campaign:
         out = dict(self.injected)
         if "recovery" in out:
             out["recovery"] = self.fleet.recoverer_failpoint_deaths
+        if "archiver" in out:  # archivers that died at their failpoint, inside an archive
+            out["archiver"] = self.fleet.archiver_failpoint_deaths
         return out
 
     # -- the worker ----------------------------------------------------------------------------------
@@ -271,7 +293,7 @@ class Campaign:
                 if self._aborted.is_set():
                     continue
                 getattr(self, f"_{item.kind}")()
-                if item.kind != "recovery":
+                if item.kind not in ("recovery", "archiver"):
                     self.injected[item.kind] += 1
             except _NotYet:  # its occasion has not come (no run ended FAILED yet): the faults queued after it go first
                 time.sleep(1.0)
@@ -344,13 +366,26 @@ class Campaign:
         failing = [s.run_id for s in load_scripts(self.fleet.workload_path).values() if not s.succeeded]
         store = ProjectionStore(redis_client.client(self.settings), self.settings.topic_prefix)
         self._operators_since = getattr(self, "_operators_since", None) or time.monotonic()
+        mine = None
+        if self.held_operators:  # the archiver is on: its run of its own, queued first, continued once it ended
+            with self._lock:
+                mine = self.held_operators.pop(0)
+            redis_client.client(self.settings, socket_timeout=10).lpush(self._queue_key, mine)
+            self.fleet.note("fault", mine, "fault operators: its held run queued first")
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline and not self._aborted.is_set():
+                st = store.get(partition_for(mine, self.settings.partitions), mine)
+                if st is not None and st.status is RunStatus.FAILED:
+                    break
+                self._pause(0.3)
         ended = sorted(r for r in failing if (st := store.get(partition_for(r, self.settings.partitions), r))
                        is not None and st.status is RunStatus.FAILED)
+        ended = sorted(self.archive_safe(ended))
         if not ended:
             if time.monotonic() - self._operators_since > 300:
                 raise RuntimeError("no run of the workload ended FAILED within 300 s")
             raise _NotYet
-        run_id = self.rng.choice(ended)
+        run_id = mine if mine in ended else self.rng.choice(ended)
         self.fleet.note("fault", run_id, "fault operators: two operators continue it at once")
         stamp = f"{int(time.monotonic() * 1000) % 100_000}"
         procs = [self.fleet.spawn_operator(run_id, f"operator-{stamp}-{i}") for i in (1, 2)]
@@ -548,8 +583,14 @@ class Campaign:
             self.held_controls = [s.run_id for s in longest[:wanted]]
             r.rpush(controls_key, *self.held_controls)
             r.sadd(DemoKeys(self.settings.topic_prefix).paced, *self.held_controls)  # a model's pace: met mid-way
+        if any(s.kind == "archiver" for s in self.pending):
+            room = len(scripts) - 1 - len(held) - len(self.held_controls)
+            wanted = min(sum(1 for s in self.pending if s.kind == "operators"), room)
+            taken = set(held) | set(self.held_controls)
+            failing = [s.run_id for s in scripts if not s.succeeded and s.run_id not in taken]
+            self.held_operators = failing[len(failing) - wanted:] if wanted > 0 else []
         self._queue_key, self._bait_key, self._controls_key = queue_key, bait_key, controls_key
-        return held + self.held_controls
+        return held + self.held_controls + self.held_operators
 
     def _requeue_untaken(self, wait_s: float) -> None:
         """After a bait agent was started: wait up to ``wait_s`` for it to take its run from the bait list (Redis is
@@ -579,6 +620,12 @@ class Campaign:
             self.fleet.note("fault_end", "recovery", f"{moved} held run(s) queued: no recovery fault took them")
         if self._release_controls():
             self.fleet.note("fault_end", "controls", "held run(s) queued: no controls fault took them")
+        with self._lock:
+            operators, self.held_operators = self.held_operators, []
+        if operators:
+            r.rpush(self._queue_key, *operators)
+            self.fleet.note("fault_end", "operators", f"{len(operators)} held run(s) queued: no operators fault took "
+                                                      "them")
 
     def _release_controls(self) -> list[str]:
         """Queue the runs held for the controls faults first (the head of the queue: the next runs agents take);
@@ -602,7 +649,47 @@ class Campaign:
         held = self._release_controls()
         self.fleet.note("fault", "controls", f"fault controls: {len(held)} held run(s) queued first: {held}")
         scripts = load_scripts(self.fleet.workload_path)
-        Controls(self.fleet, self.settings, scripts, self.rng, self._aborted).run(held, self.controls)
+        controls = Controls(self.fleet, self.settings, scripts, self.rng, self._aborted)
+        if self.fleet.archiver is not None:  # fork a run the archiver will not archive under it
+            controls.fresh = self.archive_safe
+        controls.run(held, self.controls)
+
+    def archive_safe(self, run_ids: Sequence[str]) -> set[str]:
+        """Of ``run_ids`` (finished runs still in the projection), those an operator may act on with the archiver on:
+        not yet noted in its due set, or noted less than :data:`ARCHIVE_PICK_WINDOW_S` ago (Redis's clock, the
+        archiver's); every run when no archiver runs."""
+        if self.fleet.archiver is None or not run_ids:
+            return set(run_ids)
+        from runjournal.consumers.archive.store import redis_now_ms
+
+        r = redis_client.client(self.settings, socket_timeout=10)
+        due = RedisKeys(self.settings.topic_prefix).archive_due()
+        now = redis_now_ms(r)
+        scores = r.zmscore(due, list(run_ids))
+        return {rid for rid, score in zip(run_ids, scores, strict=True)
+                if score is None or now - score < ARCHIVE_PICK_WINDOW_S * 1000}
+
+    def _archiver(self) -> None:
+        """The ``archiver`` fault: SIGKILL the archiver wherever it is, then restart it armed to die at a step of
+        archiving a run (:data:`~runjournal.demo.fleet.ARCHIVE_FAILPOINTS`) and wait for that death (restarted
+        unarmed by the chaos loop's ``reap_services``). Counted by the failpoint deaths (:meth:`counts`)."""
+        point = f"{self.rng.choice(ARCHIVE_FAILPOINTS)}=1"
+        self.fleet.kill_archiver(None, "fault archiver: SIGKILL wherever it is")
+        self._sleep(1, 4)
+        deaths = self.fleet.archiver_failpoint_deaths
+        self.fleet.kill_archiver(point, f"fault archiver: SIGKILL, restarted armed {point}")
+        self.fleet.note("fault", "archiver", f"fault archiver: armed {point}")
+        deadline = time.monotonic() + ARCHIVER_FAILPOINT_WAIT_S
+        while self.fleet.archiver_failpoint_deaths == deaths and time.monotonic() < deadline \
+                and not self._aborted.is_set():
+            self.fleet.reap_services()
+            self._pause(0.2)
+        if self.fleet.archiver_failpoint_deaths == deaths:  # not counted: faults_ok says so
+            self.fleet.kill_archiver(None, "fault archiver: disarmed")
+            self.fleet.note("fault_end", "archiver", f"the armed failpoint {point} was not reached in "
+                                                     f"{ARCHIVER_FAILPOINT_WAIT_S:.0f} s")
+        else:
+            self.fleet.note("fault_end", "archiver", f"the armed archiver died at {point}; restarted")
 
     def kill_agent(self, why: str = "fault agents: SIGKILL", *, busy_only: bool = False) -> bool:
         """SIGKILL an agent that owns a run now (a kill between runs tests nothing), else (unless ``busy_only``)

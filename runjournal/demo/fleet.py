@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CALL_FAILPOINTS", "RECOVERY_FAILPOINTS", "Fleet", "FleetClosedError", "FleetEvent", "write_workload"]
+__all__ = ["ARCHIVE_FAILPOINTS", "CALL_FAILPOINTS", "RECOVERY_FAILPOINTS", "Fleet", "FleetClosedError", "FleetEvent",
+           "write_workload"]
 
 class FleetClosedError(RuntimeError):
     """A process was to be started after :meth:`Fleet.stop_all` (the demo is stopping)."""
@@ -32,6 +33,8 @@ CALL_FAILPOINTS = ("producers.call.before_intent_commit", "producers.call.after_
 #: Steps of a recovery pass the recovery service may be armed to die at (``consumers/recovery/job.py``).
 RECOVERY_FAILPOINTS = ("recovery.after_fence", "recovery.after_read", "recovery.after_commit",
                        "recovery.inside_handover")
+#: Steps of archiving a run the archiver may be armed to die at (``consumers/archive/store.py``, decision 0056).
+ARCHIVE_FAILPOINTS = ("archive.after_write", "archive.after_manifest", "archive.after_tombstones")
 
 
 @dataclass
@@ -74,6 +77,14 @@ class Fleet:
     """The failpoint the running recovery service is armed with (None: unarmed)."""
     second_recoverer: subprocess.Popen[bytes] | None = None
     """A second recovery service sweeping beside the first (the ``recovery_pair`` fault), while it runs."""
+    archiver: subprocess.Popen[bytes] | None = None
+    """The archiver service (``runjournal archiver``: the ``archiver`` fault), while the demo runs one."""
+    archiver_armed: str | None = None
+    """The failpoint the running archiver is armed with (None: unarmed)."""
+    archiver_kills: int = 0
+    """Archiver processes that died by SIGKILL (the chaos's, or their own at an armed failpoint)."""
+    archiver_failpoint_deaths: int = 0
+    """Of those, the armed ones that died at their failpoint: inside the archiving of a run."""
     service_exits: int = 0
     """Projector or memory-extractor processes that exited by themselves (restarted; each one is on the timeline)."""
     advice: bool = True
@@ -249,7 +260,8 @@ class Fleet:
     def signal_service(self, which: str, sig: signal.Signals, detail: str) -> bool:
         """Send ``sig`` to the projector, memory extractor or recovery service; True when it was running."""
         with self.lock:
-            proc = {"projector": self.projector, "memory": self.memory, "recovery": self.recoverer}[which]
+            proc = {"projector": self.projector, "memory": self.memory, "recovery": self.recoverer,
+                    "archiver": self.archiver}[which]
             if proc is None or proc.poll() is not None:
                 return False
             os.kill(proc.pid, sig)
@@ -284,11 +296,47 @@ class Fleet:
             self.recoverer_armed = failpoint
             self.note("spawn", "recovery", f"armed {failpoint}" if failpoint else "")
 
+    def start_archiver(self, failpoint: str | None = None) -> None:
+        """Start (or restart) the archiver service (``runjournal archiver``), maybe armed to SIGKILL itself at a step
+        of archiving a run (:data:`ARCHIVE_FAILPOINTS`, ``name=N``)."""
+        with self.lock:
+            env = dict(self.env)
+            if failpoint:
+                env["RJ_FAILPOINTS"] = failpoint
+            self.archiver = self._spawn([sys.executable, "-m", "runjournal", "archiver"], "archiver", env)
+            self.archiver_armed = failpoint
+            self.note("spawn", "archiver", f"armed {failpoint}" if failpoint else "")
+
+    def kill_archiver(self, failpoint: str | None, why: str = "SIGKILL by chaos") -> bool:
+        """SIGKILL the archiver wherever it is and start one armed to die at ``failpoint`` (None: unarmed); True when
+        one was running (and was killed)."""
+        with self.lock:
+            killed = False
+            if self.archiver is not None and self.archiver.poll() is None:
+                os.kill(self.archiver.pid, signal.SIGKILL)
+                self.archiver.wait()
+                self.archiver_kills += 1
+                killed = True
+                self.note("kill", "archiver", why)
+            self.start_archiver(failpoint)
+            return killed
+
     def reap_services(self) -> None:
-        """Restart a recovery service that died (counting a SIGKILL) and a projector that exited by itself."""
+        """Restart a recovery service or an archiver that died (counting a SIGKILL) and a projector that exited by
+        itself."""
         with self.lock:
             if self.closing:
                 return
+            if self.archiver is not None and (rc := self.archiver.poll()) is not None:
+                if rc == -signal.SIGKILL:
+                    self.archiver_kills += 1
+                    self.archiver_failpoint_deaths += self.archiver_armed is not None
+                    self.note("kill", "archiver", f"fault archiver: SIGKILL at {self.archiver_armed}, inside an "
+                                                  "archive")
+                else:
+                    self.note("exit", "archiver", f"rc={rc}")
+                    self.service_exits += 1
+                self.start_archiver()
             if self.recoverer is not None and (rc := self.recoverer.poll()) is not None:
                 if rc == -signal.SIGKILL:
                     self.recoverer_kills += 1
@@ -343,7 +391,8 @@ class Fleet:
         with self.lock:
             self.closing = True
             procs = [*self.agents.values(), *self.operators,
-                     *(p for p in (self.projector, self.recoverer, self.second_recoverer, self.memory) if p)]
+                     *(p for p in (self.projector, self.recoverer, self.second_recoverer, self.memory, self.archiver)
+                       if p)]
             for p in procs:
                 if p.poll() is None:
                     os.kill(p.pid, signal.SIGCONT)

@@ -143,6 +143,8 @@ def _runs(per_run: dict[str, Any], limit: int = 400) -> str:
             check = f"as expected: {info['expected']}"
         if info.get("fork_of"):
             check += f" (fork of {info['fork_of']})"
+        if info.get("archived"):
+            check += " (read from the archive)"
         rows.append(f"<tr><td>{_esc(run_id)}</td><td class='status-{_esc(info['status'])}'>{_esc(info['status'])}"
                     f"</td><td class='{'ok' if held else 'bad'}'>{check}</td><td>{info['epoch']}</td>"
                     f"<td>{info['events']}</td><td>{chips}</td></tr>")

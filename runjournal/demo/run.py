@@ -50,7 +50,7 @@ from runjournal.core.settings import Settings
 from runjournal.demo import services
 from runjournal.demo.agent import DemoKeys
 from runjournal.demo.cleanup import remove_demo
-from runjournal.demo.faults import KINDS, Campaign, Scheduled, parse_faults, schedule
+from runjournal.demo.faults import ARCHIVE_RETENTION_S, KINDS, Campaign, Scheduled, parse_faults, schedule
 from runjournal.demo.fleet import Fleet, write_workload
 from runjournal.demo.spend import with_spend_defaults
 from runjournal.demo.stackctl import StackControl, StackControlError
@@ -156,6 +156,8 @@ def plan_faults(opts: DemoOptions, settings: Settings) -> tuple[list[Scheduled],
             "needs a replicated cluster: `runjournal stack up --brokers 3`"
         allowed["registry"] = None if stack.has_registry else \
             "no schema registry in use (`runjournal stack up --registry`)"
+    if importlib.util.find_spec("pyarrow") is None or importlib.util.find_spec("fsspec") is None:
+        allowed["archiver"] = "the archive is not installed (pip install 'runjournal[archive]')"
     if importlib.util.find_spec("langgraph") is None:
         allowed["graph"] = "LangGraph is not installed (pip install 'runjournal[langgraph]')"
     if not opts.memory:
@@ -168,15 +170,32 @@ def plan_faults(opts: DemoOptions, settings: Settings) -> tuple[list[Scheduled],
     return plan, skipped, stack
 
 
-def _completed(store: ProjectionStore, scripts: list[RunScript], partitions: int) -> int | None:
-    """Runs terminal in the projection; None while Redis is away (the campaign may have killed it)."""
+def _completed(store: ProjectionStore, scripts: list[RunScript], partitions: int,
+               archived: Callable[[str], bool] | None = None) -> int | None:
+    """Runs terminal in the projection, plus (``archived``: the archiver is on) runs gone from it that the archive
+    holds; None while Redis is away (the campaign may have killed it)."""
     by_p: dict[int, list[str]] = {}
     for s in scripts:
         by_p.setdefault(partition_for(s.run_id, partitions), []).append(s.run_id)
     try:
-        return sum(1 for p, ids in by_p.items() for st in store.load(p, ids).values() if st.status in _TERMINAL)
+        done = 0
+        for p, ids in by_p.items():
+            states = store.load(p, ids)
+            done += sum(1 for st in states.values() if st.status in _TERMINAL)
+            if archived is not None:
+                done += sum(1 for rid in ids if rid not in states and archived(rid))
+        return done
     except redis.RedisError:
         return None
+
+
+def _archive_probe(settings: Settings) -> Callable[[str], bool]:
+    """``run_id -> True`` when the demo's archive holds the run's manifest (decision 0056)."""
+    from runjournal.consumers.archive.store import manifest_path
+    from runjournal.stores.object_store import filesystem
+
+    fs, root = filesystem(settings)
+    return lambda run_id: bool(fs.exists(manifest_path(root, run_id)))
 
 
 def run_demo(opts: DemoOptions, *, progress: Any = None,
@@ -213,6 +232,9 @@ def run_demo(opts: DemoOptions, *, progress: Any = None,
     if on_plan:
         on_plan(plan, skipped)
     workdir = settings.stack_dir / "demo" / prefix
+    if any(s.kind == "archiver" for s in plan):  # a short retention, an archive of the demo's own (in its workdir)
+        settings = settings.model_copy(update={"retention_s": ARCHIVE_RETENTION_S, "retention_overrides": {},
+                                               "archive_url": f"file://{workdir / 'archive'}"})
     previous = _interrupt_on_termination()
     try:
         return _run(opts, settings, (plan, skipped, stack), rng, (started, started_wall), progress, workdir)
@@ -296,6 +318,8 @@ def _run(opts: DemoOptions, settings: Settings, faults_plan: tuple[list[Schedule
         knowledge = services.ingest_knowledge(settings, opts.knowledge) if opts.memory else []
         fleet.advice = opts.memory and services.start_memory(fleet, settings)
         fleet.start_recoverer()
+        if any(s.kind == "archiver" for s in plan):
+            fleet.start_archiver()
         approver = services.Approver(settings)
         keys = DemoKeys(prefix)
         r = redis_client.client(settings, socket_timeout=10)
@@ -313,6 +337,7 @@ def _run(opts: DemoOptions, settings: Settings, faults_plan: tuple[list[Schedule
         fleet.stop_all()
         approver.close()
         Projector(settings).run(until_caught_up=True, idle_timeout_s=120)
+        archiver_final = services.finish_archiver(fleet, env) if fleet.archiver is not None else None
         memory_report = services.finish_memory(fleet, env) if fleet.memory is not None else {}
     finally:
         if approver is not None:
@@ -322,7 +347,8 @@ def _run(opts: DemoOptions, settings: Settings, faults_plan: tuple[list[Schedule
         fleet.stop_all()
         provider.terminate()
         provider.wait(10)
-    summary = verify(settings, scripts, workdir, opts.partitions, campaign.controls)  # 7
+    summary = verify(settings, scripts, workdir, opts.partitions, campaign.controls,  # 7
+                     archive=archiver_final)
     recoveries, recovery_errors = services.read_recoveries(workdir / "recovery.jsonl", fleet, started_wall)
     summary.update(services.contexts_summary(r, keys, summary["per_run"]), knowledge_documents=knowledge)
     requested = {s.kind for s in plan}
@@ -332,7 +358,7 @@ def _run(opts: DemoOptions, settings: Settings, faults_plan: tuple[list[Schedule
         recovery_passes=len(recoveries), approvals_granted=approver.granted, recovery_errors=recovery_errors[:5],
         faults_injected=faults, faults_requested={k: _wanted(k, opts) for k in sorted(requested)},
         faults_skipped=skipped, fault_errors=campaign.errors, fault_schedule=[vars(s) for s in plan],
-        service_exits=fleet.service_exits, registry_subject=registered,
+        service_exits=fleet.service_exits, registry_subject=registered, archiver_kills=fleet.archiver_kills,
         elapsed_s=round(time.monotonic() - started, 1), topic_prefix=prefix, finished_in_time=done,
         provider_idempotency="on" if opts.provider_idempotency else "off", workdir=str(workdir),
         outcome_commit=settings.outcome_commit, **memory_report)
@@ -381,6 +407,8 @@ def _checks(summary: dict[str, Any], *, memory: bool) -> list[dict[str, Any]]:
         ("every operator action held its rule", g("controls_ok", True),
          ", ".join(f"{c['action']} {c['run_id']}: {'held' if c['held'] else 'FAILED'}" for c in g("controls", []))
          or "none requested"),
+        *([("every finished run hot or archived exactly once, none half-removed, none unfinished archived",
+            g("archive")["ok"], _archive_observed(g("archive")))] if g("archive") else []),
         ("memory items carry provenance", (not memory or g("memory_items_written", 0) > 0)
          and g("memory_items_without_provenance", 0) == 0,
          f"{g('memory_items_written', 0)} written, {g('memory_items_without_provenance', 0)} without"),
@@ -388,6 +416,15 @@ def _checks(summary: dict[str, Any], *, memory: bool) -> list[dict[str, Any]]:
          f"{g('knowledge_passages_without_provenance', 0)} without"),
     ]
     return [{"check": name, "held": bool(held), "observed": observed} for name, held, observed in rows]
+
+
+def _archive_observed(archive: dict[str, Any]) -> str:
+    """One line: runs archived and hot, then each rule's count (and the first violation)."""
+    text = (f"{archive['runs_archived']} archived, {archive['runs_hot']} hot; {archive['archived_twice']} archived "
+            f"twice, {archive['archive_stray_objects']} stray object(s), {archive['runs_half_removed']} half-removed, "
+            f"{archive['runs_archived_unfinished']} unfinished archived, {archive['runs_lost']} lost, "
+            f"{archive['archive_unreadable']} unreadable; last pass exit {archive['archive_final_rc']}")
+    return text + (f"; {archive['violations'][0]}" if archive["violations"] else "")
 
 
 def _spend_observed(spend: dict[str, Any]) -> str:
@@ -406,12 +443,13 @@ def _chaos_loop(opts: DemoOptions, settings: Settings, scripts: list[RunScript],
                 rng: random.Random, progress: Any) -> bool:
     """Step 5: until every run is terminal and every planned fault was injected (or the timeout)."""
     store = ProjectionStore(redis_client.client(settings, socket_timeout=5), settings.topic_prefix)
+    archived = _archive_probe(settings) if fleet.archiver is not None else None
     total = len(scripts)
     next_clock_kill = time.monotonic() + (opts.kill_every_s or 0)
     deadline = time.monotonic() + opts.timeout_s
     done = 0
     while time.monotonic() < deadline:
-        now_done = _completed(store, scripts, opts.partitions)
+        now_done = _completed(store, scripts, opts.partitions, archived)
         done = done if now_done is None else now_done
         if progress:
             progress(done, total, fleet)

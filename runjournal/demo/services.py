@@ -23,8 +23,8 @@ from runjournal.demo.agent import DemoKeys
 from runjournal.demo.fleet import Fleet
 from runjournal.producers.approvals import ApprovalInbox
 
-__all__ = ["Approver", "child_env", "contexts_summary", "finish_memory", "ingest_knowledge", "read_recoveries",
-           "register_subject", "start_memory", "wait_http"]
+__all__ = ["Approver", "child_env", "contexts_summary", "finish_archiver", "finish_memory", "ingest_knowledge",
+           "read_recoveries", "register_subject", "start_memory", "wait_http"]
 
 log = logging.getLogger("runjournal.demo")
 
@@ -96,6 +96,31 @@ def finish_memory(fleet: Fleet, env: dict[str, str]) -> dict[str, Any]:
     from runjournal.demo.memory_check import memory_counts
 
     return memory_counts(env, final)
+
+
+def finish_archiver(fleet: Fleet, env: dict[str, str]) -> dict[str, Any]:
+    """The ``archiver`` fault's end: stop the archiver service (SIGTERM), then run ``runjournal archiver
+    --until-caught-up --json`` once (it finishes any archive a kill interrupted and archives what is due), so the
+    archive's rules are checked on a caught-up archiver (docs/design/decisions/0056-retention-and-archive.md).
+
+    Returns:
+        ``{"rc": exit code, "stats": the pass's JSON stats (None when it printed none), "stderr": its tail}``.
+    """
+    proc = fleet.archiver
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    final = subprocess.run([sys.executable, "-m", "runjournal", "archiver", "--until-caught-up", "--json"], env=env,
+                           capture_output=True, text=True, timeout=900, check=False)
+    try:
+        stats = json.loads(final.stdout)
+    except ValueError:
+        stats = None
+    return {"rc": final.returncode, "stats": stats, "stderr": final.stderr[-500:]}
 
 
 def ingest_knowledge(settings: Settings, paths: list[Path]) -> list[dict[str, Any]]:

@@ -57,7 +57,7 @@ def _percentile(values: list[int], q: float) -> float | None:
 
 
 def verify(settings: Settings, scripts: list[RunScript], workdir: Path, partitions: int,
-           controls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+           controls: list[dict[str, Any]] | None = None, *, archive: dict[str, Any] | None = None) -> dict[str, Any]:
     """The demo's summary figures (keys as ``runjournal demo --json`` prints them, without fleet counts).
 
     Args:
@@ -67,14 +67,25 @@ def verify(settings: Settings, scripts: list[RunScript], workdir: Path, partitio
         partitions: the events topic's partition count.
         controls: the ``controls`` faults' operator actions (``ControlAction.as_dict``), each checked here against
             its rule (:func:`control_checks`); returned as ``controls`` with ``checks`` and ``held``.
+        archive: with the ``archiver`` fault, its last ``--until-caught-up`` pass (``rc``, ``stats``): a run gone
+            from Redis and the topic is read from the demo's archive (``runjournal.demo.archive_check``) — its
+            archived events join the topic's for every check, its state is their fold — and the archiver's own
+            rules are returned as ``archive`` (None: no archiver ran).
     """
     controls = controls or []
     cancelled = {a["run_id"] for a in controls if a["action"] == "cancel" and a["outcome"] == "cancelled"}
     forks = {a["fork_run_id"]: a for a in controls if a["action"] == "fork" and a["outcome"] == "forked"}
     by_script = {s.run_id: s for s in scripts}
     by_run = read_all_events(settings)
+    view = None
+    if archive is not None:
+        from runjournal.demo.archive_check import merge_events, read_archive
+
+        view = read_archive(settings)
+        by_run = merge_events(by_run, view)
     client = redis_client.client(settings)
     store = ProjectionStore(client, settings.topic_prefix)
+    hot: dict[str, Any] = {}
     completed = matches = mismatches = 0
     per_run: dict[str, dict[str, Any]] = {}
     states: dict[str, Any] = {}
@@ -83,7 +94,10 @@ def verify(settings: Settings, scripts: list[RunScript], workdir: Path, partitio
     for run_id, script, fork_of in checked:
         events = by_run.get(run_id, [])
         ref = fold(events)
-        state = states[run_id] = store.get(partition_for(run_id, partitions), run_id)
+        state = hot[run_id] = store.get(partition_for(run_id, partitions), run_id)
+        if state is None and view is not None and run_id in view.events:  # archived: its state is the archive's
+            state = fold(view.events[run_id])
+        states[run_id] = state
         same = (ref is None and state is None) or (
             ref is not None and state is not None and state_digest(ref) == state_digest(state))
         mismatches += 0 if same else 1
@@ -95,7 +109,9 @@ def verify(settings: Settings, scripts: list[RunScript], workdir: Path, partitio
                            "events": len(events), "projection_matches": same, "outcome_matches": why is None,
                            "outcome_differs": why, "calls": _call_classes(events),
                            **({"expected": "CANCELLED (cancelled by an operator)"} if run_id in cancelled else {}),
-                           **({"fork_of": fork_of} if fork_of else {})}
+                           **({"fork_of": fork_of} if fork_of else {}),
+                           **({"archived": view.manifests[run_id]["object_url"]}
+                              if view is not None and run_id in view.manifests else {})}
     resumed = {rid for rid, evs in by_run.items() if any(e.type == EventType.RUN_RESUMED for e, _, _ in evs)}
     reconciled = sum(1 for evs in by_run.values() for e, _, _ in evs if e.type == EventType.TOOL_CALL_RECONCILED)
     db = sqlite3.connect(str(workdir / "ledger.db"))
@@ -106,6 +122,12 @@ def verify(settings: Settings, scripts: list[RunScript], workdir: Path, partitio
     lags = [lag for _, lag in samples]
     checked_controls = control_checks(controls, by_script, by_run, states, per_run, executed)
     spend = spend_checks(settings, client, checked, states)
+    archived = None
+    if view is not None:
+        from runjournal.demo.archive_check import archive_checks
+
+        archived = {**archive_checks(settings, client, view, [rid for rid, _s, _f in checked], hot, archive),
+                    "final": archive}
     return {
         "runs_total": len(scripts),
         "runs_completed": completed,
@@ -128,6 +150,7 @@ def verify(settings: Settings, scripts: list[RunScript], workdir: Path, partitio
         "runs_forked": len(forks),
         "controls": checked_controls,
         "controls_ok": all(c["held"] for c in checked_controls),
+        "archive": archived,
         "per_run": per_run,
         "series": {"events_per_s": _events_per_s(by_run), "lag_ms": sorted(samples)},
     }

@@ -32,7 +32,7 @@ CELLS = [(*c.split(":"), "group")[:3] for c in os.environ.get("RJ_CAMPAIGN_MATRI
 """``(seed, idempotency, outcome mode)`` per cell; a cell written ``seed:idempotency`` runs the default mode."""
 KINDS = {"agents", "zombies", "same_id", "projector", "projector_stall", "broker", "redis", "recovery", "memory",
          "qdrant", "registry", "recovery_pair", "operators", "cancels", "skew", "graph", "broker_stall", "partitions",
-         "controls"}
+         "controls", "archiver"}
 
 
 @pytest.fixture(scope="module")
@@ -87,10 +87,12 @@ def test_the_main_job_holds_under_every_fault(stack_env: dict[str, str], tmp_pat
     # issue 31: operator actions, each checked against its rule (a cancel, a pause and resume, a fork)
     assert summary["controls_ok"] is True and {c["action"] for c in summary["controls"]} == {
         "pause", "resume", "cancel", "fork"}, summary["controls"]
+    # issue 30: an archiver killed mid-archive; every run hot or archived exactly once, none half-removed
+    assert summary["archive"]["ok"] is True and summary["archive"]["runs_archived"] > 0, summary["archive"]
     html = report.read_text()
     for marker in ("fault broker: SIGKILL", "fault redis: SIGKILL", "fault registry: SIGKILL", "fault qdrant",
                    "fault zombies", "fault same_id", "fault projector_stall", "fault recovery: SIGKILL at",
                    "fault memory: SIGKILL", "fault recovery_pair", "fault operators", "fault cancels", "fault skew",
                    "fault graph", "fault broker_stall: SIGSTOP", "fault partitions", "fault controls: pause requested",
-                   "fault controls: fork of"):
+                   "fault controls: fork of", "fault archiver: armed"):
         assert marker in html, marker  # every fault is on the report's timeline

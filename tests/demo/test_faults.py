@@ -152,3 +152,43 @@ def test_the_controls_faults_runs_are_held_paced_and_queued_first(settings: Sett
         assert campaign.holding == 1 and r.llen(keys.controls) == 0
     finally:
         campaign.abort()
+
+
+@pytest.mark.integration
+def test_with_the_archiver_the_operators_fault_holds_a_failing_run_and_acts_only_on_runs_not_yet_due(
+        settings: Settings, tmp_path: Path) -> None:
+    """Issue 30: with the ``archiver`` kind on, the ``operators`` fault has a failing run of its own held out of the
+    queue (queued when it starts, continued as soon as it ended), and the ``operators`` and ``controls`` faults act
+    only on finished runs the archiver has not noted, or noted less than ARCHIVE_PICK_WINDOW_S ago by Redis's clock —
+    never a run it may archive under them."""
+    from runjournal.consumers.archive.store import redis_now_ms
+    from runjournal.core import redis_client
+    from runjournal.core.redis_keys import RedisKeys
+    from runjournal.demo.agent import DemoKeys
+    from runjournal.demo.faults import ARCHIVE_PICK_WINDOW_S, ARCHIVE_RETENTION_S, Campaign
+    from runjournal.demo.fleet import Fleet
+    from runjournal.demo.workload import generated_workload
+
+    assert "archiver" in KINDS and ARCHIVE_RETENTION_S - ARCHIVE_PICK_WINDOW_S >= 30
+    scripts = generated_workload(16, seed=3)
+    plan = schedule(["operators", "archiver"], times=1, kills=0, rng=random.Random(3))
+    fleet = Fleet(env={}, workdir=tmp_path, workload_path=tmp_path / "w.json", provider_url="",
+                  rng=random.Random(3))
+    campaign = Campaign(fleet, settings, plan, random.Random(3), stack=None, restart_memory=None)
+    keys, r = DemoKeys(settings.topic_prefix), redis_client.client(settings)
+    try:
+        held = campaign.hold_bait(scripts, keys.queue, keys.bait, keys.controls)
+        failing = [s.run_id for s in scripts if not s.succeeded]
+        assert held == campaign.held_operators == failing[-1:] and campaign.holding == 1
+        ids = ["a-fresh", "a-old", "a-unnoted"]
+        assert campaign.archive_safe(ids) == set(ids)  # no archiver running: every run
+        fleet.archiver = object()  # type: ignore[assignment]  # the fleet runs one
+        now = redis_now_ms(r)
+        r.zadd(RedisKeys(settings.topic_prefix).archive_due(),
+               {"a-fresh": now - 1000, "a-old": now - int(ARCHIVE_PICK_WINDOW_S * 1000) - 1000})
+        assert campaign.archive_safe(ids) == {"a-fresh", "a-unnoted"}
+        campaign.release_held()
+        assert [x.decode() for x in r.lrange(keys.queue, 0, -1)] == failing[-1:] and campaign.holding == 0
+    finally:
+        fleet.archiver = None
+        campaign.abort()
