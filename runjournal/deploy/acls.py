@@ -15,7 +15,8 @@ what they do:
   to ``{prefix}.events.dlq``.
 * ``recovery`` — fences dead instances (``init_transactions`` with *their* transactional ids, so every
   id under ``{prefix}.``), reads partition tails, publishes RUN_RESUMED under ``{prefix}.recovery``; reads large
-  results on ``{prefix}.payloads``.
+  results on ``{prefix}.payloads``; restores an archived run for ``continue_run`` (its events and framework records,
+  under ``{prefix}.unarchive-<run>``: decision 0058).
 * ``memory`` — consumer group ``{prefix}.memory``; writes failures to ``{prefix}.memory.dlq``.
 * ``operator`` — ``topics create/describe``, ``inspect``, ``replay``, ``erase`` (tombstones on the events,
   checkpoints and payloads topics), reading the DLQs. Not ACL administration: that stays with the cluster's
@@ -101,8 +102,11 @@ ROLES: dict[str, tuple[Grant, ...]] = {
               "read partition tails to the high watermark; publish RUN_RESUMED"),
         _SCHEMAS_WRITE,
         Grant("topic", _PAYLOADS, "literal", ("READ", "DESCRIBE"), "read large tool results (continue, fork)"),
+        Grant("topic", "{prefix}.checkpoints", "literal", ("WRITE", "DESCRIBE"),
+              "continue an archived run: re-publish its framework records (decision 0058)"),
         Grant("transactional_id", "{prefix}.", "prefixed", ("WRITE", "DESCRIBE"),
-              "fence a dead instance (init_transactions with its id); its own {prefix}.recovery"),
+              "fence a dead instance (init_transactions with its id); its own {prefix}.recovery; "
+              "{prefix}.unarchive-<run> restoring an archived run"),
     ),
     "memory": (
         Grant("topic", _EVENTS, "literal", ("READ", "DESCRIBE"), "extract memory from events"),

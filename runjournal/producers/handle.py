@@ -1207,7 +1207,7 @@ class RunHandle:
         if planned.result_json is not None:
             return json.loads(planned.result_json)
         if planned.result_ref is not None:
-            text = self.journal.results.get(planned.result_ref)
+            text = self.journal.results.get(planned.result_ref, run_id=self.run_id)
             if text is None:
                 raise ResultUnavailableError(f"result {planned.result_ref} of call {planned.call_id} can no longer "
                                              f"be read: {unavailable_reason(planned.result_ref)}")

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.producers._digest import digest
 from runjournal.producers.errors import ResultCorruptError, ResultUnavailableError
+from runjournal.stores.errors import ObjectStoreError
 
 if TYPE_CHECKING:
     from runjournal.core.settings import Settings
@@ -168,13 +169,20 @@ class ResultStore:
         except Exception as exc:  # noqa: BLE001 - a cache miss later costs one read of the payloads topic
             log.warning("could not cache a %d-character result in Redis: %s", len(text), exc)
 
-    def get(self, ref: str) -> str | None:
+    def get(self, ref: str, *, run_id: str | None = None) -> str | None:
         """The text stored under ``ref``, or None when a ``sha256:`` reference is absent from Redis.
+
+        Args:
+            ref: the event's ``result_ref``.
+            run_id: the run the result belongs to. Given, a ``kafka:`` reference whose records on the payloads topic
+                are missing or do not make the text (the run was archived: tombstoned, then compacted) is read from
+                the run's archived object instead (:meth:`read_archived_payload`, decision 0058).
 
         Raises:
             ResultUnavailableError: a ``kafka:`` reference's records are missing (erased, never written, topic gone)
-                or cannot be read within the timeout.
-            ResultCorruptError: they are there but do not make the recorded text (key or digest mismatch).
+                or cannot be read within the timeout, and the archive (when ``run_id`` is given) does not hold them.
+            ResultCorruptError: they are there but do not make the recorded text (key or digest mismatch), and the
+                archive does not hold them either.
         """
         if not ref.startswith(KAFKA_REF_PREFIX):
             raw = self._r.get(self.key(ref))
@@ -192,9 +200,56 @@ class ResultStore:
             if digest(text) == where.digest:
                 return text
             log.warning("cached result %s does not match its digest; reading the payloads topic", where.digest)
-        text = self.read_payload(where)
+        try:
+            text = self.read_payload(where)
+        except (ResultUnavailableError, ResultCorruptError) as exc:
+            if run_id is None:
+                raise
+            try:
+                archived = self.read_archived_payload(where, run_id)
+            except ObjectStoreError as unusable:  # the topic's error stays the answer; the archive's is its cause
+                raise type(exc)(f"{exc}; the archive could not be read: {unusable}") from unusable
+            if archived is None:
+                raise
+            log.info("result %s of run %s read from the archive (%s)", where.digest, run_id, exc)
+            text = archived
         self.cache(text)
         return text
+
+    def read_archived_payload(self, where: PayloadRef, run_id: str) -> str | None:
+        """The result ``where`` names, from the payload rows of ``run_id``'s archived object: the rows of partition
+        ``where.partition`` with offsets ``where.first`` … ``where.last`` whose key names this payload, reassembled
+        and checked against the digest exactly as records read from the topic (decision 0058: the archive keeps each
+        row's original partition and offset). None when the archive has no such run, or its object lacks a chunk or
+        does not make the recorded text (the caller reports the topic's error).
+
+        Raises:
+            ObjectStoreError: the archive's backend is unknown or not installed.
+        """
+        if self._settings is None:
+            return None
+        from runjournal.stores.archive_objects import ArchivedObjectMismatchError, read_checked
+
+        try:
+            archived = read_checked(self._settings, run_id)
+        except ArchivedObjectMismatchError as exc:
+            log.warning("result %s: the archive of run %s cannot be used: %s", where, run_id, exc)
+            return None
+        if archived is None:
+            return None
+        suffix = f"{SEP}{_KIND}{SEP}{where.payload_id}{SEP}"
+        head = f"{run_id}{suffix}"
+        parts: dict[int, bytes | None] = {}
+        for row in archived.rows:
+            if (row["source"] == "payloads" and row["partition"] == where.partition
+                    and where.first <= row["offset"] <= where.last and row["key"].startswith(head)
+                    and row["key"][len(head):].isdigit()):
+                parts[int(row["key"][len(head):])] = row["value"]
+        try:
+            return self._assembled(where, parts, f"the archive of run {run_id}")
+        except (ResultUnavailableError, ResultCorruptError) as exc:
+            log.warning("result %s: not in the archive of run %s either: %s", where, run_id, exc)
+            return None
 
     def read_payload(self, where: PayloadRef) -> str:
         """Read, check and reassemble the records ``where`` names from ``{prefix}.payloads`` (Redis not asked).
@@ -250,10 +305,15 @@ class ResultStore:
                                              f"{where.last} within {self._timeout_s} s")
         finally:
             consumer.close()
+        return self._assembled(where, parts, f"{topic}[{where.partition}]")
+
+    @staticmethod
+    def _assembled(where: PayloadRef, parts: dict[int, bytes | None], source: str) -> str:
+        """The text of chunks ``parts`` (index -> bytes), checked: every chunk there, none beyond, the digest."""
         missing = [i for i in range(where.chunks) if parts.get(i) is None]
         if missing:
             raise ResultUnavailableError(
-                f"result {where}: {len(missing)} of its {where.chunks} record(s) on {topic}[{where.partition}] are "
+                f"result {where}: {len(missing)} of its {where.chunks} record(s) on {source} are "
                 f"missing (first: chunk {missing[0]}) — erased, or never committed")
         extra = sorted(i for i in parts if i >= where.chunks)
         if extra:

@@ -125,8 +125,11 @@ WRITERS: dict[str, Writer] = {
                              covered_by="tests/producers/test_approvals.py"),
     # -- taking a run over ---------------------------------------------------------------------------------
     "RecoveryJob.recover": Writer(RECOVERY_POINTS, _RECOVERY_RACE, _RECOVERY_KILL, matrix="recover"),
-    "continue_run": Writer(RECOVERY_POINTS, _RECOVERY_RACE + "; the loser raises RunNotContinuableError",
-                           _RECOVERY_KILL, matrix="continue_run"),
+    "continue_run": Writer(RECOVERY_POINTS, _RECOVERY_RACE + "; the loser raises RunNotContinuableError; an archived "
+                           "run is restored once (one transactional id per run: a later restorer fences an earlier "
+                           "one or finds its records — tests/consumers/archive/test_continue_archived.py)",
+                           _RECOVERY_KILL + "; killed after an archived run's restore: the next continue_run finds "
+                           "it restored and continues it", matrix="continue_run"),
     "cli recover": Writer(RECOVERY_POINTS, _RECOVERY_RACE, _RECOVERY_KILL, matrix="recover"),
     # -- operators -------------------------------------------------------------------------------------------
     "cli approve": Writer((), "checked against the projection; the first decision wins (HSETNX); the owner journals it",

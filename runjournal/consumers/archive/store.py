@@ -13,6 +13,9 @@
 4. Write one Parquet file (pyarrow, through the fsspec filesystem of ``RUNJOURNAL_ARCHIVE_URL``) with a
    deterministic name: ``<root>/tenant=<tenant>/date=<yyyy-mm-dd>/p<partition>-<first offset>-<last offset>.parquet``
    (the tenant id percent-encoded, ``.`` too, so no id escapes the folder); a retried write replaces it.
+   A run archived before (a manifest) keeps the rows of its previous object that are no longer live in the topics
+   (keyed by source and key, a live row wins): a run continued from the archive was restored without its large
+   results' chunks, which the previous object holds (decision 0058).
 5. Read it back and compare the row count and the SHA-256 digest of the rows (:func:`rows_digest`); a mismatch
    raises :class:`ArchiveVerifyError` and nothing is removed. Then write the manifest
    ``<root>/runs/<sha256(run_id)>.json`` (object URL, rows, digest, tenant, agent, finish time); an older object of
@@ -26,9 +29,8 @@ Needs the ``archive`` extra (pyarrow, fsspec; s3fs for ``s3://``).
 
 from __future__ import annotations
 
-import hashlib
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -57,6 +59,9 @@ from runjournal.model.reducer import RunState, fold
 from runjournal.producers.results import of_run
 from runjournal.schemas import Event, EventType, codec_from_settings
 from runjournal.schemas.keys import KeyFormatError, parse_event_key
+from runjournal.stores.archive_objects import COLUMNS, manifest_path, rows_digest
+from runjournal.stores.archive_objects import read_manifest as _read_manifest
+from runjournal.stores.archive_objects import read_rows as _read_parquet
 from runjournal.stores.errors import ObjectStoreUnavailableError
 from runjournal.stores.object_store import filesystem, object_store_outage
 
@@ -68,12 +73,6 @@ __all__ = ["ArchiveError", "ArchiveReport", "ArchiveVerifyError", "ArchivedRun",
            "read_archived", "redis_now_ms", "replay_archived", "rows_digest"]
 
 T = TypeVar("T")
-
-COLUMNS = ("source", "partition", "offset", "key", "type", "seq", "epoch", "value")
-"""The Parquet columns: ``source`` (``events``, ``checkpoints`` or ``payloads``: the topic the row came from),
-its ``partition`` and ``offset``, the record ``key`` (text), the event ``type``, ``seq`` and ``epoch`` (null for the
-other sources) and ``value``: the record's encoded bytes as the topic held them (the codec decodes an event)."""
-
 
 class ArchiveError(RunjournalError):
     """The run could not be archived (nothing was removed from the hot stores; archive again)."""
@@ -148,23 +147,6 @@ def object_name(root: str, tenant_id: str, finished_ms: int, partition: int, fir
     return f"{root}/tenant={_segment(tenant_id)}/date={day}/p{partition}-{first}-{last}.parquet"
 
 
-def manifest_path(root: str, run_id: str) -> str:
-    """``<root>/runs/<sha256(run_id) hex>.json``: a run found by its id."""
-    return f"{root}/runs/{hashlib.sha256(run_id.encode()).hexdigest()}.json"
-
-
-def rows_digest(rows: Iterable[dict[str, Any]]) -> str:
-    """SHA-256 (hex) over every row's columns, each length-prefixed, in order: the same rows, the same digest."""
-    h = hashlib.sha256()
-    for row in rows:
-        for col in COLUMNS:
-            value = row[col]
-            data = value if isinstance(value, bytes) else b"\x00" if value is None else str(value).encode()
-            h.update(len(data).to_bytes(8, "big"))
-            h.update(data)
-    return h.hexdigest()
-
-
 def archive_run(settings: Settings, run_id: str, *, redis_client: Any = None, timeout_s: float = 30.0,
                 progress: Callable[[str], None] | None = None,
                 _write: Callable[..., None] | None = None) -> ArchiveReport:
@@ -229,7 +211,8 @@ def _archive(settings: Settings, client: Any, fs: AbstractFileSystem, root: str,
     state = _finished_state(settings, run_id, events)  # 2
     check_not_live(settings, client, partition, run_id, force=False)
     finished_ms = finish_time_ms(settings, client, run_id)  # 3
-    rows = events + others
+    # a restored run's payload rows, gone from the topic, stay (decision 0058)
+    rows = _object_store(lambda: _with_archived_rows(fs, run_id, manifest, events + others))
     path = object_name(root, state.tenant_id or "", finished_ms, partition, events[0]["offset"],
                        events[-1]["offset"])
     say(f"writing {len(rows)} rows to {_url(fs, path)}")
@@ -423,6 +406,32 @@ def _finished_state(settings: Settings, run_id: str, events: list[dict[str, Any]
     return state
 
 
+_SOURCE_ORDER = {"events": 0, "checkpoints": 1, "payloads": 2}
+
+
+def _with_archived_rows(fs: AbstractFileSystem, run_id: str, manifest: dict[str, Any] | None,
+                        live: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``live`` plus the rows of the run's previous object (``manifest``'s) that are no longer live in the topics,
+    keyed by (source, key), a live row winning; in (source, offset) order.
+
+    A run continued from the archive was restored without its large results' records (re-publishing them would
+    change the offsets their ``kafka:`` references name; decision 0058): the previous object is where they are, and
+    archiving the run again must not drop them. With no previous object this is ``live`` as it was.
+
+    Raises:
+        ArchiveVerifyError: the previous object does not match its manifest (nothing is written or removed).
+    """
+    if manifest is None or not fs.exists(manifest["object_path"]):
+        return live
+    old = _read_parquet(fs, manifest["object_path"])
+    if len(old) != manifest["rows"] or rows_digest(old) != manifest["digest"]:
+        raise ArchiveVerifyError(f"the previous archive of run {run_id} at {manifest['object_url']} does not match "
+                                 "its manifest: its rows are not carried over and nothing was removed")
+    keys = {(r["source"], r["key"]) for r in live}
+    carried = [r for r in old if (r["source"], r["key"]) not in keys]
+    return sorted(live + carried, key=lambda r: (_SOURCE_ORDER[r["source"]], r["offset"]))
+
+
 def _write_parquet(fs: AbstractFileSystem, path: str, rows: list[dict[str, Any]]) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -435,14 +444,6 @@ def _write_parquet(fs: AbstractFileSystem, path: str, rows: list[dict[str, Any]]
         pq.write_table(table, out)
 
 
-def _read_parquet(fs: AbstractFileSystem, path: str) -> list[dict[str, Any]]:
-    import pyarrow.parquet as pq
-
-    with fs.open(path, "rb") as src:
-        rows: list[dict[str, Any]] = pq.read_table(src).to_pylist()
-    return rows
-
-
 def _verify(fs: AbstractFileSystem, path: str, rows: list[dict[str, Any]]) -> str:
     digest = rows_digest(rows)
     back = _read_parquet(fs, path)
@@ -450,15 +451,6 @@ def _verify(fs: AbstractFileSystem, path: str, rows: list[dict[str, Any]]) -> st
         raise ArchiveVerifyError(f"{path} read back holds {len(back)} rows (wrote {len(rows)}) or another digest; "
                                  "nothing was removed — archive again")
     return digest
-
-
-def _read_manifest(fs: AbstractFileSystem, root: str, run_id: str) -> dict[str, Any] | None:
-    path = manifest_path(root, run_id)
-    if not fs.exists(path):
-        return None
-    with fs.open(path, "rb") as src:
-        manifest: dict[str, Any] = json.loads(src.read())
-    return manifest
 
 
 def _write_manifest(fs: AbstractFileSystem, root: str, run_id: str, manifest: dict[str, Any]) -> None:

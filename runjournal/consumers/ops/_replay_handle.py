@@ -273,7 +273,8 @@ class ReplayHandle:
         if record.result_json is not None:
             return json.loads(record.result_json)
         if record.result_ref is not None:
-            text = self._results.get(record.result_ref) if self._results is not None else None
+            text = (self._results.get(record.result_ref, run_id=self.run_id) if self._results is not None
+                    else None)
             if text is None:
                 raise ResultUnavailableError(f"result {record.result_ref} of call {record.call_id} can no longer "
                                              f"be read: {unavailable_reason(record.result_ref)}")

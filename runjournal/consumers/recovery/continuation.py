@@ -14,6 +14,14 @@ Step 1 runs under a claim on the run (a token in ``rj:{P:arc}:reopening:<run>``)
 and only while no archive of the run holds its own claim: an archive and a continuation of one run never overlap,
 so a continued run's history is never tombstoned under it (decision 0057).
 
+**An archived run** (decision 0058): when step 1 finds no fact of the run and the archive
+(``RUNJOURNAL_ARCHIVE_URL``) holds it, a run that ended FAILED is restored first —
+``runjournal.consumers.recovery.unarchive.restore_archived`` re-publishes its events and framework records,
+with their keys and bytes, to its partition in one transaction (once: two restorers of one run fence each other, a
+later one finds the records and publishes nothing) — and step 1 runs again. An archived run that ended otherwise is
+refused (``finished``) before anything is published. Its large results stay in the archive: a committed call
+returns its recorded result read from there (``ResultStore.get``).
+
 The agent then re-executes its code on that handle: committed calls return their recorded results
 (nothing runs), unknown ones are reconciled by key, recorded approvals are honoured (not asked again),
 a recorded retryable failure runs again under its own key (attempt + 1), a non-retryable one is raised
@@ -23,11 +31,14 @@ again (``RecordedFailureError``) — the rules of any resume (``RunHandle.call``
 from __future__ import annotations
 
 from runjournal.consumers.recovery.job import RecoveryJob
+from runjournal.consumers.recovery.report import RunOutcome
+from runjournal.consumers.recovery.unarchive import restore_archived
 from runjournal.consumers.runtime import archive_claims as claims
 from runjournal.core import redis_client as redis_clients
 from runjournal.core.errors import RunjournalError
 from runjournal.core.ids import RUN_ID
 from runjournal.core.redis_keys import RedisKeys
+from runjournal.model.reducer import RunStatus
 from runjournal.producers import Journal, RunHandle
 
 __all__ = ["RunNotContinuableError", "continue_run"]
@@ -45,11 +56,12 @@ class RunNotContinuableError(RunjournalError):
 
 
 def continue_run(journal: Journal, run_id: str, *, max_wait_s: float = 30.0) -> RunHandle:
-    """Reopen the FAILED run ``run_id`` under a new epoch and resume it on ``journal`` (module docstring).
+    """Reopen the FAILED run ``run_id`` under a new epoch and resume it on ``journal`` (module docstring); an
+    archived FAILED run is restored from the archive first (docs/design/decisions/0058-continue-an-archived-run.md).
 
     Args:
         journal: the live Journal that takes the run.
-        run_id: a run that ended FAILED.
+        run_id: a run that ended FAILED (in the journal, or archived).
         max_wait_s: longest to wait for an unknown call's tool timeout before reconciling it is allowed (s).
 
     Returns:
@@ -58,11 +70,16 @@ def continue_run(journal: Journal, run_id: str, *, max_wait_s: float = 30.0) -> 
     Raises:
         InvalidIdError: ``run_id`` breaks the run-id rules (``runjournal.core.ids.RUN_ID``); nothing was fenced,
             read or published.
-        RunNotContinuableError: no such run (``no_facts``), it has not ended or is parked (``not_ended``:
-            nobody is fenced by this call; a crashed run is the stale pass's), it ended SUCCEEDED or
-            CANCELLED (``finished``), the archiver is archiving it now (``being_archived``) or an erase of it
-            began (``erased``) — nothing fenced or published in the last two
-            (claims on ``{P:arc}``: ``runjournal.consumers.runtime.archive_claims``, decision 0057).
+        RunNotContinuableError: no such run, neither in the journal nor in the archive (``no_facts``), it has not
+            ended or is parked (``not_ended``: nobody is fenced by this call; a crashed run is the stale pass's), it
+            ended SUCCEEDED or CANCELLED (``finished``; an archived one: nothing was published), another
+            ``continue_run`` was restoring the same archived run at the same moment (``superseded``), the archiver
+            is archiving it now (``being_archived``) or an erase of it began (``erased``) — nothing fenced or
+            published in the last two (claims on ``{P:arc}``: ``runjournal.consumers.runtime.archive_claims``,
+            decision 0057).
+        RestoreError: an archived run could not be restored (its object does not match its manifest, its partition
+            could not be read, the transaction failed); nothing of it was committed — continue it again.
+        ObjectStoreError: the run is not in the journal and the archive's backend is unknown or not installed.
         DeliveryError: the journal's open transaction could not be committed first.
         RecoveryError, KafkaException, redis.RedisError: as ``RecoveryJob.recover``.
     """
@@ -78,15 +95,33 @@ def continue_run(journal: Journal, run_id: str, *, max_wait_s: float = 30.0) -> 
             raise RunNotContinuableError(run_id, "erased", "runjournal erase began on it: an erased run is not "
                                          "continued")
         journal.flush()  # its own open transaction would hold back the partitions' last stable offset the job reads
-        job = RecoveryJob(journal.settings, max_wait_s=max_wait_s)
-        try:
-            report = job.recover(runs=[run_id], reopen_failed=True, assign_to=journal.producer_id)
-        finally:
-            job.close()
+        outcome = _recover(journal, run_id, max_wait_s)
+        if outcome.action == "no_facts":  # not in the journal: archived? (decision 0058)
+            restored = restore_archived(journal.settings, run_id)
+            if restored is not None:
+                if restored.status != RunStatus.FAILED.value:
+                    raise RunNotContinuableError(run_id, "finished",
+                                                 f"{restored.status}, archived at {restored.object_url}")
+                if restored.superseded:
+                    raise RunNotContinuableError(run_id, "superseded", "another continue_run is restoring it from "
+                                                 f"the archive ({restored.object_url}) at the same moment")
+                # A new job: its init_transactions comes after the restore, so it fences every recovery actor that
+                # initialised before (another operator's first pass included) and reads after them — of two
+                # operators exactly one resumes the run. The first job's producer may be fenced by such a pass.
+                outcome = _recover(journal, run_id, max_wait_s)
     finally:
         claims.release(client, prefix, claims.REOPENING, run_id, token)  # RUN_RESUMED committed (or nothing was)
-    (outcome,) = report.runs
     if outcome.action != "resumed":
         raise RunNotContinuableError(run_id, outcome.action, outcome.detail)
     journal.plans.unassign(run_id, journal.producer_id)
     return journal.resume(run_id)
+
+
+def _recover(journal: Journal, run_id: str, max_wait_s: float) -> RunOutcome:
+    """One recovery pass over ``run_id`` (reopening a FAILED run, assigned to ``journal``) with a job of its own."""
+    job = RecoveryJob(journal.settings, max_wait_s=max_wait_s)
+    try:
+        (outcome,) = job.recover(runs=[run_id], reopen_failed=True, assign_to=journal.producer_id).runs
+    finally:
+        job.close()
+    return outcome
