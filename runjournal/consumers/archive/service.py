@@ -99,14 +99,19 @@ class Archiver:
         max_outage_s: longest one dependency outage is waited out before the archiver stops, seconds (240).
         metrics: its Prometheus families (default: a new registry; ``runjournal archiver --metrics-port`` serves
             it).
+        sweep_budget_s: longest one sweep archives before the consumer is polled again, seconds (30); the due runs
+            left are swept right after.
     """
 
     def __init__(self, settings: Settings, *, batch_size: int = 1000, sweep_interval_s: float = 10.0,
-                 max_outage_s: float = 240.0, metrics: ArchiverMetrics | None = None) -> None:
+                 max_outage_s: float = 240.0, metrics: ArchiverMetrics | None = None,
+                 sweep_budget_s: float = 30.0) -> None:
         self.settings = settings
         self.topic = settings.events_topic
         self.batch_size = batch_size
         self.sweep_interval_s = sweep_interval_s
+        self.sweep_budget_s = sweep_budget_s
+        self._more = False
         self.codec = codec_from_settings(settings)
         self.redis = redis_client.client(settings)
         self.keys = RedisKeys(settings.topic_prefix)
@@ -160,9 +165,12 @@ class Archiver:
                 self._note(batch, done)  # 2, 3
                 if time.monotonic() >= next_sweep:
                     self.sweep()  # 4
-                    next_sweep = time.monotonic() + self.sweep_interval_s
+                    next_sweep = time.monotonic() + (0 if self._more else self.sweep_interval_s)
+                    last_data = time.monotonic()  # a sweep is progress: the idle timeout counts from its end
                 if until_caught_up and self._caught_up(done, last_data, idle_timeout_s):
                     self.sweep()
+                    while self._more and not stop.is_set():  # every due run, a sweep budget at a time
+                        self.sweep()
                     break
         finally:
             self.consumer.close()
@@ -228,7 +236,9 @@ class Archiver:
         self.metrics.noted.inc(noted)
 
     def sweep(self) -> list[str]:
-        """Archive every run of the due set past its retention (step 4); the runs archived."""
+        """Archive the runs of the due set past their retention (step 4), for at most ``sweep_budget_s`` seconds
+        (the rest at the next sweep, at once: the consumer is polled in between, so a long backlog never outlasts
+        its ``max.poll.interval.ms``); the runs archived."""
         with self.metrics.sweep_seconds.time():
             return self._sweep()
 
@@ -240,7 +250,13 @@ class Archiver:
         scopes = self.policy.call("redis", lambda: self.redis.hgetall(self.keys.archive_runs()))
         archived: list[str] = []
         overdue = 0
+        self._more = False
+        deadline = time.monotonic() + self.sweep_budget_s
+        tried = 0
         for member, score in due:
+            if tried and time.monotonic() > deadline:
+                self._more = True  # the rest at the next sweep, right after a poll (one run at least per sweep)
+                break
             run_id = member.decode() if isinstance(member, bytes) else member
             scope = json.loads(scopes.get(member) or scopes.get(run_id) or "{}")
             if not scope:
@@ -248,6 +264,7 @@ class Archiver:
             retention = self.settings.retention_for(scope.get("tenant_id"), scope.get("agent"))
             if retention is None or now - score < retention * 1000:
                 continue
+            tried += 1
             try:
                 report = self.policy.call("archive", functools.partial(archive_run, self.settings, run_id,
                                                                        redis_client=self.redis))

@@ -244,3 +244,21 @@ def test_a_misconfigured_archive_is_named_not_taken_for_an_empty_one(topics: Set
     assert out.returncode == 1 and out.stdout.strip() == "", (out.returncode, out.stdout, out.stderr[-1500:])
     doc = json.loads(out.stderr.strip().splitlines()[-1])
     assert doc["error"] == "ObjectStoreError" and "RUNJOURNAL_ARCHIVE_URL" in doc["message"], doc
+
+
+def test_a_sweep_has_a_time_budget_and_until_caught_up_sweeps_every_due_run(topics: Settings, tmp_path: Path) -> None:
+    """With a budget of 0 s each sweep archives one run, then the consumer is polled again; ``until_caught_up`` still
+    archives every due run (before: one sweep ran the whole backlog inside the poll loop, past the idle timeout and
+    the consumer's ``max.poll.interval.ms``)."""
+    settings = archive_settings(topics, tmp_path / "archive", retention_s=0.05)
+    publish(settings, [e for i in range(3) for e in run_events(f"budget-{i}")])
+    project(settings)
+    service = Archiver(settings, sweep_interval_s=0.2, sweep_budget_s=0.0)
+    first = service.run(until_caught_up=True)
+    time.sleep(0.1)
+    second = Archiver(settings, sweep_interval_s=0.2, sweep_budget_s=0.0).run(until_caught_up=True)
+    assert sorted(first.archived + second.archived) == ["budget-0", "budget-1", "budget-2"]
+    assert len(parquet_files(tmp_path / "archive")) == 3
+    if first.archived:  # one run per sweep: as many sweeps at least as runs archived
+        sweeps = service.metrics.registry.get_sample_value("runjournal_archive_sweep_seconds_count")
+        assert sweeps is not None and sweeps >= len(first.archived)
