@@ -360,7 +360,8 @@ class Controls:
                 state = op.state(run_id) if run_id not in exclude else None
                 if state is not None and state.status in (RunStatus.SUCCEEDED, RunStatus.FAILED):
                     ended.append(run_id)
-            ended = sorted(self.fresh(ended))  # the archiver on: none it may archive under the fork
+            fresh = self.fresh(ended)  # the archiver on: none it may archive under the fork
+            ended = [r for r in ended if r in fresh]  # in their order: the seeded pick is the one it was
             if ended:
                 most = max(self.scripts[r].side_effects for r in ended)
                 return self.rng.choice([r for r in ended if self.scripts[r].side_effects == most])

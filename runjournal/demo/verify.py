@@ -457,7 +457,8 @@ def spend_checks(settings: Settings, client: Any, checked: list[tuple[str, RunSc
     mismatches: list[str] = []
     sums: dict[str, dict[str, int]] = {}
     with_spend = 0
-    for run_id, _script, _fork_of in checked:
+    keys = RedisKeys(settings.topic_prefix)
+    for run_id, _script, fork_of in checked:
         state = states.get(run_id)
         if state is None:
             continue
@@ -467,6 +468,12 @@ def spend_checks(settings: Settings, client: Any, checked: list[tuple[str, RunSc
         folded = reconciled_charge(fold_spend(state.records.values()), ledger, tenant, run_id)
         scope = ledger.scope(tenant, "run", run_id)
         used = {d: scope["used"].get(d, 0) for d in DIMS}
+        if fork_of and client.hget(keys.spend_run(tenant, run_id), "init") is None:
+            # a fork that took no step of its own after its fork point: its ledger scope never started (it starts at
+            # a run's first reserve or settle, from the recorded spend: producers.spend), so its spend is all copied
+            # — its base, never charged to the tenant
+            scope = {**scope, "base": dict(folded)}
+            used = dict(folded)
         if used != folded:
             mismatches.append(f"run {run_id}: ledger {used} != journal {folded}")
         with_spend += any(folded.values())
