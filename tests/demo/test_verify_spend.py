@@ -18,7 +18,7 @@ from runjournal.schemas import EventType
 from tests.producers.test_spend import PRICES
 from tests.support.readback import events_of, read_committed
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_a_fork_with_no_step_of_its_own_matches_its_copied_spend(topics: Settings) -> None:
