@@ -29,11 +29,16 @@ def _json(proc: subprocess.CompletedProcess[str]) -> dict:
     return json.loads(proc.stdout)
 
 
+STEPS = 120
+
+
 def test_pause_and_resume_as_the_operator_user_are_carried_out_by_the_recovery_user(tenant: Tenant,
                                                                                       tmp_path: Path) -> None:
     run_id, admin = "secure-ctl-1", tenant.settings()
+    # 120 steps (~50 ms each): the run must still be going when the operator's CLI, started after its first call,
+    # connects over SASL_SSL (seconds on a loaded host: with 30 steps the run once ended first, 2026-12-04)
     agent = subprocess.Popen([sys.executable, "-m", "tests.support.control_child", run_id, "agent-ctl", str(tmp_path),
-                              "30"], env=tenant.env("agent"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              str(STEPS)], env=tenant.env("agent"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True)
     try:
         deadline = time.monotonic() + 120
@@ -56,7 +61,7 @@ def test_pause_and_resume_as_the_operator_user_are_carried_out_by_the_recovery_u
     finally:
         agent.kill()
     ran = {p.name: len(p.read_text().splitlines()) for p in tmp_path.iterdir()}
-    assert len(ran) == 30 and set(ran.values()) == {1}, ran
+    assert len(ran) == STEPS and set(ran.values()) == {1}, ran
     events = events_of(read_committed(admin), run_id)
     held = [e.payload for e in events if e.type is EventType.RUN_RESUMED]
     assert [(bool(p.get("paused")), p.get("requested_by")) for p in held] == [(True, "ops@test"),
