@@ -55,7 +55,7 @@ from runjournal.consumers.runtime.failures import (
     kafka_error_verdict,
     stops_consumer,
 )
-from runjournal.consumers.runtime.group import LagExport, commit_pending, partition_lags
+from runjournal.consumers.runtime.group import LagExport, commit_pending, group_consumer_config, partition_lags
 from runjournal.consumers.runtime.topic_identity import TopicMismatchError
 from runjournal.consumers.vectors.embed import Embedder, default_embedder
 from runjournal.consumers.vectors.errors import MemoryPlaneError
@@ -169,15 +169,8 @@ class MemoryExtractor:
         self._pending_commit: dict[int, int] = {}
         self._assigned_once = threading.Event()
         self._mismatch: TopicMismatchError | None = None
-        self.consumer = kafka.consumer(settings, **{"group.id": self.group_id,
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "auto.offset.reset": "earliest",
-            "isolation.level": "read_committed",
-            "partition.assignment.strategy": "cooperative-sticky",
-            "session.timeout.ms": session_timeout_ms,
-            "heartbeat.interval.ms": max(1000, session_timeout_ms // 4),
-        })
+        self.consumer = kafka.consumer(settings, **group_consumer_config(self.group_id,
+                                                                         session_timeout_ms=session_timeout_ms))
 
     # -- assignment -------------------------------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:

@@ -61,7 +61,7 @@ from runjournal.consumers.runtime.failures import (
     kafka_error_verdict,
     stops_consumer,
 )
-from runjournal.consumers.runtime.group import LagExport, commit_pending, partition_lags
+from runjournal.consumers.runtime.group import LagExport, commit_pending, group_consumer_config, partition_lags
 from runjournal.consumers.runtime.topic_identity import TopicMismatchError, check_topic
 from runjournal.core import failpoints, kafka, otel, redis_client
 from runjournal.core.redis_keys import RedisKeys
@@ -75,12 +75,8 @@ log = logging.getLogger("runjournal.consumers.projector")
 
 def _consumer_config(group_id: str, session_timeout_ms: int, instance_id: str | None) -> dict[str, object]:
     """The projector's consumer settings: offsets stored by hand (Redis holds the truth), read_committed."""
-    return {"group.id": group_id, "enable.auto.commit": False, "enable.auto.offset.store": False,
-            "auto.offset.reset": "earliest", "isolation.level": "read_committed",
-            "partition.assignment.strategy": "cooperative-sticky", "session.timeout.ms": session_timeout_ms,
-            **({"group.instance.id": instance_id} if instance_id else {}),
-            "heartbeat.interval.ms": max(1000, session_timeout_ms // 4), "fetch.min.bytes": 1,
-            "queued.max.messages.kbytes": 65536}
+    return {**group_consumer_config(group_id, session_timeout_ms=session_timeout_ms, instance_id=instance_id),
+            "fetch.min.bytes": 1, "queued.max.messages.kbytes": 65536}
 
 
 def projector_group(settings: Settings) -> str:
