@@ -33,7 +33,7 @@ the archived runs' records and stamps their tombstones, the second (after one mo
   (pair 3's :class:`~bench.projection.TimedProjector`: seconds from the first batch handled to the last write's
   end), rounds interleaved, window topic vs full-history topic. Goal ≤ 1.5 f: the rebuild follows the window.
 * **Archive throughput**: on a third prefix, ``archive_rounds`` × ``archive_runs`` complete, projected runs; per
-  round ``archive_run`` of ``archive_runs`` of them one after another (rows/s: rows archived / wall time); anchor, same
+  round ``archive_runs`` of ``archive_runs`` of them, a sweep's batch (rows/s: rows archived / wall time); anchor, same
   round: the same rows (read back from those objects, untimed) written per run with ``pa.Table.from_pylist`` +
   ``pq.write_table`` to the same filesystem (the archive's fsspec filesystem, another folder). No goal: the ratio is
   what reading, verifying and removing cost beside the write.
@@ -310,9 +310,11 @@ def _hot_rows(env: BenchEnv, cfg: RetentionConfig) -> list[Row]:
 
 
 class _ArchiveSides:
-    """Per round: ``archive_run`` of the next batch of runs (ours), then a raw pyarrow write of the same rows."""
+    """Per round: ``archive_runs`` of the next batch of runs (ours: the archiver's sweep), then a raw pyarrow write of
+    the same rows."""
 
     def __init__(self, settings: Settings, run_ids: list[str], per_round: int) -> None:
+        from runjournal.consumers.ops.erase import tombstone_producer
         from runjournal.stores.object_store import filesystem
 
         self.settings = settings
@@ -320,16 +322,20 @@ class _ArchiveSides:
         self.per_round = per_round
         self.client = redis_client.client(settings)
         self.fs, self.root = filesystem(settings)
+        self.producer = tombstone_producer(settings)  # the archiver's one long-lived producer
         self.last: list[str] = []
         self.mb: dict[str, list[float]] = {"ours": [], "anchor": []}
 
     def ours(self) -> float:
-        from runjournal.consumers.archive import archive_run
+        from runjournal.consumers.archive.store import ArchiveReport, archive_runs
 
         batch, self.pending = self.pending[:self.per_round], self.pending[self.per_round:]
         started = time.perf_counter()
-        rows = sum(archive_run(self.settings, r, redis_client=self.client).rows for r in batch)
+        done = archive_runs(self.settings, batch, redis_client=self.client, producer=self.producer)
         elapsed = time.perf_counter() - started
+        if not all(isinstance(o, ArchiveReport) for o in done.values()) or len(done) != len(batch):
+            raise RuntimeError(f"{PAIR}: archive_runs archived {len(done)} of {len(batch)}: {done}")
+        rows = sum(o.rows for o in done.values() if isinstance(o, ArchiveReport))
         self.last = batch
         self.mb["ours"].append(self._bytes([self._manifest(r)["object_path"] for r in batch]) / elapsed / 1e6)
         return rows / elapsed
@@ -379,16 +385,18 @@ def _throughput_rows(env: BenchEnv, cfg: RetentionConfig) -> list[Row]:
     n = _publish(settings, [run_events(r, cfg.events_per_run) for r in ids], 3)
     _project(settings)
     sides = _ArchiveSides(settings, ids, cfg.archive_runs)
-    res = rounds_of(PAIR, [Side("archive_run", sides.ours), Side("pyarrow write", sides.anchor)], rounds=cfg.rounds)
-    a, b = summarise(res["archive_run"]), summarise(res["pyarrow write"])
+    res = rounds_of(PAIR, [Side("archive_runs", sides.ours), Side("pyarrow write", sides.anchor)], rounds=cfg.rounds)
+    a, b = summarise(res["archive_runs"]), summarise(res["pyarrow write"])
     mb_o, mb_a = summarise(sides.mb["ours"][1:]), summarise(sides.mb["anchor"][1:])
-    return [Row(PAIR, "archive rows/s", f"archive_run × {cfg.archive_runs} runs a round ({n:,} events on the topic)",
+    return [Row(PAIR, "archive rows/s", f"archive_runs of {cfg.archive_runs} runs a round, a sweep's batch "
+                f"({n:,} events on the topic)",
                 a, "pyarrow from_pylist + write_table of the same rows, one file a run, same filesystem", b,
-                ratio_rounds=paired_ratios(res["archive_run"], res["pyarrow write"]),
-                note=f"object MB/s: archive_run {mb_o.value:.2f} ({mb_o.low:.2f}–{mb_o.high:.2f}), pyarrow "
-                     f"{mb_a.value:.2f} ({mb_a.low:.2f}–{mb_a.high:.2f}); archive_run reads the run's partition of "
-                     "the events, checkpoints and payloads topics, folds, writes, reads back and verifies, writes "
-                     "the manifest, tombstones and deletes the Redis state, one run after another")]
+                ratio_rounds=paired_ratios(res["archive_runs"], res["pyarrow write"]),
+                note=f"object MB/s: archive_runs {mb_o.value:.2f} ({mb_o.low:.2f}–{mb_o.high:.2f}), pyarrow "
+                     f"{mb_a.value:.2f} ({mb_a.low:.2f}–{mb_a.high:.2f}); archive_runs claims the runs, reads each "
+                     "partition of the events, checkpoints and payloads topics once, then per run folds, writes, "
+                     "reads back and verifies, writes the manifest, tombstones (one producer, a flush a run) and "
+                     "deletes the Redis state")]
 
 
 def run_retention(env: BenchEnv, cfg: RetentionConfig) -> list[Row]:

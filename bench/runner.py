@@ -44,7 +44,7 @@ def _sizes(quick: bool, rounds: int | None) -> dict[str, Any]:
         "stream_paced": 200 if quick else 400,
         "stream_rounds": min(r, 2 if quick else 3),
         "retention_runs": (30, 6) if quick else (200, 40),  # (runs, of them in the window): a fifth kept
-        "retention_archive_runs": 3 if quick else 10,  # archive_run calls per round of the throughput row
+        "retention_archive_runs": 10 if quick else 50,  # runs per archive_runs batch (a sweep) of the throughput row
         "retention_rounds": min(r, 2 if quick else 3),
     }
 

@@ -25,7 +25,7 @@ class Record:
 
 
 def read_committed(settings: Settings, *, timeout_s: float = 20.0) -> list[Record]:
-    """Every committed record of ``settings.events_topic``, in (partition, offset) order.
+    """Every committed event of ``settings.events_topic`` (tombstones skipped), in (partition, offset) order.
 
     Reads each partition from the beginning up to its high watermark as seen at the start (a
     read_committed consumer stops at the last stable offset, so abort or commit open
@@ -50,7 +50,7 @@ def read_committed(settings: Settings, *, timeout_s: float = 20.0) -> list[Recor
         pending = {p for p in parts if ends[p] > 0}
         while pending and time.monotonic() < deadline:
             for msg in consumer.consume(500, timeout=0.2):
-                if msg.error() is not None:
+                if msg.error() is not None or msg.value() is None:  # a tombstone (erase, archive) has no event
                     continue
                 event = codec.decode(
                     msg.value(), topic=msg.topic(), partition=msg.partition(), offset=msg.offset()

@@ -11,9 +11,12 @@ The main loop, in order:
    set ``rj:{P:arc}:due`` scored by Redis's ``TIME`` (ms) at this moment and its tenant and agent into
    ``rj:{P:arc}:runs``; a reopened run leaves both. Then commit the batch's offsets — after the durable write, so a
    crash redelivers the batch (the score moves a little later: harmless).
-4. Every ``sweep_interval_s`` (and once when caught up): read Redis's ``TIME`` and the due set; each run whose
-   ``now − score ≥ Settings.retention_for(tenant, agent)`` is archived (:func:`archive_run`, which folds the run's
-   events again and refuses an unfinished one: that one leaves the due set).
+4. Every ``sweep_interval_s`` (and once when caught up): read Redis's ``TIME`` and the due set; each run of a
+   partition this member is assigned whose ``now − score ≥ Settings.retention_for(tenant, agent)`` is archived
+   (:func:`archive_runs`, which folds the run's events again and refuses an unfinished one: that one leaves the due
+   set). The members of the group split the due runs by partition, as they split the topic; a sweep reads each
+   partition of the three topics once for all its due runs and writes the tombstones through one long-lived
+   producer, so its cost is one read of the live partitions, not one per run (decision 0056 § Cost).
 
 One clock decides: both the score and ``now`` are Redis's. Every call to a dependency runs under the one failure
 policy (``runjournal.consumers.runtime.failures``): a transient failure waits — the object store not answering
@@ -34,21 +37,27 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from confluent_kafka import Message
+from confluent_kafka import Message, Producer
 
 from runjournal.consumers.archive.metrics import ArchiverMetrics
 from runjournal.consumers.archive.store import (
     TERMINAL_TYPES,
     ArchiveError,
+    ArchiveReport,
     RunErasedError,
     RunNotFinishedError,
-    archive_run,
+    archive_runs,
     redis_now_ms,
 )
-from runjournal.consumers.ops.erase import ERASE_MARK_MS, EraseError, RunStillLiveError
-from runjournal.consumers.runtime.archive_claims import RunReopeningError
+from runjournal.consumers.ops.erase import ERASE_MARK_MS, tombstone_producer
 from runjournal.consumers.runtime.failures import FailurePolicy, stops_consumer
-from runjournal.consumers.runtime.group import commit_pending, partition_lags
+from runjournal.consumers.runtime.group import (
+    GROUP_SESSION_TIMEOUT_MS,
+    commit_pending,
+    group_consumer_config,
+    partition_lags,
+)
+from runjournal.consumers.runtime.partitions import run_partition
 from runjournal.core import kafka, redis_client
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
@@ -101,11 +110,12 @@ class Archiver:
             it).
         sweep_budget_s: longest one sweep archives before the consumer is polled again, seconds (30); the due runs
             left are swept right after.
+        session_timeout_ms: how long a dead member holds its partitions before the group moves them (ms, 10 s).
     """
 
     def __init__(self, settings: Settings, *, batch_size: int = 1000, sweep_interval_s: float = 10.0,
                  max_outage_s: float = 240.0, metrics: ArchiverMetrics | None = None,
-                 sweep_budget_s: float = 30.0) -> None:
+                 sweep_budget_s: float = 30.0, session_timeout_ms: int = GROUP_SESSION_TIMEOUT_MS) -> None:
         self.settings = settings
         self.topic = settings.events_topic
         self.batch_size = batch_size
@@ -121,10 +131,11 @@ class Archiver:
                                     registry=self.metrics.registry)
         self._fatal: str | None = None
         self.stats = ArchiverStats()
-        config: dict[str, Any] = {"group.id": archiver_group(settings), "enable.auto.commit": False,
-                                  "enable.auto.offset.store": False, "auto.offset.reset": "earliest",
-                                  "isolation.level": "read_committed"}
+        # 10 s sessions, as the projector's: a SIGKILLed archiver's partitions move after that, not Kafka's 45 s
+        config = group_consumer_config(archiver_group(settings), session_timeout_ms=session_timeout_ms)
         self.consumer = kafka.consumer(settings, **config, error_cb=self._on_error)
+        self._subscribed = False
+        self._producer: Producer | None = None
 
     def _on_error(self, err: Any) -> None:
         if stops_consumer(err):
@@ -155,6 +166,7 @@ class Archiver:
                     done.setdefault(tp.partition, tp.offset - 1)
 
         self.consumer.subscribe([self.topic], on_assign=on_assign)
+        self._subscribed = True
         try:
             while not stop.is_set():
                 if self._fatal:
@@ -174,6 +186,8 @@ class Archiver:
                     break
         finally:
             self.consumer.close()
+            if self._producer is not None:
+                self._producer.flush(10)
             self.stats.elapsed_s = round(time.monotonic() - started, 3)
         return self.stats
 
@@ -248,58 +262,76 @@ class Archiver:
                                                                       now - ERASE_MARK_MS))  # old erase marks
         due = self.policy.call("redis", lambda: self.redis.zrange(self.keys.archive_due(), 0, -1, withscores=True))
         scopes = self.policy.call("redis", lambda: self.redis.hgetall(self.keys.archive_runs()))
-        archived: list[str] = []
-        overdue = 0
-        self._more = False
-        deadline = time.monotonic() + self.sweep_budget_s
-        tried = 0
+        mine = self._assigned()
+        eligible: list[str] = []
         for member, score in due:
-            if tried and time.monotonic() > deadline:
-                self._more = True  # the rest at the next sweep, right after a poll (one run at least per sweep)
-                break
             run_id = member.decode() if isinstance(member, bytes) else member
+            if mine is not None and run_partition(self.settings, run_id) not in mine:
+                continue  # another member of the group sweeps the runs of the partitions it was assigned
             scope = json.loads(scopes.get(member) or scopes.get(run_id) or "{}")
             if not scope:
                 scope = self._scope(run_id)
             retention = self.settings.retention_for(scope.get("tenant_id"), scope.get("agent"))
             if retention is None or now - score < retention * 1000:
                 continue
-            tried += 1
-            try:
-                report = self.policy.call("archive", functools.partial(archive_run, self.settings, run_id,
-                                                                       redis_client=self.redis))
-            except (RunNotFinishedError, RunErasedError) as exc:
-                log.warning("not archived: not finished or erased", extra={"run_id": run_id, "error": str(exc)})
-                self.metrics.refused.labels("erased" if isinstance(exc, RunErasedError) else "not_finished").inc()
+            eligible.append(run_id)
+        deadline = time.monotonic() + self.sweep_budget_s
+        outcomes: dict[str, ArchiveReport | Exception] = {}
+
+        def attempt() -> None:  # again after an outage, with the runs not done yet
+            left = [r for r in eligible if r not in outcomes]
+            if left:
+                archive_runs(self.settings, left, redis_client=self.redis, producer=self._tombstones(),
+                             on_result=outcomes.__setitem__, deadline=deadline)
+
+        self.policy.call("archive", attempt)
+        self._more = len(outcomes) < len(eligible)  # the rest at the next sweep, right after a poll
+        archived: list[str] = []
+        overdue = 0
+        for run_id, outcome in outcomes.items():
+            if isinstance(outcome, RunNotFinishedError | RunErasedError):
+                log.warning("not archived: not finished or erased", extra={"run_id": run_id, "error": str(outcome)})
+                self.metrics.refused.labels("erased" if isinstance(outcome, RunErasedError) else "not_finished").inc()
                 pipe = self.redis.pipeline(transaction=True)  # an erased or reopened run: it leaves the queue
                 pipe.zrem(self.keys.archive_due(), run_id)
                 pipe.hdel(self.keys.archive_runs(), run_id)
                 self.policy.call("redis", pipe.execute)
                 self.stats.refused.append(run_id)
-                continue
-            except (ArchiveError, RunStillLiveError, EraseError, RunReopeningError) as exc:
+            elif isinstance(outcome, Exception):
                 # this run only, and nothing was removed that is not archived: it stays due and the next sweep tries
                 # it again (a verify mismatch, an owner still holding its lease, a tombstone not acknowledged)
                 log.warning("not archived yet: tried again at the next sweep",
-                            extra={"run_id": run_id, "error": f"{type(exc).__name__}: {exc}"})
+                            extra={"run_id": run_id, "error": f"{type(outcome).__name__}: {outcome}"})
                 self.stats.retried.append(run_id)
-                self.metrics.retried.labels(type(exc).__name__).inc()
+                self.metrics.retried.labels(type(outcome).__name__).inc()
                 overdue += 1
-                continue
-            log.info("archived", extra={"run_id": run_id, "object": report.object_url, "rows": report.rows})
-            archived.append(run_id)
-            self.metrics.archived.inc()
-            self.metrics.rows.inc(0 if report.already_archived else report.rows)
+            else:
+                log.info("archived", extra={"run_id": run_id, "object": outcome.object_url, "rows": outcome.rows})
+                archived.append(run_id)
+                self.metrics.archived.inc()
+                self.metrics.rows.inc(0 if outcome.already_archived else outcome.rows)
         self.stats.archived.extend(archived)
         self.metrics.due.set(self.policy.call("redis", lambda: self.redis.zcard(self.keys.archive_due())))
         self.metrics.overdue.set(overdue)
         return archived
 
+    def _assigned(self) -> set[int] | None:
+        """The partitions this member was assigned (it sweeps only their runs); None before it subscribed (a
+        sweep called on its own, by a test or a tool, sweeps every due run)."""
+        if not self._subscribed:
+            return None
+        return {tp.partition for tp in self.consumer.assignment()}
+
+    def _tombstones(self) -> Producer:
+        """The archiver's one producer of tombstones, made at its first use and flushed by each run's removal."""
+        if self._producer is None:
+            self._producer = tombstone_producer(self.settings)
+        return self._producer
+
     def _scope(self, run_id: str) -> dict[str, Any]:
         """The run's tenant and agent from its projected state, when the archiver never saw its RUN_STARTED (a
         group started after the run began and its records were compacted): ``{}`` when unknown too."""
         from runjournal.consumers.projector.store import ProjectionStore
-        from runjournal.consumers.runtime.partitions import run_partition
 
         state = ProjectionStore(self.redis, self.settings.topic_prefix).get(run_partition(self.settings, run_id),
                                                                             run_id)

@@ -30,7 +30,8 @@ Needs the ``archive`` extra (pyarrow, fsspec; s3fs for ``s3://``).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -38,11 +39,13 @@ from urllib.parse import quote
 
 from runjournal.consumers.ops.erase import (
     ERASE_MARK_MS,
+    EraseError,
     cached_results,
     check_not_live,
     delete_run_redis,
-    run_records,
+    runs_records,
     tombstone,
+    tombstone_producer,
 )
 from runjournal.consumers.ops.replay import ReplayedState, TimelineRow
 from runjournal.consumers.runtime import archive_claims as claims
@@ -58,7 +61,6 @@ from runjournal.core.settings import Settings
 from runjournal.model.reducer import RunState, fold
 from runjournal.producers.results import of_run
 from runjournal.schemas import Event, EventType, codec_from_settings
-from runjournal.schemas.keys import KeyFormatError, parse_event_key
 from runjournal.stores.archive_objects import COLUMNS, manifest_path, rows_digest
 from runjournal.stores.archive_objects import read_manifest as _read_manifest
 from runjournal.stores.archive_objects import read_rows as _read_parquet
@@ -66,11 +68,12 @@ from runjournal.stores.errors import ObjectStoreUnavailableError
 from runjournal.stores.object_store import filesystem, object_store_outage
 
 if TYPE_CHECKING:
+    from confluent_kafka import Producer
     from fsspec import AbstractFileSystem
 
-__all__ = ["ArchiveError", "ArchiveReport", "ArchiveVerifyError", "ArchivedRun", "RunErasedError",
-           "RunNotFinishedError", "archive_run", "delete_archived", "finish_time_ms", "manifest_path", "object_name",
-           "read_archived", "redis_now_ms", "replay_archived", "rows_digest"]
+__all__ = ["RUN_FAILURES", "ArchiveError", "ArchiveReport", "ArchiveVerifyError", "ArchivedRun", "RunErasedError",
+           "RunNotFinishedError", "archive_run", "archive_runs", "delete_archived", "finish_time_ms", "manifest_path",
+           "object_name", "read_archived", "redis_now_ms", "replay_archived", "rows_digest"]
 
 T = TypeVar("T")
 
@@ -150,7 +153,8 @@ def object_name(root: str, tenant_id: str, finished_ms: int, partition: int, fir
 def archive_run(settings: Settings, run_id: str, *, redis_client: Any = None, timeout_s: float = 30.0,
                 progress: Callable[[str], None] | None = None,
                 _write: Callable[..., None] | None = None) -> ArchiveReport:
-    """Archive ``run_id`` (see the module docstring for the steps), then remove it from Kafka and Redis.
+    """Archive ``run_id`` (see the module docstring for the steps), then remove it from Kafka and Redis:
+    :func:`archive_runs` of one run.
 
     Args:
         settings: the stack, prefix and ``archive_url`` (``RUNJOURNAL_ARCHIVE_URL``).
@@ -173,30 +177,113 @@ def archive_run(settings: Settings, run_id: str, *, redis_client: Any = None, ti
         ObjectStoreError: the archive's backend is unknown or not installed.
         EraseError: a partition could not be read, or a tombstone was not acknowledged.
     """
-    RUN_ID.check_lookup(run_id)
+    outcome = archive_runs(settings, [run_id], redis_client=redis_client, timeout_s=timeout_s, progress=progress,
+                           _write=_write)[run_id]
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome
+
+
+RUN_FAILURES: tuple[type[Exception], ...] = (ArchiveError, EraseError, claims.RunReopeningError)
+"""The failures of one run's archive (:func:`archive_runs` reports them per run; nothing of that run was removed
+that is not archived): not finished or erased (it leaves the due set), a verify mismatch, a live owner, a tombstone
+not acknowledged, a continuation in flight (it stays due). Any other error — the object store, Redis or Kafka not
+answering — stops the whole call, for the one failure policy to wait out and call again."""
+
+
+def archive_runs(settings: Settings, run_ids: Sequence[str], *, redis_client: Any = None, timeout_s: float = 30.0,
+                 producer: Producer | None = None, progress: Callable[[str], None] | None = None,
+                 on_result: Callable[[str, ArchiveReport | Exception], None] | None = None,
+                 deadline: float | None = None,
+                 _write: Callable[..., None] | None = None) -> dict[str, ArchiveReport | Exception]:
+    """Archive each run of ``run_ids`` as :func:`archive_run` does, reading each partition of the three topics once
+    for all of them (the archiver's sweep; decision 0056 § Cost).
+
+    Order: every run is claimed (``archiving``) and checked for a continuation in flight *before* any read, as one
+    run's archive is (decision 0057: a continuation either sees the claim or has committed its RUN_RESUMED before
+    the read); then, per partition, one read of the events, checkpoints and payloads partitions from their low to
+    their high watermark (``runjournal.consumers.ops.erase.runs_records``); then each run in turn: fold, write,
+    verify, manifest, tombstones (through ``producer``, one flush per run), Redis removal. The claims are released
+    at the end, whatever happened.
+
+    Args:
+        settings: the stack, prefix and ``archive_url``.
+        run_ids: the runs, in the order they are archived.
+        redis_client: default ``runjournal.core.redis_client.client(settings)``.
+        timeout_s: longest read of a partition and wait for one run's tombstones' acknowledgements, seconds (30).
+        producer: the tombstones' producer (``runjournal.consumers.ops.erase.tombstone_producer``; a long-lived
+            archiver passes its own); default a new one for this call.
+        progress: called with a sentence before each step.
+        on_result: called with each run's outcome as soon as it is known (a caller that is interrupted by an error
+            of the whole call keeps what was done).
+        deadline: a ``time.monotonic()`` instant after which no further run is started (at least one is); the runs
+            not started are absent from the result.
+
+    Returns:
+        ``{run_id: ArchiveReport, or the run's own failure (one of :data:`RUN_FAILURES`)}``.
+
+    Raises:
+        InvalidIdError: a run id is not text (before anything is claimed).
+        ObjectStoreUnavailableError, ObjectStoreError, redis.RedisError, KafkaException: the whole call; runs
+            reported to ``on_result`` before it are done.
+    """
+    for run_id in run_ids:
+        RUN_ID.check_lookup(run_id)
     say = progress or (lambda _text: None)
     client = redis_client if redis_client is not None else redis_clients.client(settings)
     fs, root = filesystem(settings)
-    partition = run_partition(settings, run_id)
-    # before the read: an erase marked after it is found after the write, and a continuation either sees this claim
-    # or has committed its RUN_RESUMED before the read (decision 0057)
-    token, started_ms = claims.claim(client, settings.topic_prefix, claims.ARCHIVING, run_id)
+    results: dict[str, ArchiveReport | Exception] = {}
+
+    def done(run_id: str, outcome: ArchiveReport | Exception) -> None:
+        results[run_id] = outcome
+        if on_result is not None:
+            on_result(run_id, outcome)
+
+    held: dict[str, tuple[str, int]] = {}
     try:
-        if claims.live_claim(client, settings.topic_prefix, claims.REOPENING, run_id):
-            raise claims.RunReopeningError(f"run {run_id} is being continued (continue_run): not archived now; it "
-                                           "stays due")
-        return _archive(settings, client, fs, root, partition, run_id, started_ms, timeout_s, say, _write)
+        by_partition: dict[int, list[str]] = {}
+        for run_id in dict.fromkeys(run_ids):
+            # before the read: an erase marked after it is found after the write, and a continuation either sees
+            # this claim or has committed its RUN_RESUMED before the read (decision 0057)
+            held[run_id] = claims.claim(client, settings.topic_prefix, claims.ARCHIVING, run_id)
+            if claims.live_claim(client, settings.topic_prefix, claims.REOPENING, run_id):
+                done(run_id, claims.RunReopeningError(f"run {run_id} is being continued (continue_run): not archived "
+                                                      "now; it stays due"))
+                continue
+            by_partition.setdefault(run_partition(settings, run_id), []).append(run_id)
+        started = False
+        for partition, runs in by_partition.items():
+            if started and deadline is not None and time.monotonic() > deadline:
+                break
+            say(f"reading the records of {len(runs)} run(s) from partition {partition}")
+            try:
+                events, others = _partition_rows(settings, partition, set(runs), timeout_s)  # 1
+            except EraseError as exc:
+                for run_id in runs:
+                    done(run_id, exc)
+                continue
+            tombstones = producer if producer is not None else tombstone_producer(settings)
+            for run_id in runs:
+                if started and deadline is not None and time.monotonic() > deadline:
+                    break
+                started = True
+                try:
+                    report = _archive(settings, client, fs, root, partition, run_id, held[run_id][1], timeout_s, say,
+                                      _write, events.get(run_id, []), others.get(run_id, []), tombstones)
+                except RUN_FAILURES as exc:
+                    done(run_id, exc)
+                    continue
+                done(run_id, report)
     finally:
-        claims.release(client, settings.topic_prefix, claims.ARCHIVING, run_id, token)
+        for run_id, (token, _started_ms) in held.items():
+            claims.release(client, settings.topic_prefix, claims.ARCHIVING, run_id, token)
+    return results
 
 
 def _archive(settings: Settings, client: Any, fs: AbstractFileSystem, root: str, partition: int, run_id: str,
              started_ms: int, timeout_s: float, say: Callable[[str], None],
-             _write: Callable[..., None] | None) -> ArchiveReport:
-    say(f"reading the run's records from partition {partition}")
-    events = _event_rows(settings, partition, run_id, timeout_s)  # 1
-    others = [*_rows(settings, "checkpoints", settings.checkpoints_topic, partition, run_id, of_thread, timeout_s),
-              *_rows(settings, "payloads", settings.payloads_topic, partition, run_id, of_run, timeout_s)]
+             _write: Callable[..., None] | None, events: list[dict[str, Any]], others: list[dict[str, Any]],
+             producer: Producer) -> ArchiveReport:
     manifest, archived = _object_store(lambda: _archived_rows(fs, root, run_id))
     if manifest is not None and _covers(archived, events):
         # archived before (a kill after the write, the manifest or some tombstones; a redelivered terminal event):
@@ -204,7 +291,7 @@ def _archive(settings: Settings, client: Any, fs: AbstractFileSystem, root: str,
         _check_not_erased(settings, client, fs, root, run_id, manifest, started_ms)
         _check_claim_held(client, run_id, started_ms)
         return _remove(settings, client, partition, run_id, _decoded(settings, archived), others, manifest,
-                       timeout_s, already=True)  # 6
+                       timeout_s, producer, already=True)  # 6
     if not events:
         raise RunNotFinishedError(f"run {run_id} has no events in {settings.events_topic}[{partition}] and no "
                                   "archive: nothing to archive")
@@ -231,7 +318,8 @@ def _archive(settings: Settings, client: Any, fs: AbstractFileSystem, root: str,
         _object_store(lambda: fs.rm(old) if fs.exists(old) else None)
     say("tombstoning the run's keys and deleting its Redis state, records and index entries (memory is kept)")
     _check_claim_held(client, run_id, started_ms)
-    return _remove(settings, client, partition, run_id, events, others, new, timeout_s, already=False)  # 6
+    return _remove(settings, client, partition, run_id, events, others, new, timeout_s, producer,
+                   already=False)  # 6
 
 
 def _check_claim_held(client: Any, run_id: str, started_ms: int) -> None:
@@ -368,34 +456,39 @@ def delete_archived(settings: Settings, run_id: str) -> list[str]:
     return gone
 
 
-def _event_rows(settings: Settings, partition: int, run_id: str, timeout_s: float) -> list[dict[str, Any]]:
+def _partition_rows(settings: Settings, partition: int, run_ids: set[str], timeout_s: float,
+                    ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[dict[str, Any]]]]:
+    """Step 1 for the runs of one partition, one read of each topic's partition: ``({run: its live event rows, with
+    the decoded ``event``}, {run: its live checkpoint and payload rows})``, each in offset order."""
     codec = codec_from_settings(settings)
 
-    def mine(key: bytes | None, rid: str) -> bool:
-        try:
-            return key is not None and parse_event_key(key).run_id == rid
-        except KeyFormatError:
-            return False
+    def an_event(key: bytes | None, _rid: str) -> bool:
+        return key is not None
 
-    _seen, latest = run_records(settings, settings.events_topic, partition, run_id, mine, timeout_s=timeout_s)
-    rows = []
-    for key, (offset, value) in latest.items():
-        if value is None:
-            continue
-        event = codec.decode(value, topic=settings.events_topic, partition=partition, offset=offset)
-        rows.append({"source": "events", "partition": partition, "offset": offset, "key": key.decode(),
-                     "type": str(event.type), "seq": event.seq, "epoch": event.epoch, "value": value,
-                     "event": event})
-    return sorted(rows, key=lambda r: r["offset"])
-
-
-def _rows(settings: Settings, source: str, topic: str, partition: int, run_id: str,
-          mine: Callable[[bytes | None, str], bool], timeout_s: float) -> list[dict[str, Any]]:
-    _seen, latest = run_records(settings, topic, partition, run_id, mine, timeout_s=timeout_s)
-    rows = [{"source": source, "partition": partition, "offset": offset, "key": key.decode(), "type": None,
-             "seq": None, "epoch": None, "value": value}
-            for key, (offset, value) in latest.items() if value is not None]
-    return sorted(rows, key=lambda r: r["offset"])
+    _seen, latest = runs_records(settings, settings.events_topic, partition, run_ids, an_event, timeout_s=timeout_s,
+                                 event_keys=True)
+    events: dict[str, list[dict[str, Any]]] = {}
+    for run_id, records in latest.items():
+        rows = []
+        for key, (offset, value) in records.items():
+            if value is None:
+                continue
+            event = codec.decode(value, topic=settings.events_topic, partition=partition, offset=offset)
+            rows.append({"source": "events", "partition": partition, "offset": offset, "key": key.decode(),
+                         "type": str(event.type), "seq": event.seq, "epoch": event.epoch, "value": value,
+                         "event": event})
+        events[run_id] = sorted(rows, key=lambda r: r["offset"])
+    others: dict[str, list[dict[str, Any]]] = {}
+    for source, topic, mine in (("checkpoints", settings.checkpoints_topic, of_thread),
+                                ("payloads", settings.payloads_topic, of_run)):
+        _seen, latest = runs_records(settings, topic, partition, run_ids, mine, timeout_s=timeout_s)
+        for run_id, records in latest.items():
+            others.setdefault(run_id, []).extend(
+                sorted(({"source": source, "partition": partition, "offset": offset, "key": key.decode(),
+                         "type": None, "seq": None, "epoch": None, "value": value}
+                        for key, (offset, value) in records.items() if value is not None),
+                       key=lambda r: r["offset"]))
+    return events, others
 
 
 def _finished_state(settings: Settings, run_id: str, events: list[dict[str, Any]]) -> RunState:
@@ -459,13 +552,14 @@ def _write_manifest(fs: AbstractFileSystem, root: str, run_id: str, manifest: di
 
 
 def _remove(settings: Settings, client: Any, partition: int, run_id: str, events: list[dict[str, Any]],
-            others: list[dict[str, Any]], manifest: dict[str, Any], timeout_s: float, *,
+            others: list[dict[str, Any]], manifest: dict[str, Any], timeout_s: float, producer: Producer, *,
             already: bool) -> ArchiveReport:
     by_topic = {"events": settings.events_topic, "checkpoints": settings.checkpoints_topic,
                 "payloads": settings.payloads_topic}
     rows = events + others
     for source, topic in by_topic.items():
-        tombstone(settings, topic, partition, [r["key"] for r in rows if r["source"] == source], timeout_s)
+        tombstone(settings, topic, partition, [r["key"] for r in rows if r["source"] == source], timeout_s,
+                  producer=producer)
     failpoints.hit("archive.after_tombstones")
     cached = cached_results(events)
     deleted, _entries = delete_run_redis(settings, client, partition, run_id, cached)

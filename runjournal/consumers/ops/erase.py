@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import KafkaError, Message, TopicPartition
+from confluent_kafka import KafkaError, Message, Producer, TopicPartition
 
 from runjournal.consumers.ops.inspect import read_run_events
 from runjournal.consumers.projector.store import ProjectionStore
@@ -57,14 +57,15 @@ from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.producers.approvals import ApprovalInbox
 from runjournal.producers.results import of_run
-from runjournal.schemas.keys import parse_event_key
+from runjournal.schemas.keys import KeyFormatError, parse_event_key
 
 if TYPE_CHECKING:
     from runjournal.consumers.memory.store import QdrantMemoryStore
     from runjournal.consumers.vectors.embed import Embedder
 
 __all__ = ["ERASE_MARK_MS", "EraseError", "EraseReport", "RunStillLiveError", "cached_results", "check_not_live",
-           "delete_run_redis", "erase_run", "mark_erasing", "run_records", "tombstone"]
+           "delete_run_redis", "erase_run", "mark_erasing", "run_records", "runs_records", "tombstone",
+           "tombstone_producer"]
 
 
 class EraseError(RunjournalError):
@@ -192,32 +193,75 @@ def _run_keys(settings: Settings, topic: str, partition: int, run_id: str, timeo
 
 
 def run_records(settings: Settings, topic: str, partition: int, run_id: str,
-                mine: Callable[[bytes | None, str], bool], *,
-                timeout_s: float = 30.0) -> tuple[int, dict[bytes, tuple[int, bytes | None]]]:
+                mine: Callable[[bytes | None, str], bool], *, timeout_s: float = 30.0,
+                event_keys: bool = False) -> tuple[int, dict[bytes, tuple[int, bytes | None]]]:
     """The run's records on its partition of ``topic`` (``{prefix}.checkpoints`` with
     ``runjournal.core.checkpoint_records.of_thread``, ``{prefix}.payloads`` with
     ``runjournal.producers.results.of_run``):
     ``(records seen, {key: (offset, value) of its latest record})`` — value None for a tombstone; ``(0, {})`` when
-    the topic does not exist (a deployment from before it). Also the archiver's read (decision 0056).
+    the topic does not exist (a deployment from before it). :func:`runs_records` of one run (``event_keys``: the
+    events topic's keys).
 
     Raises:
         EraseError: the partition could not be read to its end within ``timeout_s`` seconds.
     """
-    latest: dict[bytes, tuple[int, bytes | None]] = {}
-    seen = 0
+    seen, latest = runs_records(settings, topic, partition, {run_id}, mine, timeout_s=timeout_s,
+                                event_keys=event_keys)
+    return seen.get(run_id, 0), latest.get(run_id, {})
+
+
+def runs_records(settings: Settings, topic: str, partition: int, run_ids: set[str],
+                 mine: Callable[[bytes | None, str], bool], *, timeout_s: float = 30.0,
+                 event_keys: bool = False,
+                 ) -> tuple[dict[str, int], dict[str, dict[bytes, tuple[int, bytes | None]]]]:
+    """The records of every run of ``run_ids`` on one partition of ``topic``, in one read of it from its low to its
+    high watermark (``read_committed``): ``({run: records seen}, {run: {key: (offset, value) of its latest
+    record}})`` — value None for a tombstone; runs without records are absent; ``({}, {})`` when the topic does not
+    exist (a deployment from before it). The archiver reads a sweep's due runs of a partition this way: one read
+    whatever their number (decision 0056).
+
+    A key belongs to the run ``r`` of ``run_ids`` for which ``mine(key, r)`` holds, ``r`` being the key's text up to
+    one of its separators (``\x1f``: the checkpoints' and payloads' keys start with ``<run_id><SEP>``), or, with
+    ``event_keys``, the run id of an event key (``runjournal.schemas.keys``): a run whose id merely starts with
+    another's plus a separator never takes that one's records.
+
+    Raises:
+        EraseError: the partition could not be read to its end within ``timeout_s`` seconds.
+    """
+    latest: dict[str, dict[bytes, tuple[int, bytes | None]]] = {}
+    seen: dict[str, int] = {}
+    wanted = {r.encode(): r for r in run_ids}
+    sep = b"\x1f"
+
+    def owner(key: bytes | None) -> str | None:
+        if key is None:
+            return None
+        if event_keys:
+            try:
+                run = parse_event_key(key).run_id
+            except KeyFormatError:
+                return None
+            return run if run in run_ids and mine(key, run) else None
+        at = key.find(sep)
+        while at >= 0:  # a few separators per key: the candidates are its prefixes ending before one
+            candidate = wanted.get(key[:at])
+            if candidate is not None and mine(key, candidate):
+                return candidate
+            at = key.find(sep, at + 1)
+        return None
 
     def on_record(msg: Message) -> None:
-        nonlocal seen
         key = msg.key()
-        if mine(key, run_id):  # not a record of a run whose id merely starts with "<run_id>\x1f"
-            seen += 1
-            latest[key] = (msg.offset(), msg.value())
+        run = owner(key)
+        if run is not None and key is not None:
+            seen[run] = seen.get(run, 0) + 1
+            latest.setdefault(run, {})[key] = (int(msg.offset() or 0), msg.value())
 
     consumer = range_consumer(settings, "erase-records")
     try:
         meta = consumer.list_topics(timeout=10).topics.get(topic)  # all topics: asking for one may auto-create it
         if meta is None or meta.error is not None or partition not in meta.partitions:
-            return 0, {}
+            return {}, {}
         low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10, cached=False)
         if read_ranges(consumer, topic, {partition: (low, high)}, on_record, timeout_s=timeout_s):
             raise EraseError(f"could not read {topic}[{partition}] to offset {high} within {timeout_s} s "
@@ -267,8 +311,10 @@ def check_not_live(settings: Settings, client: Any, partition: int, run_id: str,
                                 "it would keep writing — stop it first (or force)")
 
 
-def tombstone(settings: Settings, topic: str, partition: int, keys: list[str], timeout_s: float) -> None:
-    """Step 3: one acknowledged tombstone per key on ``topic[partition]``.
+def tombstone(settings: Settings, topic: str, partition: int, keys: list[str], timeout_s: float, *,
+              producer: Producer | None = None) -> None:
+    """Step 3: one acknowledged tombstone per key on ``topic[partition]``, through ``producer`` (a long-lived
+    idempotent one: the archiver's, :func:`tombstone_producer`) or a new one.
 
     Raises:
         EraseError: the local queue stayed full, or a tombstone was not acknowledged within ``timeout_s``.
@@ -281,8 +327,7 @@ def tombstone(settings: Settings, topic: str, partition: int, keys: list[str], t
         if err is not None:
             errors.append(err)
 
-    producer = kafka.producer(settings, **{"acks": "all", "enable.idempotence": True,
-                         "linger.ms": 5, "allow.auto.create.topics": False})
+    producer = producer if producer is not None else tombstone_producer(settings)
     for key in keys:
         for _ in range(100):  # a full local queue: serve deliveries and retry, bounded
             try:
@@ -298,6 +343,13 @@ def tombstone(settings: Settings, topic: str, partition: int, keys: list[str], t
     if left or errors:
         raise EraseError(f"{left} of {len(keys)} tombstones to {topic} unacknowledged, delivery errors: {errors[:3]}; "
                          "run erase again")
+
+
+def tombstone_producer(settings: Settings) -> Producer:
+    """The producer :func:`tombstone` writes through: idempotent, ``acks=all``, 5 ms linger, no topic auto-created.
+    One may serve many calls (one at a time: each flushes and checks its own deliveries)."""
+    return kafka.producer(settings, **{"acks": "all", "enable.idempotence": True, "linger.ms": 5,
+                                       "allow.auto.create.topics": False})
 
 
 def cached_results(rows: list[dict[str, Any]]) -> set[str]:

@@ -1,0 +1,103 @@
+"""The archiver's cost per run (issue 30, decision 0056 § Cost), on the real broker and Redis and a local folder:
+
+* a sweep's due runs are archived with one read of each partition of the three topics, whatever their number
+  (before: three reads of the whole partition per run, so archiving N runs read the live partitions 3·N times);
+* two archivers of one group at once split the due runs by the partitions they are assigned: every run is archived
+  by exactly one of them (before: each swept the whole due set, and a run archived by one was reported archived
+  again by the other, with a second pass of reads and tombstones).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runjournal.consumers.archive import Archiver, read_archived
+from runjournal.consumers.archive import store as archive_store
+from runjournal.consumers.archive.store import ArchiveReport, archive_runs
+from runjournal.consumers.runtime.partitions import run_partition
+from runjournal.core.settings import Settings
+from tests.consumers.archive.test_archive import archive_settings, latest_by_key, parquet_files
+from tests.support.provider import project
+from tests.support.workload import publish, run_events
+
+pytestmark = [pytest.mark.integration]
+
+
+def _runs(settings: Settings, prefix: str, n: int) -> dict[str, list[Any]]:
+    runs = {f"{prefix}-{i}": run_events(f"{prefix}-{i}", calls=1) for i in range(n)}
+    publish(settings, [e for events in runs.values() for e in events])
+    project(settings)
+    return runs
+
+
+def test_a_batch_of_runs_reads_each_partition_once_and_archives_each_run_whole(
+        topics: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = archive_settings(topics, tmp_path / "archive", retention_s=0.05)
+    runs = _runs(settings, "batch", 12)
+    partitions = {run_partition(settings, r) for r in runs}
+    assert len(partitions) > 1, "the runs cover several partitions"
+    reads: Counter[tuple[str, int]] = Counter()
+    real = archive_store.runs_records
+
+    def counted(settings: Settings, topic: str, partition: int, *args: Any, **kwargs: Any) -> Any:
+        reads[(topic, partition)] += 1
+        return real(settings, topic, partition, *args, **kwargs)
+
+    monkeypatch.setattr(archive_store, "runs_records", counted)
+    done: list[str] = []
+    outcomes = archive_runs(settings, list(runs), on_result=lambda run_id, _o: done.append(run_id))
+
+    assert sorted(done) == sorted(runs)
+    assert all(isinstance(o, ArchiveReport) and not o.already_archived for o in outcomes.values()), outcomes
+    assert set(reads.values()) == {1}, reads
+    assert set(reads) == {(t, p) for p in partitions
+                          for t in (settings.events_topic, settings.checkpoints_topic, settings.payloads_topic)}
+    latest = latest_by_key(settings)
+    for run_id, events in runs.items():
+        assert all(latest[e.key] is None for e in events), f"{run_id}: every event key tombstoned"
+        archived = read_archived(settings, run_id)
+        assert archived is not None and archived.manifest["rows"] == len(events)
+    assert len(parquet_files(tmp_path / "archive")) == len(runs)
+
+
+def test_a_deadline_stops_a_batch_between_runs_and_releases_every_claim(topics: Settings, tmp_path: Path) -> None:
+    settings = archive_settings(topics, tmp_path / "archive", retention_s=0.05)
+    runs = _runs(settings, "late", 4)
+    first = archive_runs(settings, list(runs), deadline=0.0)  # past: one run at least, then no other is started
+    assert len(first) == 1 and all(isinstance(o, ArchiveReport) for o in first.values()), first
+    rest = archive_runs(settings, list(runs))  # the claims were released: nothing is refused as held
+    assert all(isinstance(o, ArchiveReport) for o in rest.values()), rest
+    assert [r for r, o in rest.items() if isinstance(o, ArchiveReport) and o.already_archived] == list(first)
+    assert len(parquet_files(tmp_path / "archive")) == len(runs)
+
+
+def test_two_archivers_of_one_group_split_the_due_runs_and_archive_each_once(topics: Settings,
+                                                                              tmp_path: Path) -> None:
+    settings = archive_settings(topics, tmp_path / "archive", retention_s=0.05)
+    runs = _runs(settings, "split", 16)
+    barrier = threading.Barrier(2)
+    stats: dict[int, Any] = {}
+
+    def member(i: int) -> None:
+        service = Archiver(settings, sweep_interval_s=0.2)
+        barrier.wait()
+        stats[i] = service.run(until_caught_up=True, idle_timeout_s=120)
+
+    threads = [threading.Thread(target=member, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert set(stats) == {0, 1}, "both members finished"
+    both = stats[0].archived + stats[1].archived
+    assert sorted(both) == sorted(runs), (stats[0].archived, stats[1].archived)  # each run by exactly one member
+    for i in (0, 1):  # a member archives only runs of partitions it was assigned: never one of each in a partition
+        mine = {run_partition(settings, r) for r in stats[i].archived}
+        theirs = {run_partition(settings, r) for r in stats[1 - i].archived}
+        assert not mine & theirs, (mine, theirs)
+    assert len(parquet_files(tmp_path / "archive")) == len(runs)
