@@ -57,12 +57,13 @@ from runjournal.consumers.runtime.group import (
     group_consumer_config,
     partition_lags,
 )
-from runjournal.consumers.runtime.partitions import run_partition
+from runjournal.consumers.runtime.partitions import events_partition_count
 from runjournal.core import kafka, redis_client
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.schemas import Event, EventType, codec_from_settings
 from runjournal.schemas.errors import RegistryError, SchemaError
+from runjournal.schemas.keys import partition_for
 
 __all__ = ["Archiver", "ArchiverStats", "archiver_group"]
 
@@ -263,14 +264,15 @@ class Archiver:
         due = self.policy.call("redis", lambda: self.redis.zrange(self.keys.archive_due(), 0, -1, withscores=True))
         scopes = self.policy.call("redis", lambda: self.redis.hgetall(self.keys.archive_runs()))
         mine = self._assigned()
+        count = self.policy.call("kafka metadata", lambda: events_partition_count(self.settings)) if due else 0
         eligible: list[str] = []
         for member, score in due:
             run_id = member.decode() if isinstance(member, bytes) else member
-            if mine is not None and run_partition(self.settings, run_id) not in mine:
+            if mine is not None and partition_for(run_id, count) not in mine:
                 continue  # another member of the group sweeps the runs of the partitions it was assigned
             scope = json.loads(scopes.get(member) or scopes.get(run_id) or "{}")
             if not scope:
-                scope = self._scope(run_id)
+                scope = self._scope(run_id, count)
             retention = self.settings.retention_for(scope.get("tenant_id"), scope.get("agent"))
             if retention is None or now - score < retention * 1000:
                 continue
@@ -328,11 +330,11 @@ class Archiver:
             self._producer = tombstone_producer(self.settings)
         return self._producer
 
-    def _scope(self, run_id: str) -> dict[str, Any]:
+    def _scope(self, run_id: str, count: int) -> dict[str, Any]:
         """The run's tenant and agent from its projected state, when the archiver never saw its RUN_STARTED (a
         group started after the run began and its records were compacted): ``{}`` when unknown too."""
         from runjournal.consumers.projector.store import ProjectionStore
 
-        state = ProjectionStore(self.redis, self.settings.topic_prefix).get(run_partition(self.settings, run_id),
+        state = ProjectionStore(self.redis, self.settings.topic_prefix).get(partition_for(run_id, count),
                                                                             run_id)
         return {} if state is None else {"tenant_id": state.tenant_id, "agent": state.agent}

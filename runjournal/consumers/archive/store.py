@@ -50,7 +50,7 @@ from runjournal.consumers.ops.erase import (
 from runjournal.consumers.ops.replay import ReplayedState, TimelineRow
 from runjournal.consumers.runtime import archive_claims as claims
 from runjournal.consumers.runtime.archive_claims import redis_now_ms
-from runjournal.consumers.runtime.partitions import run_partition
+from runjournal.consumers.runtime.partitions import events_partition_count, range_consumer
 from runjournal.core import failpoints
 from runjournal.core import redis_client as redis_clients
 from runjournal.core.checkpoint_records import of_thread
@@ -61,6 +61,7 @@ from runjournal.core.settings import Settings
 from runjournal.model.reducer import RunState, fold
 from runjournal.producers.results import of_run
 from runjournal.schemas import Event, EventType, codec_from_settings
+from runjournal.schemas.keys import partition_for
 from runjournal.stores.archive_objects import COLUMNS, manifest_path, rows_digest
 from runjournal.stores.archive_objects import read_manifest as _read_manifest
 from runjournal.stores.archive_objects import read_rows as _read_parquet
@@ -68,7 +69,7 @@ from runjournal.stores.errors import ObjectStoreUnavailableError
 from runjournal.stores.object_store import filesystem, object_store_outage
 
 if TYPE_CHECKING:
-    from confluent_kafka import Producer
+    from confluent_kafka import Consumer, Producer
     from fsspec import AbstractFileSystem
 
 __all__ = ["RUN_FAILURES", "ArchiveError", "ArchiveReport", "ArchiveVerifyError", "ArchivedRun", "RunErasedError",
@@ -240,8 +241,10 @@ def archive_runs(settings: Settings, run_ids: Sequence[str], *, redis_client: An
             on_result(run_id, outcome)
 
     held: dict[str, tuple[str, int]] = {}
+    reader: Consumer | None = None
     try:
         by_partition: dict[int, list[str]] = {}
+        count = events_partition_count(settings)  # once: a metadata request per run cost ~60 ms of each
         for run_id in dict.fromkeys(run_ids):
             # before the read: an erase marked after it is found after the write, and a continuation either sees
             # this claim or has committed its RUN_RESUMED before the read (decision 0057)
@@ -250,14 +253,17 @@ def archive_runs(settings: Settings, run_ids: Sequence[str], *, redis_client: An
                 done(run_id, claims.RunReopeningError(f"run {run_id} is being continued (continue_run): not archived "
                                                       "now; it stays due"))
                 continue
-            by_partition.setdefault(run_partition(settings, run_id), []).append(run_id)
+            by_partition.setdefault(partition_for(run_id, count), []).append(run_id)
         started = False
+        # one consumer for every read, whose fetches at a range's end do not hold its next watermark request back
+        reader = range_consumer(settings, "archive-records", **{"fetch.wait.max.ms": 10}) if by_partition else None
+        topics = _partitions_of(reader, settings) if reader is not None else {}
         for partition, runs in by_partition.items():
             if started and deadline is not None and time.monotonic() > deadline:
                 break
             say(f"reading the records of {len(runs)} run(s) from partition {partition}")
             try:
-                events, others = _partition_rows(settings, partition, set(runs), timeout_s)  # 1
+                events, others = _partition_rows(settings, partition, set(runs), timeout_s, reader, topics)  # 1
             except EraseError as exc:
                 for run_id in runs:
                     done(run_id, exc)
@@ -275,6 +281,8 @@ def archive_runs(settings: Settings, run_ids: Sequence[str], *, redis_client: An
                     continue
                 done(run_id, report)
     finally:
+        if reader is not None:
+            reader.close()
         for run_id, (token, _started_ms) in held.items():
             claims.release(client, settings.topic_prefix, claims.ARCHIVING, run_id, token)
     return results
@@ -456,7 +464,17 @@ def delete_archived(settings: Settings, run_id: str) -> list[str]:
     return gone
 
 
-def _partition_rows(settings: Settings, partition: int, run_ids: set[str], timeout_s: float,
+def _partitions_of(consumer: Consumer, settings: Settings) -> dict[str, set[int]]:
+    """The partitions of the events, checkpoints and payloads topics, from one metadata request (a topic that does
+    not exist — a deployment from before it — has none)."""
+    meta = consumer.list_topics(timeout=10).topics  # all topics at once: one request, never an auto-creation
+    return {t: set(meta[t].partitions) for t in (settings.events_topic, settings.checkpoints_topic,
+                                                 settings.payloads_topic)
+            if t in meta and meta[t].error is None}
+
+
+def _partition_rows(settings: Settings, partition: int, run_ids: set[str], timeout_s: float, consumer: Consumer,
+                    topics: dict[str, set[int]],
                     ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[dict[str, Any]]]]:
     """Step 1 for the runs of one partition, one read of each topic's partition: ``({run: its live event rows, with
     the decoded ``event``}, {run: its live checkpoint and payload rows})``, each in offset order."""
@@ -466,7 +484,8 @@ def _partition_rows(settings: Settings, partition: int, run_ids: set[str], timeo
         return key is not None
 
     _seen, latest = runs_records(settings, settings.events_topic, partition, run_ids, an_event, timeout_s=timeout_s,
-                                 event_keys=True)
+                                 event_keys=True, consumer=consumer,
+                                 partitions=topics.get(settings.events_topic, set()))
     events: dict[str, list[dict[str, Any]]] = {}
     for run_id, records in latest.items():
         rows = []
@@ -481,7 +500,8 @@ def _partition_rows(settings: Settings, partition: int, run_ids: set[str], timeo
     others: dict[str, list[dict[str, Any]]] = {}
     for source, topic, mine in (("checkpoints", settings.checkpoints_topic, of_thread),
                                 ("payloads", settings.payloads_topic, of_run)):
-        _seen, latest = runs_records(settings, topic, partition, run_ids, mine, timeout_s=timeout_s)
+        _seen, latest = runs_records(settings, topic, partition, run_ids, mine, timeout_s=timeout_s,
+                                     consumer=consumer, partitions=topics.get(topic, set()))
         for run_id, records in latest.items():
             others.setdefault(run_id, []).extend(
                 sorted(({"source": source, "partition": partition, "offset": offset, "key": key.decode(),

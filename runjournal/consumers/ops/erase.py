@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
 from runjournal.consumers.ops.inspect import read_run_events
 from runjournal.consumers.projector.store import ProjectionStore
@@ -212,13 +212,16 @@ def run_records(settings: Settings, topic: str, partition: int, run_id: str,
 
 def runs_records(settings: Settings, topic: str, partition: int, run_ids: set[str],
                  mine: Callable[[bytes | None, str], bool], *, timeout_s: float = 30.0,
-                 event_keys: bool = False,
+                 event_keys: bool = False, consumer: Consumer | None = None,
+                 partitions: set[int] | None = None,
                  ) -> tuple[dict[str, int], dict[str, dict[bytes, tuple[int, bytes | None]]]]:
     """The records of every run of ``run_ids`` on one partition of ``topic``, in one read of it from its low to its
     high watermark (``read_committed``): ``({run: records seen}, {run: {key: (offset, value) of its latest
     record}})`` — value None for a tombstone; runs without records are absent; ``({}, {})`` when the topic does not
     exist (a deployment from before it). The archiver reads a sweep's due runs of a partition this way: one read
-    whatever their number (decision 0056).
+    whatever their number (decision 0056), through one ``consumer`` (``range_consumer``; unsubscribed, no group)
+    for all its reads — default a new one, closed after — and ``partitions``, the topic's partitions it read from
+    the metadata once (default: a metadata request here; none, or the partition not among them: ``({}, {})``).
 
     A key belongs to the run ``r`` of ``run_ids`` for which ``mine(key, r)`` holds, ``r`` being the key's text up to
     one of its separators (``\x1f``: the checkpoints' and payloads' keys start with ``<run_id><SEP>``), or, with
@@ -257,17 +260,23 @@ def runs_records(settings: Settings, topic: str, partition: int, run_ids: set[st
             seen[run] = seen.get(run, 0) + 1
             latest.setdefault(run, {})[key] = (int(msg.offset() or 0), msg.value())
 
-    consumer = range_consumer(settings, "erase-records")
+    reader = consumer if consumer is not None else range_consumer(settings, "erase-records")
     try:
-        meta = consumer.list_topics(timeout=10).topics.get(topic)  # all topics: asking for one may auto-create it
-        if meta is None or meta.error is not None or partition not in meta.partitions:
+        if partitions is None:
+            # one topic's metadata (a range consumer never auto-creates it): all topics' grows with the cluster
+            meta = reader.list_topics(topic, timeout=10).topics.get(topic)
+            partitions = set() if meta is None or meta.error is not None else set(meta.partitions)
+        if partition not in partitions:
             return {}, {}
-        low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10, cached=False)
-        if read_ranges(consumer, topic, {partition: (low, high)}, on_record, timeout_s=timeout_s):
+        low, high = reader.get_watermark_offsets(TopicPartition(topic, partition), timeout=10, cached=False)
+        if read_ranges(reader, topic, {partition: (low, high)}, on_record, timeout_s=timeout_s):
             raise EraseError(f"could not read {topic}[{partition}] to offset {high} within {timeout_s} s "
                              "(an open transaction?); nothing was erased — run erase again")
     finally:
-        consumer.close()
+        if consumer is None:
+            reader.close()
+        else:
+            reader.unassign()  # what it fetched past the range goes; the next read assigns its own partition
     return seen, latest
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
@@ -97,11 +98,14 @@ def watermarks(settings: Settings, partitions: Iterable[int], *, timeout_s: floa
         consumer.close()
 
 
-def range_consumer(settings: Settings, purpose: str) -> Consumer:
-    """A group-less ``read_committed`` consumer for :func:`read_ranges` (partition EOF events on)."""
+def range_consumer(settings: Settings, purpose: str, **props: Any) -> Consumer:
+    """A group-less ``read_committed`` consumer for :func:`read_ranges` (partition EOF events on; a metadata request
+    for one topic never creates it); ``props`` add librdkafka properties (a consumer that reads many ranges one
+    after another passes a short ``fetch.wait.max.ms``: the broker answers a connection's requests in order, so a
+    watermark request waits behind a fetch long-polling at the end of the last range)."""
     return kafka.consumer(settings, **{"group.id": f"{purpose}-{uuid.uuid4()}", "enable.auto.commit": False,
                                        "isolation.level": "read_committed", "auto.offset.reset": "earliest",
-                                       "enable.partition.eof": True})
+                                       "enable.partition.eof": True, "allow.auto.create.topics": False, **props})
 
 
 def read_ranges(consumer: Consumer, topic: str, ranges: Mapping[int, tuple[int, int]],
