@@ -126,8 +126,8 @@ def _archiver(settings: Settings) -> Any:
     from runjournal.consumers.archive import Archiver
 
     # idle_timeout_s: the run's default (60 s) counts a sweep longer than that, with no new records, as "not caught
-    # up" and raises TimeoutError — the pass that archives 160 runs at ~0.7 s each does
-    # (bench/README.md § Other findings)
+    # up" and raises TimeoutError — the pass that archived 160 runs at ~0.7 s each did, before a sweep read each
+    # partition once for its batch (bench/README.md § Other findings; now ~30 ms a run)
     return Archiver(settings, sweep_interval_s=3600).run(until_caught_up=True, idle_timeout_s=1800)
 
 
