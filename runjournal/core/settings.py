@@ -8,7 +8,8 @@ Variables (each field of :class:`Settings`, upper-cased, with the ``RUNJOURNAL_`
 docs/reference/settings.md lists meanings and defaults): ``BOOTSTRAP``, ``REDIS_URL``,
 ``QDRANT_PATH``, ``QDRANT_URL``, ``QDRANT_API_KEY``, ``SCHEMA_REGISTRY_URL``, ``TOPIC_PREFIX``,
 ``STACK_DIR``, ``CACHE_DIR``, the archive's ``ARCHIVE_URL``, ``OBJECT_STORE_ENDPOINT``, ``OBJECT_STORE_KEY``,
-``OBJECT_STORE_SECRET``, its retention ``RETENTION_S`` and ``RETENTION_OVERRIDES``, ``PARTITIONS``,
+``OBJECT_STORE_SECRET``, its retention ``RETENTION_S``, ``RETENTION_OVERRIDES`` and ``RUN_ID_MEMORY_S``,
+``PARTITIONS``,
 ``REPLICATION_FACTOR``, ``LOG_LEVEL``,
 ``CONSOLE_OPERATOR_TOKEN``, ``STREAMS_RETENTION_MS``, ``STREAM_CHUNK_BYTES``, the Redis security settings
 ``REDIS_USERNAME``, ``REDIS_PASSWORD``,
@@ -141,6 +142,12 @@ class Settings(BaseSettings):
     """Per tenant and agent retention, seconds (JSON): ``{"tenant:<id>": s, "agent:<name>": s,
     "tenant:<id>/agent:<name>": s}``; the most specific entry wins (tenant and agent, then agent, then tenant,
     then :attr:`retention_s`); 0 keeps that scope's runs forever."""
+    run_id_memory_s: float | None = Field(default=30 * 24 * 3600, ge=0)
+    """How long the id of a run the archiver moved out stays claimed in Redis (``rj:{P:r:<run>}:claim``), seconds
+    (30 days): a ``start_run`` with that id meanwhile is refused as a run id in use; after it the claim expires, so
+    Redis holds no key per archived run beyond that window. A run id reused later anyway is refused by the archive
+    (``RunIdReusedError``: its manifest names another RUN_STARTED), never merged into the older run's object. None
+    or 0: the claim stays for ever (about 100 bytes a run, growing with the history) (decision 0056)."""
     stack_dir: Path = Field(default_factory=default_stack_dir)
     """Local stack directory (data, logs, ``stack.json``)."""
     cache_dir: Path = Field(default_factory=default_cache_dir)

@@ -30,7 +30,8 @@ transaction (MULTI/EXEC/ DISCARD/WATCH/UNWATCH) commands. Nobody but the adminis
   once archived, what ``erase``'s Redis step removes (RW: the projection, plans, approval
   decisions and the pending set, signals, the adapters' checkpoint projection, large results, the parked set, the
   run's entries in owned / incoming sets, assignment lists and surrendered hashes, operators' requests and timers);
-  leases (R: a run whose owner holds one is never archived) (``runjournal.consumers.archive``, decision 0056).
+  leases (R: a run whose owner holds one is never archived); the run-id claim (RW: its expiry once the run is
+  archived) (``runjournal.consumers.archive``, decision 0056).
 """
 
 from __future__ import annotations
@@ -150,6 +151,7 @@ ROLES: dict[str, tuple[RedisGrant, ...]] = {
         RedisGrant("assign", "RW", "once archived: the run's entry in assignment lists"),
         RedisGrant("surrendered", "RW", "once archived: the run's entry in surrendered hashes"),
         RedisGrant("control", "RW", "once archived: an operator's request on the run and its wake-up time"),
+        RedisGrant("claim", "RW", "once archived: the run-id claim gets its expiry (RUNJOURNAL_RUN_ID_MEMORY_S)"),
     ),
 }
 """Role → the key families it may use (see the module docstring)."""

@@ -113,7 +113,8 @@ ALLOWED = {
     "archiver": _READS | {"write the archive unit", "write the projection", "write an owned set",  # erase's step
                           "write an assignment list", "write a plan", "write an approval", "write a result",
                           "write the parked set", "write a checkpoint projection",
-                          "a MULTI on a thread's checkpoints"},
+                          "a MULTI on a thread's checkpoints",
+                          "claim a run id"},  # an archived run's claim gets its expiry (RUNJOURNAL_RUN_ID_MEMORY_S)
 }
 
 

@@ -116,8 +116,8 @@ def test_the_archiver_archives_under_its_redis_rules_and_is_refused_a_key_outsid
         topics: Settings, service_env: dict[str, str], users: dict[str, tuple[str, str]], tmp_path: Path) -> None:
     """``runjournal archiver`` as the ``archiver`` user: notes the finish (TIME, the ``{P:arc}`` MULTI), archives the
     run (a large result's records too) and removes its Redis state, records and index entries (erase's step: the
-    instance sets SCANned); that user may not write a lease, the topic identity, another prefix's archive unit or a
-    run-id claim."""
+    instance sets SCANned) and gives the run-id claim its expiry (``RUNJOURNAL_RUN_ID_MEMORY_S``); that user may not
+    write a lease, the topic identity or another prefix's archive unit."""
     import redis
 
     from runjournal.consumers.archive import read_archived
@@ -148,11 +148,11 @@ def test_the_archiver_archives_under_its_redis_rules_and_is_refused_a_key_outsid
     assert {r["source"] for r in archived.rows} == {"events", "payloads"}  # the large result's records too
     assert not admin.exists(keys.run(partition, run_id)) and not admin.hexists(keys.index(partition), run_id)
     assert admin.zscore(keys.archive_due(), run_id) is None
+    assert 0 < admin.pttl(keys.claim(run_id)) <= 30 * 24 * 3600 * 1000, "the id is claimed for the window only"
     archiver = redis_client.client(_as(topics, users["archiver"]))
     assert archiver.zcard(keys.archive_due()) == 0  # its own unit: allowed
     for refused in (lambda: archiver.set(keys.lease("someone"), "x"),  # leases: read only
                     lambda: archiver.set(keys.topic_identity(), "x"),  # not its family
-                    lambda: archiver.zadd(RedisKeys(f"other{topics.topic_prefix}").archive_due(), {"r": 1}),
-                    lambda: archiver.set(keys.claim(run_id), "x")):  # run-id claims: the Journal's
+                    lambda: archiver.zadd(RedisKeys(f"other{topics.topic_prefix}").archive_due(), {"r": 1})):
         with pytest.raises(redis.exceptions.NoPermissionError):
             refused()

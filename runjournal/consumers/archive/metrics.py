@@ -32,7 +32,7 @@ class ArchiverMetrics:
         self.rows = m.counter(r, "runjournal_archive_rows_written",
                               "Rows written to archive objects (events, framework records, large results' chunks)")
         self.refused = m.counter(r, "runjournal_archive_runs_refused",
-                                 "Runs that left the due set unarchived, by reason (not_finished, erased)",
+                                 "Runs that left the due set unarchived, by reason (not_finished, erased, id_reused)",
                                  ["reason"])
         self.retried = m.counter(r, "runjournal_archive_runs_retried",
                                  "Runs left due for the next sweep after a failure of their own, by cause (error "

@@ -45,6 +45,7 @@ from runjournal.consumers.archive.store import (
     ArchiveError,
     ArchiveReport,
     RunErasedError,
+    RunIdReusedError,
     RunNotFinishedError,
     archive_runs,
     redis_now_ms,
@@ -291,9 +292,13 @@ class Archiver:
         archived: list[str] = []
         overdue = 0
         for run_id, outcome in outcomes.items():
-            if isinstance(outcome, RunNotFinishedError | RunErasedError):
-                log.warning("not archived: not finished or erased", extra={"run_id": run_id, "error": str(outcome)})
-                self.metrics.refused.labels("erased" if isinstance(outcome, RunErasedError) else "not_finished").inc()
+            if isinstance(outcome, RunNotFinishedError | RunErasedError | RunIdReusedError):
+                reason = ("erased" if isinstance(outcome, RunErasedError) else
+                          "id_reused" if isinstance(outcome, RunIdReusedError) else "not_finished")
+                (log.error if reason == "id_reused" else log.warning)(
+                    "not archived: not finished, erased or an id used twice",
+                    extra={"run_id": run_id, "reason": reason, "error": str(outcome)})
+                self.metrics.refused.labels(reason).inc()
                 pipe = self.redis.pipeline(transaction=True)  # an erased or reopened run: it leaves the queue
                 pipe.zrem(self.keys.archive_due(), run_id)
                 pipe.hdel(self.keys.archive_runs(), run_id)

@@ -73,8 +73,9 @@ if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
 
 __all__ = ["RUN_FAILURES", "ArchiveError", "ArchiveReport", "ArchiveVerifyError", "ArchivedRun", "RunErasedError",
-           "RunNotFinishedError", "archive_run", "archive_runs", "delete_archived", "finish_time_ms", "manifest_path",
-           "object_name", "read_archived", "redis_now_ms", "replay_archived", "rows_digest"]
+           "RunIdReusedError", "RunNotFinishedError", "archive_run", "archive_runs", "delete_archived",
+           "finish_time_ms", "manifest_path", "object_name", "read_archived", "redis_now_ms", "replay_archived",
+           "rows_digest"]
 
 T = TypeVar("T")
 
@@ -89,6 +90,13 @@ class RunNotFinishedError(ArchiveError):
 class RunErasedError(ArchiveError):
     """The run was erased while it was archived (``rj:{P:arc}:erased`` holds it): the archive deleted its own copy
     (decision 0057); the run leaves the due set."""
+
+
+class RunIdReusedError(ArchiveError):
+    """The archive holds another run under this run id (its manifest names another RUN_STARTED event): the id was
+    used again after the first run's claim expired (``RUNJOURNAL_RUN_ID_MEMORY_S``). Nothing is written or removed;
+    the run leaves the due set and stays in the hot stores — erase one of the two, or keep run ids unique (decision
+    0056)."""
 
 
 class ArchiveVerifyError(ArchiveError):
@@ -303,6 +311,12 @@ def _archive(settings: Settings, client: Any, fs: AbstractFileSystem, root: str,
     if not events:
         raise RunNotFinishedError(f"run {run_id} has no events in {settings.events_topic}[{partition}] and no "
                                   "archive: nothing to archive")
+    started_event = next((r["event"].event_id for r in events if r["type"] == "RUN_STARTED"), None)
+    if manifest is not None and None not in (manifest.get("started_event_id"), started_event) \
+            and manifest["started_event_id"] != started_event:
+        raise RunIdReusedError(f"run id {run_id} names another run in the archive ({manifest['object_url']}, "
+                               f"RUN_STARTED {manifest['started_event_id']}; this one's is {started_event}): the id "
+                               "was used again after its claim expired; nothing was archived or removed")
     state = _finished_state(settings, run_id, events)  # 2
     check_not_live(settings, client, partition, run_id, force=False)
     finished_ms = finish_time_ms(settings, client, run_id)  # 3
@@ -317,7 +331,8 @@ def _archive(settings: Settings, client: Any, fs: AbstractFileSystem, root: str,
     new = {"run_id": run_id, "object_url": _url(fs, path), "object_path": path, "rows": len(rows), "digest": digest,
            "tenant_id": state.tenant_id, "agent": state.agent, "status": str(state.status), "partition": partition,
            "first_offset": events[0]["offset"], "last_offset": events[-1]["offset"], "finished_ms": finished_ms,
-           "archive_started_ms": started_ms}
+           "archive_started_ms": started_ms,
+           "started_event_id": started_event or (manifest or {}).get("started_event_id")}
     _object_store(lambda: _write_manifest(fs, root, run_id, new))
     failpoints.hit("archive.after_manifest")
     _check_not_erased(settings, client, fs, root, run_id, new, started_ms)
@@ -584,6 +599,8 @@ def _remove(settings: Settings, client: Any, partition: int, run_id: str, events
     cached = cached_results(events)
     deleted, _entries = delete_run_redis(settings, client, partition, run_id, cached)
     keys = RedisKeys(settings.topic_prefix)
+    if settings.run_id_memory_s:  # the id stays claimed for a while, then Redis keeps nothing of the run
+        client.pexpire(keys.claim(run_id), int(settings.run_id_memory_s * 1000))
     pipe = client.pipeline(transaction=True)  # the due set and its scope hash share the tag {P:arc}
     pipe.zrem(keys.archive_due(), run_id)
     pipe.hdel(keys.archive_runs(), run_id)

@@ -4,11 +4,14 @@
   (before: three reads of the whole partition per run, so archiving N runs read the live partitions 3·N times);
 * two archivers of one group at once split the due runs by the partitions they are assigned: every run is archived
   by exactly one of them (before: each swept the whole due set, and a run archived by one was reported archived
-  again by the other, with a second pass of reads and tombstones).
+  again by the other, with a second pass of reads and tombstones);
+* an archived run's id stays claimed for ``RUNJOURNAL_RUN_ID_MEMORY_S`` only (before: for ever, a key per run), and
+  an id used again after that is refused by the archive, never merged into the first run's object.
 """
 
 from __future__ import annotations
 
+import random
 import threading
 from collections import Counter
 from pathlib import Path
@@ -18,8 +21,10 @@ import pytest
 
 from runjournal.consumers.archive import Archiver, read_archived
 from runjournal.consumers.archive import store as archive_store
-from runjournal.consumers.archive.store import ArchiveReport, archive_runs
+from runjournal.consumers.archive.store import ArchiveReport, RunIdReusedError, archive_runs
 from runjournal.consumers.runtime.partitions import run_partition
+from runjournal.core import redis_client
+from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from tests.consumers.archive.test_archive import archive_settings, latest_by_key, parquet_files
 from tests.support.provider import project
@@ -101,3 +106,38 @@ def test_two_archivers_of_one_group_split_the_due_runs_and_archive_each_once(top
         theirs = {run_partition(settings, r) for r in stats[1 - i].archived}
         assert not mine & theirs, (mine, theirs)
     assert len(parquet_files(tmp_path / "archive")) == len(runs)
+
+
+def test_an_archived_runs_id_stays_claimed_for_the_memory_window_only(topics: Settings, tmp_path: Path) -> None:
+    """Before: the run-id claim stayed for ever, the one key per archived run left in Redis (grows with history)."""
+    settings = archive_settings(topics, tmp_path / "archive", retention_s=0.05, run_id_memory_s=60.0)
+    runs = _runs(settings, "memo", 2)
+    r, keys = redis_client.client(settings), RedisKeys(settings.topic_prefix)
+    for run_id in runs:
+        r.set(keys.claim(run_id), "agent-1")  # what start_run's SET NX left
+    forever = settings.model_copy(update={"run_id_memory_s": 0})
+    outcomes = {**archive_runs(settings, ["memo-0"]), **archive_runs(forever, ["memo-1"])}
+    assert all(isinstance(o, ArchiveReport) for o in outcomes.values()), outcomes
+    assert 0 < r.pttl(keys.claim("memo-0")) <= 60_000, "claimed for the window, then gone"
+    assert r.pttl(keys.claim("memo-1")) == -1, "0: kept for ever"
+
+
+def test_a_run_id_used_again_after_its_claim_expired_is_refused_not_merged(topics: Settings,
+                                                                            tmp_path: Path) -> None:
+    settings = archive_settings(topics, tmp_path / "archive", retention_s=0.05)
+    first = _runs(settings, "again", 1)["again-0"]
+    assert isinstance(archive_runs(settings, ["again-0"])["again-0"], ArchiveReport)
+    before = read_archived(settings, "again-0")
+    assert before is not None and before.manifest["started_event_id"] == first[0].event_id
+
+    second = run_events("again-0", calls=2, rng=random.Random("another run"))  # same id, other events
+    assert second[0].event_id != first[0].event_id
+    publish(settings, second)
+    project(settings)
+    outcome = archive_runs(settings, ["again-0"])["again-0"]
+    assert isinstance(outcome, RunIdReusedError), outcome
+    after = read_archived(settings, "again-0")
+    assert after is not None and after.manifest == before.manifest, "the first run's archive is untouched"
+    latest = latest_by_key(settings)
+    assert all(latest[e.key] is not None for e in second if e.key not in {x.key for x in first}), \
+        "the second run stays in the hot stores"
