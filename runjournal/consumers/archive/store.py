@@ -37,6 +37,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
 
+from confluent_kafka import TopicPartition
+
 from runjournal.consumers.ops.erase import (
     ERASE_MARK_MS,
     EraseError,
@@ -270,12 +272,16 @@ def archive_runs(settings: Settings, run_ids: Sequence[str], *, redis_client: An
             if started and deadline is not None and time.monotonic() > deadline:
                 break
             say(f"reading the records of {len(runs)} run(s) from partition {partition}")
+            read_to: dict[tuple[str, int], int] = {}
             try:
-                events, others = _partition_rows(settings, partition, set(runs), timeout_s, reader, topics)  # 1
+                events, others = _partition_rows(settings, partition, set(runs), timeout_s, reader, topics,
+                                                 read_to)  # 1
             except EraseError as exc:
                 for run_id in runs:
                     done(run_id, exc)
                 continue
+            assert reader is not None  # there are runs to read
+            arrived = _Arrivals(settings, partition, set(runs), read_to, timeout_s, reader, topics)
             tombstones = producer if producer is not None else tombstone_producer(settings)
             for run_id in runs:
                 if started and deadline is not None and time.monotonic() > deadline:
@@ -283,7 +289,8 @@ def archive_runs(settings: Settings, run_ids: Sequence[str], *, redis_client: An
                 started = True
                 try:
                     report = _archive(settings, client, fs, root, partition, run_id, held[run_id][1], timeout_s, say,
-                                      _write, events.get(run_id, []), others.get(run_id, []), tombstones)
+                                      _write, events.get(run_id, []), others.get(run_id, []), tombstones,
+                                      arrived)
                 except RUN_FAILURES as exc:
                     done(run_id, exc)
                     continue
@@ -299,13 +306,14 @@ def archive_runs(settings: Settings, run_ids: Sequence[str], *, redis_client: An
 def _archive(settings: Settings, client: Any, fs: AbstractFileSystem, root: str, partition: int, run_id: str,
              started_ms: int, timeout_s: float, say: Callable[[str], None],
              _write: Callable[..., None] | None, events: list[dict[str, Any]], others: list[dict[str, Any]],
-             producer: Producer) -> ArchiveReport:
+             producer: Producer, arrived: _Arrivals) -> ArchiveReport:
     manifest, archived = _object_store(lambda: _archived_rows(fs, root, run_id))
     if manifest is not None and _covers(archived, events):
         # archived before (a kill after the write, the manifest or some tombstones; a redelivered terminal event):
         # every live event is in the object, so only the removal is left — never a fold of a partly tombstoned run
         _check_not_erased(settings, client, fs, root, run_id, manifest, started_ms)
         _check_claim_held(client, run_id, started_ms)
+        arrived.check(run_id)
         return _remove(settings, client, partition, run_id, _decoded(settings, archived), others, manifest,
                        timeout_s, producer, already=True)  # 6
     if not events:
@@ -341,8 +349,55 @@ def _archive(settings: Settings, client: Any, fs: AbstractFileSystem, root: str,
         _object_store(lambda: fs.rm(old) if fs.exists(old) else None)
     say("tombstoning the run's keys and deleting its Redis state, records and index entries (memory is kept)")
     _check_claim_held(client, run_id, started_ms)
+    arrived.check(run_id)
     return _remove(settings, client, partition, run_id, events, others, new, timeout_s, producer,
                    already=False)  # 6
+
+
+class _Arrivals:
+    """The records of a partition's runs that arrived after the batch read it (step 1). A run is read with the
+    others of its partition, before their archives: one that got a live record since (a late event, checkpoint or
+    payload) would be removed with that record left live and missing from its object. Before a run's tombstones,
+    :meth:`check` reads what the three topics' partitions got since the last look (three watermark requests through
+    the batch's consumer; each record that came is read once for the whole batch, the batch's own tombstones
+    included) and refuses a run that got a live one (it stays due: the next sweep archives it anew). What comes
+    between this look and the tombstones is not seen (milliseconds, as in the archive of one run before the
+    batch)."""
+
+    def __init__(self, settings: Settings, partition: int, run_ids: set[str], read_to: dict[tuple[str, int], int],
+                 timeout_s: float, reader: Consumer, topics: dict[str, set[int]]) -> None:
+        self.settings, self.partition, self.run_ids = settings, partition, run_ids
+        self.read_to, self.timeout_s, self.reader, self.topics = read_to, timeout_s, reader, topics
+        self.late: dict[str, int] = {}
+
+    def check(self, run_id: str) -> None:
+        """Raises ``ArchiveError`` when a live record of ``run_id`` arrived after the read (nothing removed), and
+        ``EraseError`` when a partition could not be read."""
+        settings = self.settings
+
+        def an_event(key: bytes | None, _rid: str) -> bool:
+            return key is not None
+
+        for topic, mine, event_keys in ((settings.events_topic, an_event, True),
+                                        (settings.checkpoints_topic, of_thread, False),
+                                        (settings.payloads_topic, of_run, False)):
+            start = self.read_to.get((topic, self.partition))
+            if start is None:
+                continue  # the topic did not exist at the read
+            _low, high = self.reader.get_watermark_offsets(TopicPartition(topic, self.partition), timeout=10,
+                                                           cached=False)
+            if high <= start:
+                continue  # nothing came since
+            _seen, latest = runs_records(settings, topic, self.partition, self.run_ids, mine, timeout_s=self.timeout_s,
+                                         event_keys=event_keys, start=start, read_to=self.read_to,
+                                         consumer=self.reader, partitions=self.topics.get(topic, set()))
+            for run, records in latest.items():
+                live = sum(1 for _offset, value in records.values() if value is not None)
+                if live:
+                    self.late[run] = self.late.get(run, 0) + live
+        if self.late.get(run_id):
+            raise ArchiveError(f"{self.late[run_id]} record(s) of run {run_id} arrived after it was read: nothing "
+                               "removed; it stays due and is archived anew")
 
 
 def _check_claim_held(client: Any, run_id: str, started_ms: int) -> None:
@@ -489,7 +544,7 @@ def _partitions_of(consumer: Consumer, settings: Settings) -> dict[str, set[int]
 
 
 def _partition_rows(settings: Settings, partition: int, run_ids: set[str], timeout_s: float, consumer: Consumer,
-                    topics: dict[str, set[int]],
+                    topics: dict[str, set[int]], read_to: dict[tuple[str, int], int] | None = None,
                     ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, list[dict[str, Any]]]]:
     """Step 1 for the runs of one partition, one read of each topic's partition: ``({run: its live event rows, with
     the decoded ``event``}, {run: its live checkpoint and payload rows})``, each in offset order."""
@@ -500,7 +555,7 @@ def _partition_rows(settings: Settings, partition: int, run_ids: set[str], timeo
 
     _seen, latest = runs_records(settings, settings.events_topic, partition, run_ids, an_event, timeout_s=timeout_s,
                                  event_keys=True, consumer=consumer,
-                                 partitions=topics.get(settings.events_topic, set()))
+                                 partitions=topics.get(settings.events_topic, set()), read_to=read_to)
     events: dict[str, list[dict[str, Any]]] = {}
     for run_id, records in latest.items():
         rows = []
@@ -516,7 +571,7 @@ def _partition_rows(settings: Settings, partition: int, run_ids: set[str], timeo
     for source, topic, mine in (("checkpoints", settings.checkpoints_topic, of_thread),
                                 ("payloads", settings.payloads_topic, of_run)):
         _seen, latest = runs_records(settings, topic, partition, run_ids, mine, timeout_s=timeout_s,
-                                     consumer=consumer, partitions=topics.get(topic, set()))
+                                     consumer=consumer, partitions=topics.get(topic, set()), read_to=read_to)
         for run_id, records in latest.items():
             others.setdefault(run_id, []).extend(
                 sorted(({"source": source, "partition": partition, "offset": offset, "key": key.decode(),

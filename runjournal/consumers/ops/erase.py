@@ -213,7 +213,8 @@ def run_records(settings: Settings, topic: str, partition: int, run_id: str,
 def runs_records(settings: Settings, topic: str, partition: int, run_ids: set[str],
                  mine: Callable[[bytes | None, str], bool], *, timeout_s: float = 30.0,
                  event_keys: bool = False, consumer: Consumer | None = None,
-                 partitions: set[int] | None = None,
+                 partitions: set[int] | None = None, start: int | None = None,
+                 read_to: dict[tuple[str, int], int] | None = None,
                  ) -> tuple[dict[str, int], dict[str, dict[bytes, tuple[int, bytes | None]]]]:
     """The records of every run of ``run_ids`` on one partition of ``topic``, in one read of it from its low to its
     high watermark (``read_committed``): ``({run: records seen}, {run: {key: (offset, value) of its latest
@@ -228,6 +229,12 @@ def runs_records(settings: Settings, topic: str, partition: int, run_ids: set[st
     ``event_keys``, the run id of an event key (``runjournal.schemas.keys``): a run whose id merely starts with
     another's plus a separator never takes that one's records.
 
+    ``start`` reads from that offset instead of the low watermark (the archiver's look at what arrived after its
+    read); ``read_to``, when given, gets ``{(topic, partition): the offset the read ended at}`` (the high watermark,
+    or past the last record delivered): where a later read starts to see only what came after this one.
+    ``consumer``: a ``runjournal.consumers.runtime.partitions.range_consumer`` of the caller's, kept open (default
+    a new one, closed after the read).
+
     Raises:
         EraseError: the partition could not be read to its end within ``timeout_s`` seconds.
     """
@@ -235,6 +242,7 @@ def runs_records(settings: Settings, topic: str, partition: int, run_ids: set[st
     seen: dict[str, int] = {}
     wanted = {r.encode(): r for r in run_ids}
     sep = b"\x1f"
+    last = -1
 
     def owner(key: bytes | None) -> str | None:
         if key is None:
@@ -255,6 +263,8 @@ def runs_records(settings: Settings, topic: str, partition: int, run_ids: set[st
 
     def on_record(msg: Message) -> None:
         key = msg.key()
+        nonlocal last
+        last = max(last, int(msg.offset() or 0))
         run = owner(key)
         if run is not None and key is not None:
             seen[run] = seen.get(run, 0) + 1
@@ -269,9 +279,14 @@ def runs_records(settings: Settings, topic: str, partition: int, run_ids: set[st
         if partition not in partitions:
             return {}, {}
         low, high = reader.get_watermark_offsets(TopicPartition(topic, partition), timeout=10, cached=False)
-        if read_ranges(reader, topic, {partition: (low, high)}, on_record, timeout_s=timeout_s):
+        first = low if start is None else max(low, start)
+        if read_ranges(reader, topic, {partition: (first, high)}, on_record, timeout_s=timeout_s):
             raise EraseError(f"could not read {topic}[{partition}] to offset {high} within {timeout_s} s "
                              "(an open transaction?); nothing was erased — run erase again")
+        if read_to is not None:
+            read_to[(topic, partition)] = max(high, last + 1)
+        if consumer is not None and first < high:  # read_ranges paused it at its end: a next read of it resumes
+            reader.resume([TopicPartition(topic, partition)])
     finally:
         if consumer is None:
             reader.close()

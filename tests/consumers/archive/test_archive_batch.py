@@ -50,7 +50,8 @@ def test_a_batch_of_runs_reads_each_partition_once_and_archives_each_run_whole(
     real = archive_store.runs_records
 
     def counted(settings: Settings, topic: str, partition: int, *args: Any, **kwargs: Any) -> Any:
-        reads[(topic, partition)] += 1
+        if kwargs.get("start") is None:  # a whole partition (not the look at what came after it, before tombstones)
+            reads[(topic, partition)] += 1
         return real(settings, topic, partition, *args, **kwargs)
 
     monkeypatch.setattr(archive_store, "runs_records", counted)
