@@ -155,3 +155,10 @@ def test_a_record_appended_to_a_later_run_after_the_batch_read_is_never_left_liv
     # either the later run stays (nothing removed: it is tried again) or its late event is archived and tombstoned
     assert live is None or not isinstance(outcomes[later], ArchiveReport), (outcomes[later], in_object)
     assert live is not None or in_object, "the late event was tombstoned without being archived"
+    if not isinstance(outcomes[later], ArchiveReport):  # it stayed due: the next sweep archives it with the late event
+        again = archive_runs(settings, [later])[later]
+        assert isinstance(again, ArchiveReport) and not again.already_archived, again
+        archived = read_archived(settings, later)
+        assert archived is not None and any(r["key"] == late.key for r in archived.rows)
+        assert latest_by_key(settings).get(late.key) is None, "tombstoned once archived"
+        assert len(parquet_files(folder)) == 2, "the first object of the later run was replaced"
