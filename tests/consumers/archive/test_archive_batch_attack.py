@@ -162,3 +162,26 @@ def test_a_record_appended_to_a_later_run_after_the_batch_read_is_never_left_liv
         assert archived is not None and any(r["key"] == late.key for r in archived.rows)
         assert latest_by_key(settings).get(late.key) is None, "tombstoned once archived"
         assert len(parquet_files(folder)) == 2, "the first object of the later run was replaced"
+
+
+def test_run_ids_that_prefix_each_other_in_one_batch_each_get_exactly_their_own_records(
+        topics: Settings, tmp_path: Path) -> None:
+    """``r``, ``r:1``, ``r:1:1`` and ``r 1`` on one partition, in one batch: event keys ``{run}:{epoch}:{seq}``
+    parse from the right, so ``r``'s event ``r:1:1`` is never ``r:1``'s, nor ``r:1:1``'s events ``r``'s."""
+    folder = tmp_path / "archive"
+    settings = archive_settings(topics, folder, retention_s=0.05)
+    base = f"pre-{uuid.uuid4().hex[:4]}"
+    wanted = [base, f"{base}:1", f"{base}:1:1", f"{base} 1", f"{base}:1:1:1"]
+    runs = {r: run_events(r, calls=1 + i) for i, r in enumerate(wanted)}
+    publish(settings, [e for events in runs.values() for e in events])
+    project(settings)
+    by_partition: dict[int, list[str]] = {}
+    for r in runs:
+        by_partition.setdefault(run_partition(settings, r), []).append(r)
+    outcomes = archive_runs(settings, list(runs))
+    assert all(isinstance(o, ArchiveReport) for o in outcomes.values()), outcomes
+    for run_id, events in runs.items():
+        archived = read_archived(settings, run_id)
+        assert archived is not None
+        assert [e.event_id for e, _p, _o in archived.events(settings)] == [e.event_id for e in events], run_id
+    assert any(len(v) > 1 for v in by_partition.values()), f"some share a partition: {by_partition}"
