@@ -75,6 +75,7 @@ from runjournal.producers._lease import InstanceLease
 from runjournal.producers._port import OutcomeCommit
 from runjournal.producers._txn import Item, TxnPublisher
 from runjournal.producers.control import STOPS, ControlRequest, ControlStore
+from runjournal.producers.encryption import CONTENT_FIELDS, ContentCrypto
 from runjournal.producers.errors import (
     DeliveryError,
     JournalError,
@@ -204,6 +205,7 @@ class Journal:
         on_acked: Callable[[list[tuple[str, int, int]]], None] | None = None,
         connect_timeout_s: float = 5.0,
         hold_after_s: float = 30.0,
+        content: ContentCrypto | None = None,
     ) -> None:
         if codec is None:
             from runjournal.schemas import codec_from_settings
@@ -229,6 +231,12 @@ class Journal:
             raise ValueError(f"hold_after_s must be >= 0, got {hold_after_s}")
         if connect_timeout_s <= 0:
             raise ValueError(f"connect_timeout_s must be > 0, got {connect_timeout_s}")
+        # the content fields' encryption (decision 0059): a key service not built is a ConfigError before the lease
+        self.content = content if content is not None else ContentCrypto(settings)
+        """Seals every published event's content fields (encrypting with ``RUNJOURNAL_ENCRYPTION=on``) and opens
+        what this journal reads back (``runjournal.producers.encryption``)."""
+        self._subjects: dict[str, str | None] = {}
+        """run id → its subject (RUN_STARTED ``user_id``): whose key encrypts the run's content."""
         if probe_redis:  # a Redis that does not answer: named within connect_timeout_s, not a redis-py traceback
             from runjournal.core import redis_client as redis_clients
 
@@ -474,6 +482,8 @@ class Journal:
                 f"the plan of run {run_id} resumes epoch {plan.epoch} but the journal already shows epoch {newest}: "
                 "a later recovery took the run; this instance must not write it", plan_epoch=plan.epoch,
                 newest_epoch=newest)
+        self._subjects[run_id] = plan.user_id
+        plan = self.content.open_plan(plan)  # the handle works with plain text (EncryptedContentError: no key)
         self._lease.own(run_id)
         self._note_request(run_id)
         self._mark_stream_gap(run_id, plan.epoch)
@@ -687,6 +697,7 @@ class Journal:
         """Remove ``run_id`` from the owned set (after its terminal event); Redis errors are only logged."""
         with self._run_locks_guard:
             self._run_locks.pop(run_id, None)
+        self._subjects.pop(run_id, None)
         try:
             self._lease.disown(run_id)
         except Exception as exc:  # noqa: BLE001 - a hint only; the terminal event is already durable
@@ -723,6 +734,12 @@ class Journal:
         if gave_up is not None and event.epoch <= gave_up:
             raise RunSurrenderedError(f"run {event.run_id} was surrendered to the recovery job at epoch {gave_up}; "
                                       f"this instance writes nothing more of it at epoch {event.epoch}")
+        if event.type is EventType.RUN_STARTED:
+            self._subjects[event.run_id] = event.payload.get("user_id")
+        if event.type in CONTENT_FIELDS:  # encrypted (or escaped) here, after every digest was taken of the text
+            event = self.content.seal(event, self._subjects.get(event.run_id))
+            if smaller is not None:
+                smaller = self._sealed(smaller)
         value = self._codec.encode(event, topic=self.topic)
         headers = [("traceparent", event.traceparent.encode("ascii"))] if event.traceparent else None
         partition = self._partition_of.get(event.run_id)
@@ -744,6 +761,18 @@ class Journal:
             raise
         if metered:
             self._metrics.published(self.producer_id, event, durable=durable, seconds=time.perf_counter() - started)
+
+    def _sealed(self, make: Callable[[], Event | None]) -> Callable[[], Event | None]:
+        """``make``'s event sealed like the event it replaces."""
+        def sealed() -> Event | None:
+            event = make()
+            return None if event is None else self.content.seal(event, self._subjects.get(event.run_id))
+        return sealed
+
+    def subject_of(self, run_id: str) -> str | None:
+        """The subject (user id) whose key encrypts ``run_id``'s content, as this journal knows it (None: the
+        tenant's key)."""
+        return self._subjects.get(run_id)
 
     def _encoder_of(self, make: Callable[[], Event | None]) -> Callable[[], bytes | None]:
         """``make``'s event encoded for this journal's topic (None when ``make`` has none)."""

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from runjournal.core.errors import RunjournalError
 from runjournal.model.reducer import CallStatus, Decision, ExecutionRecord, ReconciledOutcome, RunState, RunStatus
 from runjournal.producers import canonical_json, digest, enter_node, idempotency_key
+from runjournal.producers.encryption import ContentCrypto, call_address, payload_address
 from runjournal.producers.errors import ResultUnavailableError
 from runjournal.producers.plan import ApprovalStatus, RecoveryPlan
 from runjournal.producers.results import ResultStore, unavailable_reason
@@ -140,7 +141,7 @@ class ReplayHandle:
     """
 
     def __init__(self, replayed: ReplayedState, *, results: ResultStore | None = None,
-                 strict_args: bool = True) -> None:
+                 strict_args: bool = True, content: ContentCrypto | None = None) -> None:
         state = replayed.state
         if state is None:
             raise RunNotFoundError(f"run {replayed.run_id} has no events to replay")
@@ -158,6 +159,8 @@ class ReplayHandle:
         self.mismatches: list[str] = []
         """Differences between what the code did and the recorded events (never raised)."""
         self._results = results
+        self._content = content if content is not None else ContentCrypto()
+        """Opens recorded content (decision 0059): without a key, an encrypted result raises EncryptedContentError."""
         self._strict_args = strict_args
         self._open = replayed.until_seq is not None or not state.terminal
         self._records = {r.idempotency_key: r for r in state.records.values()}
@@ -265,20 +268,24 @@ class ReplayHandle:
         if failed:
             self._failed_last[node_path] = (index, tool.name, args_digest)
             self.calls.append(ReplayedCall(node_path, index, key, tool.name, record.status.value, None))
-            raise ReplayedToolError(record.error or "reconciled as FAILED", retryable=bool(record.retryable),
+            error = self._content.reveal(record.error, [self.run_id, *self.state.fork_lineage],
+                                         call_address(record.call_id), "error")
+            raise ReplayedToolError(error or "reconciled as FAILED", retryable=bool(record.retryable),
                                     call_id=record.call_id)
         raise ReplayEndReachedError(f"{step}: the recording holds no outcome for it ({record.status})", **where)
 
     def _result(self, record: ExecutionRecord) -> Any:
+        runs = [self.run_id, *self.state.fork_lineage]
         if record.result_json is not None:
-            return json.loads(record.result_json)
+            return json.loads(self._content.open(record.result_json, runs, call_address(record.call_id),
+                                                 "result_json") or "null")
         if record.result_ref is not None:
             text = (self._results.get(record.result_ref, run_id=self.run_id) if self._results is not None
                     else None)
             if text is None:
                 raise ResultUnavailableError(f"result {record.result_ref} of call {record.call_id} can no longer "
                                              f"be read: {unavailable_reason(record.result_ref)}")
-            return json.loads(text)
+            return json.loads(self._content.open(text, runs, payload_address(record.call_id), "result_ref") or "null")
         if record.status is CallStatus.RECONCILED:
             return None
         raise ResultUnavailableError(f"call {record.call_id} committed but its result was not recorded")

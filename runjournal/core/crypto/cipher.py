@@ -125,6 +125,9 @@ class FieldCipher:
             raise KeyDestroyedError(f"the tenant's key {parent} was destroyed: no key for its subjects",
                                     kek_id=parent)
         self.kms.create(scope.kek_id, parent=parent)
+        if parent is not None and self.kms.state(parent).status == "destroyed":  # the tenant was shredded meanwhile:
+            raise KeyDestroyedError(f"the tenant's key {parent} was destroyed: no key for its subjects",  # its erase
+                                    kek_id=parent)  # lists children again after destroying it (shred_keys)
         material = AESGCM.generate_key(bit_length=256)
         dek_id = b64e(secrets.token_bytes(DEK_ID_BYTES))
         wrapped = self.kms.wrap(scope.kek_id, material, _dek_context(dek_id))

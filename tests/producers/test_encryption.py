@@ -1,0 +1,147 @@
+"""The journal's write path with encryption on (issue 33, decision 0059), on the real broker and Redis: every content
+field leaves the agent as a token bound to its run, the digests stay those of the plain text, the projector and the
+recovery job work without any key, a resumed run reads its recorded input and results back in plain text and writes
+under its subject's key, ``inspect`` shows content to a reader with the key and ``encrypted`` to one without, and
+the memory extractor's rules turn no token into memory."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runjournal.consumers.memory.extract import RuleExtractor
+from runjournal.consumers.ops.inspect import inspect_run, read_run_events
+from runjournal.consumers.recovery.job import RecoveryJob
+from runjournal.core.crypto import Binding, FieldCipher, KeyScope, LocalKeyDirectory, is_encrypted, parse_token
+from runjournal.core.settings import Settings
+from runjournal.producers import Journal, canonical_json, digest
+from runjournal.producers.encryption import CONTENT_FIELDS, ENCRYPTED, address_of
+from runjournal.schemas import EventType
+from tests.support.provider import project
+
+pytestmark = pytest.mark.integration
+
+
+class Echo:
+    """Returns its text, padded to ``pad`` characters (a large result goes by reference)."""
+
+    name = "echo"
+    side_effect = True
+    timeout_ms = 2000
+
+    def __init__(self, pad: int = 0) -> None:
+        self.pad = pad
+        self.calls = 0
+
+    def __call__(self, args: dict[str, Any], idempotency_key: str) -> Any:
+        self.calls += 1
+        return {"echo": args["text"], "pad": "x" * self.pad}
+
+
+def encrypted(settings: Settings, keys: Path, on: bool = True) -> Settings:
+    return settings.model_copy(update={"encryption": "on" if on else "off", "keys_dir": keys})
+
+
+def contents(settings: Settings, run_id: str) -> list[tuple[Any, str, str]]:
+    """``(event, field, stored value)`` of every content field of the run's events."""
+    out = []
+    for row in read_run_events(settings, run_id):
+        event = row.get("event")
+        if event is None:
+            continue
+        for name, _ in CONTENT_FIELDS.get(event.type, ()):
+            if event.payload.get(name) is not None:
+                out.append((event, name, event.payload[name]))
+    return out
+
+
+def test_an_encrypted_run_is_written_projected_and_read_back(topics: Settings, tmp_path: Path) -> None:
+    mark = f"MARKER-{uuid.uuid4().hex}"
+    s = encrypted(topics, tmp_path / "keys")
+    with Journal(s, producer_id="enc-writer", inline_result_bytes=256) as journal:
+        run = journal.start_run("acme", "agent", {"ask": mark}, user_id="alice")
+        small = run.call(Echo(), {"text": mark})
+        large = run.call(Echo(pad=2000), {"text": mark + "-large"})
+        run.message("user", f"I prefer {mark}")
+        run.correction("seat", f"window seat {mark}")
+        run.succeed({"out": mark})
+    assert small["echo"] == mark and large["echo"] == mark + "-large"  # the caller gets plain values
+    fields = contents(s, run.run_id)
+    assert {(e.type, f) for e, f, _ in fields} >= {(EventType.RUN_STARTED, "input_json"),
+                                                   (EventType.TOOL_CALL_INTENDED, "args_json"),
+                                                   (EventType.TOOL_CALL_COMMITTED, "result_json"),
+                                                   (EventType.MESSAGE, "content"),
+                                                   (EventType.USER_CORRECTION, "text"),
+                                                   (EventType.RUN_SUCCEEDED, "output_json")}
+    reader = FieldCipher(LocalKeyDirectory(tmp_path / "keys"))
+    alice = KeyScope("acme", "alice").kek_id
+    for event, name, stored in fields:
+        assert is_encrypted(stored) and mark not in stored, (event.type, name)
+        assert parse_token(stored).kek_id == alice  # the run's subject's key, for every field
+        plain = reader.decrypt(stored, Binding(run.run_id, address_of(event, name) or "", name))
+        assert mark in plain or (name, plain) == ("subject", "seat")
+        if name == "args_json":  # idempotency and recovery: digests of the plain text, in clear
+            assert event.payload["args_digest"] == digest(plain)
+        if name == "result_json":
+            assert event.payload["result_digest"] == digest(plain)
+    committed = [e for e, _, _ in fields if e.type is EventType.TOOL_CALL_COMMITTED]
+    by_ref = [row["event"] for row in read_run_events(s, run.run_id) if row.get("event") is not None
+              and row["event"].type is EventType.TOOL_CALL_COMMITTED and row["event"].payload["result_ref"]]
+    assert len(committed) == 1 and len(by_ref) == 1
+    assert by_ref[0].payload["result_digest"] == digest(canonical_json(large))
+
+    project(topics)
+    shown = inspect_run(s, run.run_id, with_timeline=False)  # the projector ran without a key
+    assert shown is not None and shown["state"]["status"] == "SUCCEEDED"
+    assert json.loads(shown["state"]["input_json"]) == {"ask": mark}
+    assert json.loads(shown["state"]["output_json"]) == {"out": mark}
+    record = next(r for r in shown["state"]["records"].values() if r["result_json"])
+    assert json.loads(record["result_json"])["echo"] == mark
+    keyless = inspect_run(topics.model_copy(update={"keys_dir": tmp_path / "no-keys"}), run.run_id,
+                          with_timeline=False)
+    assert keyless is not None and keyless["state"]["input_json"] == ENCRYPTED
+    assert keyless["state"]["status"] == "SUCCEEDED"  # the structure is all there
+
+    extractor = RuleExtractor()  # holds no key: encrypted messages and corrections make no memory
+    drafts = [d for row in read_run_events(s, run.run_id) if row.get("event") is not None
+              for d in extractor.extract(row["event"], None)]
+    assert all(mark not in d.text and "rjenc:" not in d.text for d in drafts)
+
+
+def test_a_resumed_encrypted_run_reads_its_records_and_writes_under_its_subject(topics: Settings,
+                                                                                tmp_path: Path) -> None:
+    mark = f"MARKER-{uuid.uuid4().hex}"
+    s = encrypted(topics, tmp_path / "keys")
+    tool = Echo(pad=2000)  # by reference: the payloads topic's copy is sealed too
+    first = Journal(s, producer_id="enc-first", inline_result_bytes=256)
+    run = first.start_run("acme", "agent", {"ask": mark}, user_id="bob")
+    recorded = run.call(tool, {"text": mark})
+    first.close()
+    with Journal(s, producer_id="enc-second") as second:
+        project(topics)
+        report = RecoveryJob(topics).recover(runs=[run.run_id], force=True, assign_to=second.producer_id)
+        assert report is not None
+        resumed = second.resume(run.run_id)
+        assert resumed.input == {"ask": mark}  # the plan's input, opened
+        assert resumed.call(tool, {"text": mark}) == recorded and tool.calls == 1  # recorded, read back in clear
+        resumed.succeed({"out": mark})
+    outputs = [(e, f, v) for e, f, v in contents(s, run.run_id) if e.type is EventType.RUN_SUCCEEDED]
+    assert len(outputs) == 1 and is_encrypted(outputs[0][2])
+    assert parse_token(outputs[0][2]).kek_id == KeyScope("acme", "bob").kek_id  # the plan carried the subject
+
+
+def test_a_journal_without_encryption_writes_plain_text_and_escapes_the_prefix(topics: Settings,
+                                                                               tmp_path: Path) -> None:
+    s = encrypted(topics, tmp_path / "keys", on=False)
+    with Journal(s, producer_id="plain-writer") as journal:
+        run = journal.start_run("acme", "agent", {"ask": "plain"})
+        run.message("user", "rjenc:1:not-a-token")
+        run.succeed(None)
+    stored = {f: v for _, f, v in contents(s, run.run_id)}
+    assert stored["input_json"] == canonical_json({"ask": "plain"})
+    assert stored["content"] == "rjenc:0:rjenc:1:not-a-token" and not is_encrypted(stored["content"])
+    assert not (tmp_path / "keys").exists()  # off: no key directory is ever made
