@@ -205,7 +205,7 @@ class ContentCrypto:
         resumes a run works with plain text only.
 
         Raises:
-            EncryptedContentError: a value cannot be read (the message names the run; the journal needs the keys).
+            EncryptedContentError (and its subclasses): a value cannot be read (a note names the run).
         """
         runs = [plan.run_id, *plan.fork_lineage]
         try:
@@ -216,9 +216,9 @@ class ContentCrypto:
             return dataclasses.replace(plan, calls=calls, input_json=self.open(plan.input_json, runs, "run",
                                                                                "input_json"))
         except EncryptedContentError as exc:
-            raise type(exc)(f"run {plan.run_id}: its recorded content cannot be read ({exc}); the journal that "
-                            "resumes it needs its keys (docs/guide/encryption.md)", kek_id=exc.kek_id,
-                            version=exc.version) from exc
+            exc.add_note(f"run {plan.run_id}: its recorded content cannot be read; the journal that resumes it needs "
+                         "its keys (docs/guide/encryption.md)")
+            raise
 
     def _reader(self) -> FieldCipher:
         with self._lock:

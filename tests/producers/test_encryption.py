@@ -145,3 +145,56 @@ def test_a_journal_without_encryption_writes_plain_text_and_escapes_the_prefix(t
     assert stored["input_json"] == canonical_json({"ask": "plain"})
     assert stored["content"] == "rjenc:0:rjenc:1:not-a-token" and not is_encrypted(stored["content"])
     assert not (tmp_path / "keys").exists()  # off: no key directory is ever made
+
+
+def test_a_fork_of_an_encrypted_run_reads_its_sources_tokens_through_its_lineage(topics: Settings,
+                                                                                 tmp_path: Path) -> None:
+    """The fork's history is written by the recovery producer, which holds no key: it copies the source's tokens,
+    bound to the source run. The fork's owner reads them (input, an inline result, a result by reference) through
+    the fork's lineage, and what the fork writes itself is bound to the fork."""
+    from runjournal.consumers.ops.control import Operator
+    from tests.consumers.ops.test_control import LEASE_MS
+
+    mark = f"MARKER-{uuid.uuid4().hex}"
+    s = encrypted(topics, tmp_path / "keys")
+    small, large = Echo(), Echo(pad=2000)
+    with Journal(s, producer_id=f"enc-{uuid.uuid4().hex[:6]}", lease_ttl_ms=LEASE_MS,
+                 inline_result_bytes=256) as journal, Operator(topics, wait_s=10, poll_s=0.1) as operator:
+        source = journal.start_run("acme", "agent", {"ask": mark}, user_id="frank")
+        first = source.call(small, {"text": mark})
+        second = source.call(large, {"text": mark})
+        source.succeed({"out": mark})
+        at = max(row["seq"] for row in read_run_events(s, source.run_id) if row.get("event") is not None
+                 and row["event"].type is EventType.TOOL_CALL_COMMITTED)
+        forked = operator.fork(source.run_id, at_seq=at, reason="again", requested_by="ops@test")
+        assert forked.outcome == "forked", forked
+        assert journal.claim_assignment(10) == forked.fork_run_id
+        fork = journal.resume(forked.fork_run_id)
+        assert fork.input == {"ask": mark}
+        assert fork.call(small, {"text": mark}) == first and fork.call(large, {"text": mark}) == second
+        assert (small.calls, large.calls) == (1, 1)  # recorded, decrypted: neither ran again
+        fork.succeed({"out": "fork"})
+    copied = [v for e, f, v in contents(s, forked.fork_run_id) if e.type is EventType.RUN_STARTED]
+    assert len(copied) == 1 and is_encrypted(copied[0])
+    own = [(e, f, v) for e, f, v in contents(s, forked.fork_run_id) if e.type is EventType.RUN_SUCCEEDED]
+    reader = FieldCipher(LocalKeyDirectory(tmp_path / "keys"))
+    assert json.loads(reader.decrypt(own[0][2], Binding(forked.fork_run_id, "run", "output_json"))) == {"out": "fork"}
+
+
+def test_an_approvers_view_of_encrypted_arguments_needs_the_key(topics: Settings, tmp_path: Path) -> None:
+    """APPROVAL_REQUESTED's arguments are content: the operator with the key directory sees them, one without sees
+    ``encrypted`` — and the decision is written either way."""
+    from runjournal.consumers.ops.approvals import submit_decision
+
+    s = encrypted(topics, tmp_path / "keys")
+    with Journal(s, producer_id="enc-approvals") as journal:
+        run = journal.start_run("acme", "agent", {}, user_id="gina")
+        run.request_approval("pay-1", "over budget", "pay", args={"card": "4111"})
+        run.request_approval("pay-2", "over budget", "pay", args={"card": "5500"})
+        project(topics)
+        seen = submit_decision(s, run.run_id, "pay-1", granted=True, approver="ops")
+        blind = submit_decision(topics.model_copy(update={"keys_dir": tmp_path / "none"}), run.run_id, "pay-2",
+                                granted=False, approver="ops", reason="no")
+        run.succeed(None)
+    assert seen["args"] == {"card": "4111"} and seen["decision"] == "GRANTED"
+    assert blind["args"] == ENCRYPTED and blind["decision"] == "DENIED"

@@ -5,17 +5,16 @@ check can fail. Compression is off in both arms (lz4 would hide the plain text w
 
 from __future__ import annotations
 
-import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from runjournal.core import redis_client
 from runjournal.core.settings import Settings
 from runjournal.producers import Journal
 from tests.conftest import Endpoints
+from tests.support.at_rest import rdb_dump, segment_bytes
 from tests.support.provider import project
 
 pytestmark = pytest.mark.integration
@@ -28,47 +27,6 @@ class Echo:
 
     def __call__(self, args: dict[str, Any], idempotency_key: str) -> Any:
         return {"echo": args["text"], "pad": "y" * args.get("pad", 0)}
-
-
-def segment_bytes(stack_dir: Path, prefix: str) -> dict[str, bytes]:
-    """Every file of the broker's log directories of the prefix's topics (``<topic>-<partition>/…``)."""
-    out = {}
-    for directory in stack_dir.rglob(f"{prefix}.*-*"):
-        if directory.is_dir():
-            for path in directory.iterdir():
-                if path.is_file():
-                    out[str(path.relative_to(stack_dir))] = path.read_bytes()
-    return out
-
-
-def rdb_dump(settings: Settings) -> bytes:
-    """Redis's RDB snapshot, written now by BGSAVE (uncompressed strings: LZF would hide plain text too)."""
-    r = redis_client.client(settings)
-    directory, name = r.config_get("dir")["dir"], r.config_get("dbfilename")["dbfilename"]
-    compression = r.config_get("rdbcompression")["rdbcompression"]
-    r.config_set("rdbcompression", "no")
-    try:
-        before = int(r.info("persistence").get("rdb_saves", -1))
-        started = r.lastsave()
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                r.bgsave()
-                break
-            except Exception as exc:  # noqa: BLE001 - "already in progress": wait for it, then ours
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"BGSAVE refused: {exc}") from exc
-                time.sleep(0.2)
-        while time.monotonic() < deadline:
-            info = r.info("persistence")
-            done = int(info.get("rdb_saves", -1)) > before if before >= 0 else r.lastsave() != started
-            if done and not int(info["rdb_bgsave_in_progress"]):
-                assert info["rdb_last_bgsave_status"] == "ok", info
-                return (Path(directory) / name).read_bytes()
-            time.sleep(0.1)
-        raise AssertionError("BGSAVE did not finish within 60 s")
-    finally:
-        r.config_set("rdbcompression", compression)
 
 
 @pytest.mark.parametrize("on", [True, False], ids=["encryption-on", "encryption-off"])
