@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from runjournal.core.crypto.errors import EncryptedContentError
 from runjournal.core.crypto.keys import KeyScope
 from runjournal.core.crypto.token import Binding, decode_plain, encode_plain, is_encrypted, parse_token
+from runjournal.producers.spend import RESERVE_TOOL, SETTLE_TOOL
 from runjournal.schemas import Event, EventType
 
 if TYPE_CHECKING:
@@ -31,7 +32,8 @@ if TYPE_CHECKING:
     from runjournal.core.settings import Settings
     from runjournal.producers.plan import RecoveryPlan
 
-__all__ = ["CONTENT_FIELDS", "ENCRYPTED", "ContentCrypto", "address_of", "call_address", "payload_address"]
+__all__ = ["CLEAR_TOOLS", "CONTENT_FIELDS", "ENCRYPTED", "ContentCrypto", "address_of", "call_address",
+           "payload_address"]
 
 ENCRYPTED = "encrypted"
 """What a reader without the key shows for encrypted content."""
@@ -66,8 +68,13 @@ CONTENT_FIELDS: Mapping[EventType, tuple[tuple[str, Callable[[Event], str]], ...
     EventType.MESSAGE: (("content", _EVENT),),
 }
 """Event type → its content fields and each one's address. Not encrypted: operators' texts (approval comments and
-reasons, cancel reasons), the recovery job's ``plan_json`` (counts and positions), and everything that is not a
-payload field."""
+reasons, cancel reasons), the recovery job's ``plan_json`` (counts and positions), the spend steps' arguments and
+results (:data:`CLEAR_TOOLS`), and everything that is not a payload field."""
+
+CLEAR_TOOLS = frozenset({RESERVE_TOOL, SETTLE_TOOL})
+"""Tools whose calls are the library's accounting, not content: the spend ledger's reserve and settle steps (model
+name, token counts, cost). Their arguments and results stay in clear so the ledger's checks, the console's spend and
+``runjournal spend`` fold them without a key (docs/guide/spend.md)."""
 
 
 def address_of(event: Event, name: str) -> str | None:
@@ -117,12 +124,13 @@ class ContentCrypto:
         if not fields:
             return event
         payload = event.payload
+        encrypting = self.encrypting and self._cipher is not None and payload.get("tool") not in CLEAR_TOOLS
         changed: dict[str, Any] | None = None
         for name, address in fields:
             value = payload.get(name)
             if value is None:
                 continue
-            if self.encrypting and self._cipher is not None:
+            if encrypting and self._cipher is not None:
                 own = payload.get("user_id") if event.type in (EventType.MESSAGE, EventType.USER_CORRECTION,
                                                                EventType.RUN_STARTED) else None
                 scope = KeyScope(event.tenant_id, own or subject)

@@ -165,12 +165,17 @@ class Journal:
         connect_timeout_s: how long the first answers of Redis (a PING, when the Journal builds its own client)
             and of a broker (a metadata request) may take at start, seconds (default 5); past it,
             ``StackUnavailableError`` names the setting and ``runjournal stack up``.
+        content: how events' content fields are sealed and read back (default: ``ContentCrypto(settings)`` —
+            encrypted with ``RUNJOURNAL_ENCRYPTION=on`` under the local key directory;
+            docs/design/decisions/0059-encryption-and-crypto-shredding.md). An application with its own key service
+            passes ``ContentCrypto(settings, cipher=FieldCipher(its_kms))``.
 
     Raises:
         StackUnavailableError: Redis (``RUNJOURNAL_REDIS_URL``) or every broker (``RUNJOURNAL_BOOTSTRAP``) did not
             answer within ``connect_timeout_s`` (``runjournal.core.errors``; the message names the setting and
             ``runjournal stack up``).
-        ConfigError: Redis or the broker refused the credentials or the TLS handshake (the settings named).
+        ConfigError: Redis or the broker refused the credentials or the TLS handshake (the settings named);
+            ``RUNJOURNAL_KMS`` names a key service not built in this release (with encryption on).
         TopicNotFoundError: the events topic does not exist.
         FatalProducerError: ``init_transactions`` failed.
         JournalError: no free incarnation of ``producer_id`` (16 live leases hold the next ids).
@@ -459,6 +464,8 @@ class Journal:
             InvalidIdError: ``run_id`` breaks the run-id rules (a run started before them whose id holds a control
                 character or braces: its keys may be another run's; recovery parks such a run).
             NoRecoveryPlanError: no plan for ``run_id``, or the plan is assigned to another instance.
+            EncryptedContentError: the run's recorded content is encrypted and this journal cannot open it (no key
+                directory, a destroyed key: docs/guide/encryption.md); nothing was owned.
             LeaseLapsedError: this instance's lease lapsed (restart it).
             ValueError: a malformed ``traceparent``.
         """
@@ -482,8 +489,8 @@ class Journal:
                 f"the plan of run {run_id} resumes epoch {plan.epoch} but the journal already shows epoch {newest}: "
                 "a later recovery took the run; this instance must not write it", plan_epoch=plan.epoch,
                 newest_epoch=newest)
-        self._subjects[run_id] = plan.user_id
         plan = self.content.open_plan(plan)  # the handle works with plain text (EncryptedContentError: no key)
+        self._subjects[run_id] = plan.user_id
         self._lease.own(run_id)
         self._note_request(run_id)
         self._mark_stream_gap(run_id, plan.epoch)

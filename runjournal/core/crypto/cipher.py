@@ -23,6 +23,7 @@ from runjournal.core.crypto.keys import KeyManagementService, KeyScope, WrappedK
 from runjournal.core.crypto.token import (
     DEK_ID_BYTES,
     NONCE_BYTES,
+    TOKEN_V1,
     Binding,
     Token,
     b64e,
@@ -53,6 +54,8 @@ class _DataKey:
     wrapped: WrappedKey
     born_ms: float
     uses: int = 0
+    header: str = ""
+    """The token's text up to its body (``rjenc:1:<kek>:<version>:<dek id>:<wrapped>:``), made once per key."""
 
 
 class FieldCipher:
@@ -90,8 +93,7 @@ class FieldCipher:
         nonce = secrets.token_bytes(NONCE_BYTES)
         aad = binding.aad(key.wrapped.kek_id, key.wrapped.version, key.dek_id)
         ciphertext = key.aead.encrypt(nonce, text.encode("utf-8"), aad)
-        return Token(key.wrapped.kek_id, key.wrapped.version, key.dek_id, key.wrapped.blob, binding.hint(), nonce,
-                     ciphertext).text()
+        return key.header + b64e(binding.hint() + nonce + ciphertext)  # = Token(…).text(), its header made once
 
     def _data_key(self, scope: KeyScope) -> _DataKey:
         kek_id = scope.kek_id
@@ -132,7 +134,8 @@ class FieldCipher:
         dek_id = b64e(secrets.token_bytes(DEK_ID_BYTES))
         wrapped = self.kms.wrap(scope.kek_id, material, _dek_context(dek_id))
         self.cache.put((wrapped.kek_id, wrapped.version, dek_id), material)
-        return _DataKey(dek_id, AESGCM(material), wrapped, self._clock())
+        header = f"{TOKEN_V1}{wrapped.kek_id}:{wrapped.version}:{dek_id}:{b64e(wrapped.blob)}:"
+        return _DataKey(dek_id, AESGCM(material), wrapped, self._clock(), header=header)
 
     def rotate(self, scope: KeyScope) -> None:
         """The next :meth:`encrypt` for ``scope`` makes a new data key (wrapped by the KEK's newest version: call

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -20,6 +21,7 @@ from runjournal.core.crypto.token import frame_parts
 __all__ = ["KeyManagementService", "KeyScope", "KeyState", "WrappedKey", "kek_id_for"]
 
 
+@functools.lru_cache(maxsize=4096)
 def kek_id_for(tenant_id: str, subject: str | None = None) -> str:
     """The KEK id of a tenant (``t-<32 hex>``) or of one subject of it (``s-<32 hex>``): the first 128 bits of
     SHA-256 over the scope. Opaque, so neither a token nor a key file name shows a user id (the scope can still be
