@@ -20,9 +20,11 @@ from runjournal.core.crypto import (
     KeyDestroyedError,
     KeyRetiredError,
     KeyScope,
+    KeyUnavailableError,
     LocalKeyDirectory,
     TokenFormatError,
     UnknownKeyError,
+    WrappedKey,
     cipher_from_settings,
     decode_plain,
     is_encrypted,
@@ -299,3 +301,39 @@ def test_the_cache_is_bounded_by_size_and_time() -> None:
     assert cache.forget("k", 2) == 1 and cache.get(("k", 1, "d")) == b"D" and cache.forget("k") == 1
     with pytest.raises(ValueError):
         DataKeyCache(max_entries=0)
+
+
+class FlakyKeys(LocalKeyDirectory):
+    """A key service that can be switched off (every call: KeyUnavailableError), counting wraps."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.down = False
+        self.wraps = 0
+
+    def wrap(self, kek_id: str, key: bytes, context: bytes) -> WrappedKey:
+        if self.down:
+            raise KeyUnavailableError("kms: connection refused", kek_id=kek_id)
+        self.wraps += 1
+        return super().wrap(kek_id, key, context)
+
+    def create(self, kek_id: str, *, parent: str | None = None) -> int:
+        if self.down:
+            raise KeyUnavailableError("kms: connection refused", kek_id=kek_id)
+        return super().create(kek_id, parent=parent)
+
+
+def test_a_key_service_outage_at_rotation_does_not_stop_a_writer_that_holds_a_key(tmp_path: Path) -> None:
+    now = [0.0]
+    kms = FlakyKeys(tmp_path / "keys")
+    cipher = FieldCipher(kms, rotation_ms=1000, clock=lambda: now[0])
+    first = parse_token(cipher.encrypt("a", ALICE, HERE)).dek_id
+    kms.down = True
+    now[0] = 1500.0  # rotation due, the key service away: the current key serves on
+    assert parse_token(cipher.encrypt("b", ALICE, HERE)).dek_id == first
+    assert parse_token(cipher.encrypt("c", ALICE, HERE)).dek_id == first and kms.wraps == 1  # no retry within grace
+    with pytest.raises(KeyUnavailableError):
+        cipher.encrypt("d", BOB, HERE)  # a scope with no key yet: named, transient, nothing produced
+    kms.down = False
+    now[0] = 2600.0  # past the grace: rotated
+    assert parse_token(cipher.encrypt("e", ALICE, HERE)).dek_id != first and kms.wraps == 2

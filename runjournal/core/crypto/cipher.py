@@ -7,6 +7,7 @@ period and wrapped by the scope's KEK through a :class:`~runjournal.core.crypto.
 
 from __future__ import annotations
 
+import logging
 import secrets
 import threading
 import time
@@ -18,7 +19,12 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from runjournal.core.crypto.cache import DataKeyCache
-from runjournal.core.crypto.errors import CiphertextBindingError, CiphertextTamperedError, KeyDestroyedError
+from runjournal.core.crypto.errors import (
+    CiphertextBindingError,
+    CiphertextTamperedError,
+    KeyDestroyedError,
+    KeyUnavailableError,
+)
 from runjournal.core.crypto.keys import KeyManagementService, KeyScope, WrappedKey
 from runjournal.core.crypto.token import (
     DEK_ID_BYTES,
@@ -41,6 +47,10 @@ __all__ = ["FieldCipher", "cipher_from_settings", "kms_from_settings"]
 
 MAX_USES = 2**30
 """Most encryptions under one data key (random 96-bit nonces: far below the 2^32 NIST bound)."""
+GRACE_RETRY_MS = 1000.0
+"""After the key service failed a due rotation, how long the current data key serves before it is tried again."""
+
+log = logging.getLogger("runjournal.crypto")
 
 
 def _dek_context(dek_id: str) -> bytes:
@@ -66,7 +76,10 @@ class FieldCipher:
         kms: the key service.
         cache: unwrapped data keys (default: 1024 keys, 5 min).
         rotation_ms: a scope's data key is replaced after this long in this process, ms (monotonic clock; nothing
-            is ordered by it, so hosts' clocks never meet). Also replaced after :data:`MAX_USES` encryptions.
+            is ordered by it, so hosts' clocks never meet). Also replaced after :data:`MAX_USES` encryptions. When
+            the key service does not answer at a due rotation the current key serves on (tried again every
+            :data:`GRACE_RETRY_MS`): an outage never stops a writer that holds a data key, e.g. from recording an
+            effect's outcome.
         clock: monotonic milliseconds (tests).
     """
 
@@ -79,6 +92,8 @@ class FieldCipher:
         self._lock = threading.Lock()
         self._scope_locks: dict[str, threading.Lock] = {}
         self._current: dict[str, _DataKey] = {}
+        self._grace_until: dict[str, float] = {}
+        """kek id → until when (monotonic ms) a due rotation is not tried again after the key service failed it."""
 
     # -- writing ------------------------------------------------------------------------------------------------
     def encrypt(self, text: str, scope: KeyScope, binding: Binding) -> str:
@@ -87,7 +102,8 @@ class FieldCipher:
         Raises:
             KeyDestroyedError: the scope's KEK (or, for a subject, its tenant's) was destroyed: nothing is written
                 for an erased scope.
-            KeyUnavailableError: the key service did not answer (transient; nothing was produced).
+            KeyUnavailableError: the key service did not answer and this process holds no data key of the scope
+                (transient; nothing was produced).
         """
         key = self._data_key(scope)
         nonce = secrets.token_bytes(NONCE_BYTES)
@@ -109,15 +125,30 @@ class FieldCipher:
                 if key is not None:
                     key.uses += 1
                     return key
-            key = self._new_data_key(scope)
+            try:
+                key = self._new_data_key(scope)
+            except KeyUnavailableError as exc:
+                with self._lock:  # a KMS outage at rotation: the scope's current key serves on (bounded by uses)
+                    key = self._current.get(kek_id)
+                    if key is None or key.uses >= MAX_USES:
+                        raise
+                    key.uses += 1
+                    self._grace_until[kek_id] = self._clock() + GRACE_RETRY_MS
+                log.warning("key service unavailable rotating the data key of %s (%s): the current one serves on",
+                            kek_id, exc)
+                return key
             with self._lock:
                 key.uses += 1
                 self._current[kek_id] = key
+                self._grace_until.pop(kek_id, None)
             return key
 
     def _fresh(self, kek_id: str) -> _DataKey | None:
         key = self._current.get(kek_id)
-        if key is None or self._clock() - key.born_ms >= self.rotation_ms or key.uses >= MAX_USES:
+        if key is None or key.uses >= MAX_USES:
+            return None
+        now = self._clock()
+        if now - key.born_ms >= self.rotation_ms and now >= self._grace_until.get(kek_id, 0.0):
             return None
         return key
 
