@@ -198,3 +198,41 @@ def test_an_approvers_view_of_encrypted_arguments_needs_the_key(topics: Settings
         run.succeed(None)
     assert seen["args"] == {"card": "4111"} and seen["decision"] == "GRANTED"
     assert blind["args"] == ENCRYPTED and blind["decision"] == "DENIED"
+
+
+def test_replay_of_an_encrypted_run_answers_from_the_recording_and_the_cli_shows_content_to_key_holders(
+        topics: Settings, service_env: dict[str, str], tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from runjournal.consumers.ops.replay import replay_run
+
+    mark = f"MARKER-{uuid.uuid4().hex}"
+    s = encrypted(topics, tmp_path / "keys")
+    tool = Echo()
+
+    def agent(run: Any) -> Any:
+        out = run.call(tool, {"text": mark})
+        run.message("user", f"hello {mark}")
+        return out
+
+    with Journal(s, producer_id="enc-replay") as journal:
+        run = journal.start_run("acme", "agent", {"ask": mark}, user_id="hana")
+        recorded = agent(run)
+        run.succeed({"out": mark})
+    again = replay_run(s, run.run_id, agent)
+    assert again.value == recorded and again.mismatches == () and tool.calls == 1  # answered, matched, not run
+
+    def cli(keys: Path) -> dict[str, Any]:
+        env = {**service_env, "RUNJOURNAL_KEYS_DIR": str(keys)}
+        proc = subprocess.run([sys.executable, "-m", "runjournal", "replay", run.run_id, "--json"], env=env,
+                              capture_output=True, text=True, timeout=120, check=False)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return dict(json.loads(proc.stdout))
+
+    shown = cli(tmp_path / "keys")
+    assert json.loads(shown["state"]["input_json"]) == {"ask": mark}
+    assert json.loads(shown["execution_records"][0]["result_json"])["echo"] == mark
+    blind = cli(tmp_path / "other-keys")
+    assert blind["state"]["input_json"] == ENCRYPTED and blind["execution_records"][0]["result_json"] == ENCRYPTED
+    assert mark not in json.dumps(blind)

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from runjournal.core.errors import RunjournalError
 from runjournal.model.reducer import CallStatus, Decision, ExecutionRecord, ReconciledOutcome, RunState, RunStatus
 from runjournal.producers import canonical_json, digest, enter_node, idempotency_key
-from runjournal.producers.encryption import ContentCrypto, call_address, payload_address
+from runjournal.producers.encryption import ContentCrypto, address_of, call_address, payload_address
 from runjournal.producers.errors import ResultUnavailableError
 from runjournal.producers.plan import ApprovalStatus, RecoveryPlan
 from runjournal.producers.results import ResultStore, unavailable_reason
@@ -349,11 +349,20 @@ class ReplayHandle:
         for sig, queue in self._by_sig.items():  # a queue's events share type, node and payload
             if sig[0] is not etype or sig[1] != node_id or not queue:
                 continue
-            if all(queue[0].payload.get(k) == v for k, v in fields.items() if v is not None):
+            if all(self._recorded(queue[0], k) == v for k, v in fields.items() if v is not None):
                 return queue.pop(0)
         if note:
             self._note(f"{etype} at {node_id or '<top>'} with {fields} is not in the recording")
         return None
+
+    def _recorded(self, event: Event, name: str) -> Any:
+        """``event``'s payload field ``name`` as recorded: a content field opened (decision 0059; ``encrypted``
+        without the key, which then differs from the code's value and is noted)."""
+        value = event.payload.get(name)
+        address = address_of(event, name)
+        if address is None or not isinstance(value, str):
+            return value
+        return self._content.reveal(value, [self.run_id, *self.state.fork_lineage], address, name)
 
     def _note(self, text: str) -> None:
         self.mismatches.append(text)
