@@ -66,6 +66,7 @@ import redis
 from confluent_kafka import KafkaException
 
 from runjournal.core import failpoints, kafka, otel
+from runjournal.core.crypto.token import is_encrypted
 from runjournal.core.ids import AGENT, PRODUCER_ID, RUN_ID, TENANT_ID, USER_ID
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
@@ -825,14 +826,17 @@ class Journal:
         event that carries the reference is published after this returns, in a later transaction (decision 0052).
 
         Raises:
-            ValueError: the text is over ``Settings.max_result_bytes`` (the handle checks first); nothing produced.
+            ValueError: the text is over ``Settings.max_result_bytes`` (the handle checks first; a sealed result's
+                token may be 4/3 of it); nothing produced.
             As :meth:`publish` (without the codec's errors); DeliveryError when a record's offset never came back.
         """
         if self._closed:
             raise JournalError("the journal is closed")
         data = text.encode("utf-8")
         sha = digest_bytes(data)
-        if len(data) > self.max_result_bytes:
+        # the handle checked the plain text against max_result_bytes; its token (decision 0059) is base64, 4/3 of it
+        limit = self.max_result_bytes * 4 // 3 + 1024 if is_encrypted(text) else self.max_result_bytes
+        if len(data) > limit:
             raise ValueError(f"a {len(data)}-byte result is over max_result_bytes ({self.max_result_bytes})")
         payload_id = PayloadRef.new_id()
         partition = self._partition_of.get(run_id)

@@ -236,3 +236,19 @@ def test_replay_of_an_encrypted_run_answers_from_the_recording_and_the_cli_shows
     blind = cli(tmp_path / "other-keys")
     assert blind["state"]["input_json"] == ENCRYPTED and blind["execution_records"][0]["result_json"] == ENCRYPTED
     assert mark not in json.dumps(blind)
+
+
+def test_a_result_just_under_the_limit_is_recorded_though_its_token_is_over_it(topics: Settings,
+                                                                              tmp_path: Path) -> None:
+    """``max_result_bytes`` bounds the plain text (checked by the handle); the sealed token is 4/3 of it and must
+    still be written by reference."""
+    s = encrypted(topics, tmp_path / "keys").model_copy(update={"max_result_bytes": 2048})
+    tool = Echo(pad=1900)
+    with Journal(s, producer_id="enc-limit", inline_result_bytes=256) as journal:
+        run = journal.start_run("acme", "agent", {}, user_id="ivan")
+        out = run.call(tool, {"text": "x"})
+        run.succeed(None)
+    committed = [row["event"] for row in read_run_events(s, run.run_id) if row.get("event") is not None
+                 and row["event"].type is EventType.TOOL_CALL_COMMITTED]
+    assert out["pad"] == "x" * 1900 and len(committed) == 1
+    assert committed[0].payload["result_ref"] and committed[0].payload["result_digest"] == digest(canonical_json(out))

@@ -331,9 +331,10 @@ class ReplayHandle:
     def succeed(self, output: Any = None) -> Event | None:
         """Compare with the recorded RUN_SUCCEEDED (status and ``output_json``); ends the replayed run."""
         expected = None if output is None else canonical_json(output)
-        if self.state.output_json != expected or self.state.status is not RunStatus.SUCCEEDED:
-            self._note(f"succeed({expected}) but the recording shows {self.state.status} "
-                       f"with output {self.state.output_json}")
+        recorded = self._content.reveal(self.state.output_json, [self.run_id, *self.state.fork_lineage], "run",
+                                        "output_json")
+        if recorded != expected or self.state.status is not RunStatus.SUCCEEDED:
+            self._note(f"succeed({expected}) but the recording shows {self.state.status} with output {recorded}")
         self._finished = EventType.RUN_SUCCEEDED
         return self._match(EventType.RUN_SUCCEEDED, None, {}, note=False)
 
