@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from runjournal.core.crypto.errors import EncryptedContentError
 from runjournal.core.crypto.keys import KeyScope
 from runjournal.core.crypto.token import Binding, decode_plain, encode_plain, is_encrypted, parse_token
+from runjournal.core.errors import ConfigError
 from runjournal.producers.spend import RESERVE_TOOL, SETTLE_TOOL
 from runjournal.schemas import Event, EventType
 
@@ -96,15 +97,19 @@ class ContentCrypto:
         encrypt: encrypt on :meth:`seal` (default: ``settings.encryption == "on"``, or True with ``cipher``).
 
     Raises:
-        ConfigError: ``RUNJOURNAL_KMS`` names a key service not built in this release (with ``encryption=on``).
+        ConfigError: ``RUNJOURNAL_KMS`` names a key service not built in this release, or ``cryptography`` is not
+            installed (with ``encryption=on``).
     """
 
     def __init__(self, settings: Settings | None = None, *, cipher: FieldCipher | None = None,
                  encrypt: bool | None = None) -> None:
         self._settings = settings
         if cipher is None and settings is not None and settings.encryption == "on":
-            from runjournal.core.crypto.cipher import cipher_from_settings
-
+            try:
+                from runjournal.core.crypto.cipher import cipher_from_settings
+            except ImportError as exc:  # the core install without the extra
+                raise ConfigError("RUNJOURNAL_ENCRYPTION=on needs the `cryptography` package: "
+                                  "pip install 'runjournal[encryption]'") from exc
             cipher = cipher_from_settings(settings)
         self._cipher = cipher
         self.encrypting = (cipher is not None) if encrypt is None else (encrypt and cipher is not None)

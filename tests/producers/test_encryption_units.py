@@ -63,3 +63,16 @@ def test_without_a_cipher_seal_only_escapes(tmp_path: Path) -> None:
     assert plain.seal(msg, None).payload["content"] == "rjenc:0:rjenc:1:x"
     same = event(EventType.MESSAGE, role="user", content="hello", user_id=None)
     assert plain.seal(same, None) is same  # nothing to change: the same object, no copy on the hot path
+
+
+def test_encryption_on_without_the_extra_is_a_named_config_error(monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path: Path) -> None:
+    import sys
+
+    from runjournal.core.errors import ConfigError
+    from runjournal.core.settings import Settings
+
+    monkeypatch.setitem(sys.modules, "runjournal.core.crypto.cipher", None)  # as if `cryptography` were missing
+    with pytest.raises(ConfigError, match=r"runjournal\[encryption\]"):
+        ContentCrypto(Settings(encryption="on", keys_dir=tmp_path / "keys"))
+    assert ContentCrypto(Settings()).encrypting is False  # off: nothing is imported, nothing refused
