@@ -98,7 +98,10 @@ def inspect_command(
         with cli_errors(as_json):
             archived = archived_report(settings, run_id)
         if archived is not None:  # archived runs stay first-class (decision 0056): read from the object
-            report = {"run_id": run_id, "partition": archived["partition"], "state": archived["state"],
+            from runjournal.producers.encryption import ContentCrypto
+
+            shown = ContentCrypto(settings, encrypt=False).reveal_state(archived["state"])  # decision 0059
+            report = {"run_id": run_id, "partition": archived["partition"], "state": shown,
                       "archived": archived["archived"]}
             if timeline:
                 report["timeline"] = archived["timeline"]

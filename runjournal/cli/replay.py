@@ -40,7 +40,11 @@ def replay_command(
         # drops them they would still fold; decision 0056)
         archived = archived_report(settings, run_id, until_seq=until_seq)
         replayed = None if archived is not None else replay_state(settings, run_id, until_seq=until_seq)
+    from runjournal.producers.encryption import ContentCrypto
+
+    content = ContentCrypto(settings, encrypt=False)  # content shown opened, or "encrypted" (decision 0059)
     if archived is not None:
+        archived = _revealed(archived, content)
         if as_json:
             print(json.dumps(archived, default=str))
         else:
@@ -50,11 +54,21 @@ def replay_command(
     if replayed.state is None:
         raise fail(f"the topic holds no event of run {run_id} (never started, or erased)", as_json=as_json,
                    kind="RunNotFound")
-    report = replayed.as_dict()
+    report = _revealed(replayed.as_dict(), content)
     if as_json:
         print(json.dumps(report, default=str))
         return
     _print(report)
+
+
+def _revealed(report: dict[str, Any], content: Any) -> dict[str, Any]:
+    """``report`` with its state's content and its execution records' opened (``ContentCrypto.reveal_state``)."""
+    if not isinstance(report.get("state"), dict):
+        return report
+    state = content.reveal_state(report["state"])
+    by_call = {r.get("call_id"): r for r in (state.get("records") or {}).values() if isinstance(r, dict)}
+    records = [by_call.get(r.get("call_id"), r) for r in report.get("execution_records") or []]
+    return {**report, "state": state, **({"execution_records": records} if "execution_records" in report else {})}
 
 
 def _print(report: dict[str, Any]) -> None:

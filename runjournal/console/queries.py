@@ -12,7 +12,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import redis
@@ -23,12 +23,14 @@ from runjournal.consumers.projector.index import RunSummary, attention, read_ent
 from runjournal.consumers.projector.store import ProjectionStore
 from runjournal.consumers.runtime.partitions import events_partition_count
 from runjournal.core import redis_client as redis_clients
+from runjournal.core.crypto.token import PREFIX, decode_plain, is_encrypted
 from runjournal.core.errors import RunjournalError
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.model.reducer import CallStatus, RunState, RunStatus
 from runjournal.producers.approvals import ApprovalInbox
 from runjournal.producers.control import ControlRequest, ControlStore
+from runjournal.producers.encryption import ENCRYPTED
 from runjournal.producers.handle import approval_scope
 from runjournal.producers.spend import RESERVE_TOOL, SETTLE_TOOL, fold_spend
 from runjournal.schemas.keys import partition_for
@@ -329,9 +331,17 @@ class ConsoleData:
         self.redis.close()
 
 
+def shown(value: Any) -> Any:
+    """A stored content value as the console shows it (decision 0059): an encrypted token as ``encrypted`` (the
+    console holds no key), escaped plain text unescaped, anything else as it is."""
+    if not isinstance(value, str) or not value.startswith(PREFIX):
+        return value
+    return ENCRYPTED if is_encrypted(value) else decode_plain(value)
+
+
 def _short(value: Any, limit: int = 120) -> str:
     """``value`` on one line, at most ``limit`` characters (the full text is in the row's payload)."""
-    text = " ".join(str(value).split())
+    text = " ".join(str(shown(value)).split())
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
@@ -341,6 +351,8 @@ def run_page(run_id: str, partition: int, state: RunState, rows: list[dict[str, 
     shape, offset order); ``inbox_decision(run_id, call_id)`` gives a decision waiting in the approval inbox (None:
     none); ``control`` is the operator's request pending on the run (None: none). A pure function of its inputs
     (no memory: :meth:`ConsoleData.run` adds it)."""
+    if state.error is not None:  # the run's error may be encrypted content (RUN_FAILED error)
+        state = replace(state, error=shown(state.error))
     decided = [{"call_id": cid, "decision": d.decision.value, "approver": d.approver, "note": d.note,
                 "at_ms": d.decided_at_ms, "scope": _approval_scope(cid, d.scope_attempt),
                 "consumed_offset": d.consumed_offset} for cid, d in sorted(state.approvals.items())]
@@ -387,7 +399,9 @@ def _detail(event: Any) -> str:
     """One line saying what the event did (its payload in full is a click away on the page)."""
     payload = event.payload
     kind = str(event.type)
-    g = payload.get
+
+    def g(name: str) -> Any:
+        return shown(payload.get(name))
     if kind == "TOOL_CALL_INTENDED":
         return " ".join(x for x in (g("call_id"), g("tool") or "", _short(g("args_json") or "", 100)) if x)
     if kind.startswith("TOOL_CALL_"):
@@ -425,6 +439,7 @@ def _pretty_json(text: str | None) -> str | None:
     """JSON text pretty-printed (keys as written); text that is not JSON as it is; None stays None."""
     if text is None:
         return None
+    text = shown(text)
     try:
         return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
     except ValueError:
@@ -435,6 +450,7 @@ def _json_value(text: str | None) -> Any:
     """Recorded JSON text decoded (text that is not JSON as it is; None stays None)."""
     if text is None:
         return None
+    text = shown(text)
     try:
         return json.loads(text)
     except ValueError:
@@ -445,7 +461,8 @@ def _payload(event: Any) -> dict[str, Any]:
     """The event's payload with each JSON-valued field (``*_json``) decoded: what the event history shows."""
     out: dict[str, Any] = {}
     for name, value in (event.payload or {}).items():
-        if name.endswith("_json") and isinstance(value, str):
+        value = shown(value)
+        if name.endswith("_json") and isinstance(value, str) and value != ENCRYPTED:
             try:
                 out[name.removesuffix("_json")] = json.loads(value)
                 continue
@@ -473,7 +490,7 @@ def _timeline_row(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _nodes(state: RunState) -> list[dict[str, Any]]:
-    return [{"node_path": path, "status": n.status.value, "attempt": n.attempt, "error": n.error}
+    return [{"node_path": path, "status": n.status.value, "attempt": n.attempt, "error": shown(n.error)}
             for path, n in state.nodes.items()]
 
 
@@ -517,7 +534,7 @@ def _records(state: RunState) -> list[dict[str, Any]]:
         out.append({"call_id": call_id, "tool": rec.tool, "class": record_class(rec.status, rec.reconciled_outcome),
                     "status": rec.status.value, "attempts": rec.attempts, "epoch": rec.epoch,
                     "idempotency_key": rec.idempotency_key, "intended_offset": rec.intended_offset,
-                    "outcome_offset": rec.outcome_offset, "zombie": rec.zombie, "error": rec.error})
+                    "outcome_offset": rec.outcome_offset, "zombie": rec.zombie, "error": shown(rec.error)})
     return out
 
 

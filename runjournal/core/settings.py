@@ -11,7 +11,8 @@ docs/reference/settings.md lists meanings and defaults): ``BOOTSTRAP``, ``REDIS_
 ``OBJECT_STORE_SECRET``, its retention ``RETENTION_S``, ``RETENTION_OVERRIDES`` and ``RUN_ID_MEMORY_S``,
 ``PARTITIONS``,
 ``REPLICATION_FACTOR``, ``LOG_LEVEL``,
-``CONSOLE_OPERATOR_TOKEN``, ``STREAMS_RETENTION_MS``, ``STREAM_CHUNK_BYTES``, the Redis security settings
+``CONSOLE_OPERATOR_TOKEN``, ``STREAMS_RETENTION_MS``, ``STREAM_CHUNK_BYTES``, the encryption settings ``ENCRYPTION``,
+``KMS``, ``KEYS_DIR``, ``KEY_CACHE_SIZE``, ``KEY_CACHE_TTL_MS``, ``DATA_KEY_ROTATION_MS``, the Redis security settings
 ``REDIS_USERNAME``, ``REDIS_PASSWORD``,
 ``REDIS_SSL_CA_LOCATION``, ``REDIS_SSL_CERTIFICATE_LOCATION``,
 ``REDIS_SSL_KEY_LOCATION`` (``REDIS_URL`` may name a Redis Cluster: ``runjournal.core._redis_url``), the Kafka
@@ -246,6 +247,25 @@ class Settings(BaseSettings):
     and ``tenant:<id>``, ``user:<id>``; dims ``input_tokens``, ``output_tokens``, ``model_calls`` (counts) and
     ``cost`` (currency units). An operator's ``runjournal spend budget`` overrides one scope's limit."""
 
+    encryption: Literal["off", "on"] = "off"
+    """Payload encryption (issue 33, docs/guide/encryption.md): ``on`` — an agent's ``Journal`` encrypts the content
+    fields of the events it writes (AES-256-GCM, a key per tenant or subject; ``runjournal.core.crypto``); ``off`` —
+    content is written in clear (the default). Readers read both either way."""
+    kms: Literal["local", "aws", "vault"] = "local"
+    """The key service that holds the key-encryption keys: ``local`` — a key directory (:attr:`keys_dir`); ``aws``
+    (AWS KMS) and ``vault`` (HashiCorp Vault transit) are documented, not built in this release."""
+    keys_dir: Path | None = None
+    """The local key directory (``RUNJOURNAL_KMS=local``): one ``0600`` file per key-encryption key; None:
+    ``<stack_dir>/keys``. Whoever can read it can read every encrypted payload its keys cover."""
+    key_cache_size: int = Field(default=1024, ge=1, le=1_000_000)
+    """Most unwrapped data keys a process keeps (``runjournal.core.crypto.cache``)."""
+    key_cache_ttl_ms: int = Field(default=300_000, ge=0)
+    """How long a process keeps one unwrapped data key, ms (default 5 min; 0: never cached): a key destroyed by
+    another process stops decrypting here within it."""
+    data_key_rotation_ms: int = Field(default=86_400_000, ge=1000)
+    """How long a writer uses one data key per scope before it makes a new one, ms (default 24 h; counted on the
+    process's monotonic clock)."""
+
     @field_validator("spend_currency")
     @classmethod
     def _iso_currency(cls, v: str) -> str:
@@ -397,6 +417,11 @@ class Settings(BaseSettings):
     def effective_archive_url(self) -> str:
         """The archive actually used: :attr:`archive_url`, or ``file://<stack_dir>/archive``."""
         return self.archive_url or (self.stack_dir / "archive").absolute().as_uri()
+
+    @property
+    def effective_keys_dir(self) -> Path:
+        """The local key directory actually used (``keys_dir`` or ``<stack_dir>/keys``)."""
+        return self.keys_dir or (self.stack_dir / "keys")
 
     @property
     def effective_qdrant_path(self) -> Path:

@@ -89,6 +89,7 @@ from runjournal.producers._recorded import RecordedValue, record_value
 from runjournal.producers._steps import CallSteps, Effect, Invoke, Reconcile, Sleep, advance, drive
 from runjournal.producers._unknown import outcome_unknown
 from runjournal.producers.control import WAIT, ControlRequest, ControlStore, current_stop, reset_stop
+from runjournal.producers.encryption import payload_address
 from runjournal.producers.errors import (
     ApprovalDeniedError,
     ArgumentsTooLargeError,
@@ -1079,10 +1080,10 @@ class RunHandle:
         smaller = None
         if recorded.text is not None:
             text = recorded.text
-            fields, problem = self._result_fields(text)
+            fields, problem = self._result_fields(text, key)
 
             def by_reference() -> tuple[dict[str, Any], PlannedCall] | None:
-                ref_fields, ref_problem = self._result_fields(text, inline=False, durable=False)
+                ref_fields, ref_problem = self._result_fields(text, key, inline=False, durable=False)
                 if ref_problem is not None:
                     return None
                 entry = PlannedCall(status=CallVerdict.COMMITTED, result_ref=ref_fields["result_ref"], **base)
@@ -1157,14 +1158,16 @@ class RunHandle:
                         old.type, pending.entry.call_id)
 
     # -- results ---------------------------------------------------------------------------------------
-    def _result_fields(self, text: str, *, inline: bool = True,
+    def _result_fields(self, text: str, call_id: str, *, inline: bool = True,
                        durable: bool = True) -> tuple[dict[str, Any], str | None]:
         """``result_json`` inline (if ``inline`` and small), else ``result_ref``: the result written to
         ``{prefix}.payloads`` and committed (``Journal.publish_payload``, ``runjournal.producers.results``) — or, with
         ``durable=False`` (the fallback for an inline event the broker refused for its size: such a broker would
         refuse the payload records too), put in Redis only (``sha256:``). Always the digest. Returns
         ``(fields, problem)``: ``problem`` when the result is over ``max_result_bytes`` (a :class:`_TooLarge`; nothing
-        of it was produced) or could not be stored. ProducerFencedError (and its subclasses) propagate."""
+        of it was produced) or could not be stored. ProducerFencedError (and its subclasses) propagate. A result by
+        reference is stored sealed like an event's content (encrypted with ``RUNJOURNAL_ENCRYPTION=on``, bound to
+        ``call_id``: ``runjournal.producers.encryption.payload_address``); the digest is the plain text's."""
         fields: dict[str, Any] = {"result_json": None, "result_ref": None, "result_digest": digest(text)}
         size = len(text.encode("utf-8"))
         limit = self.journal.max_result_bytes
@@ -1175,6 +1178,10 @@ class RunHandle:
             fields["result_json"] = text
             return fields, None
         attempts = self.journal.outcome_retries + 1 if durable else 1
+        content = getattr(self.journal, "content", None)
+        if content is not None:
+            text = content.seal_text(text, tenant_id=self.tenant_id, subject=self._subject(), run_id=self.run_id,
+                                     address=payload_address(call_id), field="result_ref")
         problem: Exception | None = None
         for attempt in range(attempts):  # a lost transaction: written again under a new payload id
             if attempt:
@@ -1211,10 +1218,19 @@ class RunHandle:
             if text is None:
                 raise ResultUnavailableError(f"result {planned.result_ref} of call {planned.call_id} can no longer "
                                              f"be read: {unavailable_reason(planned.result_ref)}")
+            content = getattr(self.journal, "content", None)
+            if content is not None:
+                text = content.open(text, [self.run_id, *self._lineage], payload_address(planned.call_id),
+                                    "result_ref")
             return json.loads(text)
         raise UnrecordableResultError(
             f"{planned.tool} call {planned.call_id} committed but its result could not be recorded; it does not "
             "run again", call_id=planned.call_id, tool=planned.tool, reason="committed without a recorded result")
+
+    def _subject(self) -> str | None:
+        """The subject whose key seals this run's content (the journal knows it from RUN_STARTED or the plan)."""
+        subject_of = getattr(self.journal, "subject_of", None)
+        return subject_of(self.run_id) if callable(subject_of) else None
 
     @staticmethod
     def _unrecordable(tool: str, call_id: str, problem: str) -> UnrecordableResultError:
@@ -1305,7 +1321,7 @@ class RunHandle:
         problem = recorded.problem
         fields: dict[str, Any] = {"result_json": None, "result_ref": None, "result_digest": None}
         if recorded.text is not None:
-            fields, problem = self._result_fields(recorded.text)
+            fields, problem = self._result_fields(recorded.text, planned.call_id)
         self._publish(EventType.TOOL_CALL_RECONCILED, {**common, "outcome": "COMMITTED", **fields},
                       node_id=node_id, durable=True)
         self._calls[planned.call_id] = replace(planned, status=CallVerdict.RECONCILED_COMMITTED,

@@ -66,6 +66,7 @@ import redis
 from confluent_kafka import KafkaException
 
 from runjournal.core import failpoints, kafka, otel
+from runjournal.core.crypto.token import is_encrypted
 from runjournal.core.ids import AGENT, PRODUCER_ID, RUN_ID, TENANT_ID, USER_ID
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
@@ -75,6 +76,7 @@ from runjournal.producers._lease import InstanceLease
 from runjournal.producers._port import OutcomeCommit
 from runjournal.producers._txn import Item, TxnPublisher
 from runjournal.producers.control import STOPS, ControlRequest, ControlStore
+from runjournal.producers.encryption import CONTENT_FIELDS, ContentCrypto
 from runjournal.producers.errors import (
     DeliveryError,
     JournalError,
@@ -164,12 +166,17 @@ class Journal:
         connect_timeout_s: how long the first answers of Redis (a PING, when the Journal builds its own client)
             and of a broker (a metadata request) may take at start, seconds (default 5); past it,
             ``StackUnavailableError`` names the setting and ``runjournal stack up``.
+        content: how events' content fields are sealed and read back (default: ``ContentCrypto(settings)`` —
+            encrypted with ``RUNJOURNAL_ENCRYPTION=on`` under the local key directory;
+            docs/design/decisions/0059-encryption-and-crypto-shredding.md). An application with its own key service
+            passes ``ContentCrypto(settings, cipher=FieldCipher(its_kms))``.
 
     Raises:
         StackUnavailableError: Redis (``RUNJOURNAL_REDIS_URL``) or every broker (``RUNJOURNAL_BOOTSTRAP``) did not
             answer within ``connect_timeout_s`` (``runjournal.core.errors``; the message names the setting and
             ``runjournal stack up``).
-        ConfigError: Redis or the broker refused the credentials or the TLS handshake (the settings named).
+        ConfigError: Redis or the broker refused the credentials or the TLS handshake (the settings named);
+            ``RUNJOURNAL_KMS`` names a key service not built in this release (with encryption on).
         TopicNotFoundError: the events topic does not exist.
         FatalProducerError: ``init_transactions`` failed.
         JournalError: no free incarnation of ``producer_id`` (16 live leases hold the next ids).
@@ -204,6 +211,7 @@ class Journal:
         on_acked: Callable[[list[tuple[str, int, int]]], None] | None = None,
         connect_timeout_s: float = 5.0,
         hold_after_s: float = 30.0,
+        content: ContentCrypto | None = None,
     ) -> None:
         if codec is None:
             from runjournal.schemas import codec_from_settings
@@ -229,6 +237,12 @@ class Journal:
             raise ValueError(f"hold_after_s must be >= 0, got {hold_after_s}")
         if connect_timeout_s <= 0:
             raise ValueError(f"connect_timeout_s must be > 0, got {connect_timeout_s}")
+        # the content fields' encryption (decision 0059): a key service not built is a ConfigError before the lease
+        self.content = content if content is not None else ContentCrypto(settings)
+        """Seals every published event's content fields (encrypting with ``RUNJOURNAL_ENCRYPTION=on``) and opens
+        what this journal reads back (``runjournal.producers.encryption``)."""
+        self._subjects: dict[str, str | None] = {}
+        """run id → its subject (RUN_STARTED ``user_id``): whose key encrypts the run's content."""
         if probe_redis:  # a Redis that does not answer: named within connect_timeout_s, not a redis-py traceback
             from runjournal.core import redis_client as redis_clients
 
@@ -451,6 +465,8 @@ class Journal:
             InvalidIdError: ``run_id`` breaks the run-id rules (a run started before them whose id holds a control
                 character or braces: its keys may be another run's; recovery parks such a run).
             NoRecoveryPlanError: no plan for ``run_id``, or the plan is assigned to another instance.
+            EncryptedContentError: the run's recorded content is encrypted and this journal cannot open it (no key
+                directory, a destroyed key: docs/guide/encryption.md); nothing was owned.
             LeaseLapsedError: this instance's lease lapsed (restart it).
             ValueError: a malformed ``traceparent``.
         """
@@ -474,6 +490,8 @@ class Journal:
                 f"the plan of run {run_id} resumes epoch {plan.epoch} but the journal already shows epoch {newest}: "
                 "a later recovery took the run; this instance must not write it", plan_epoch=plan.epoch,
                 newest_epoch=newest)
+        plan = self.content.open_plan(plan)  # the handle works with plain text (EncryptedContentError: no key)
+        self._subjects[run_id] = plan.user_id
         self._lease.own(run_id)
         self._note_request(run_id)
         self._mark_stream_gap(run_id, plan.epoch)
@@ -687,6 +705,7 @@ class Journal:
         """Remove ``run_id`` from the owned set (after its terminal event); Redis errors are only logged."""
         with self._run_locks_guard:
             self._run_locks.pop(run_id, None)
+        self._subjects.pop(run_id, None)
         try:
             self._lease.disown(run_id)
         except Exception as exc:  # noqa: BLE001 - a hint only; the terminal event is already durable
@@ -723,6 +742,12 @@ class Journal:
         if gave_up is not None and event.epoch <= gave_up:
             raise RunSurrenderedError(f"run {event.run_id} was surrendered to the recovery job at epoch {gave_up}; "
                                       f"this instance writes nothing more of it at epoch {event.epoch}")
+        if event.type is EventType.RUN_STARTED:
+            self._subjects[event.run_id] = event.payload.get("user_id")
+        if event.type in CONTENT_FIELDS:  # encrypted (or escaped) here, after every digest was taken of the text
+            event = self.content.seal(event, self._subjects.get(event.run_id))
+            if smaller is not None:
+                smaller = self._sealed(smaller)
         value = self._codec.encode(event, topic=self.topic)
         headers = [("traceparent", event.traceparent.encode("ascii"))] if event.traceparent else None
         partition = self._partition_of.get(event.run_id)
@@ -744,6 +769,18 @@ class Journal:
             raise
         if metered:
             self._metrics.published(self.producer_id, event, durable=durable, seconds=time.perf_counter() - started)
+
+    def _sealed(self, make: Callable[[], Event | None]) -> Callable[[], Event | None]:
+        """``make``'s event sealed like the event it replaces."""
+        def sealed() -> Event | None:
+            event = make()
+            return None if event is None else self.content.seal(event, self._subjects.get(event.run_id))
+        return sealed
+
+    def subject_of(self, run_id: str) -> str | None:
+        """The subject (user id) whose key encrypts ``run_id``'s content, as this journal knows it (None: the
+        tenant's key)."""
+        return self._subjects.get(run_id)
 
     def _encoder_of(self, make: Callable[[], Event | None]) -> Callable[[], bytes | None]:
         """``make``'s event encoded for this journal's topic (None when ``make`` has none)."""
@@ -789,14 +826,17 @@ class Journal:
         event that carries the reference is published after this returns, in a later transaction (decision 0052).
 
         Raises:
-            ValueError: the text is over ``Settings.max_result_bytes`` (the handle checks first); nothing produced.
+            ValueError: the text is over ``Settings.max_result_bytes`` (the handle checks first; a sealed result's
+                token may be 4/3 of it); nothing produced.
             As :meth:`publish` (without the codec's errors); DeliveryError when a record's offset never came back.
         """
         if self._closed:
             raise JournalError("the journal is closed")
         data = text.encode("utf-8")
         sha = digest_bytes(data)
-        if len(data) > self.max_result_bytes:
+        # the handle checked the plain text against max_result_bytes; its token (decision 0059) is base64, 4/3 of it
+        limit = self.max_result_bytes * 4 // 3 + 1024 if is_encrypted(text) else self.max_result_bytes
+        if len(data) > limit:
             raise ValueError(f"a {len(data)}-byte result is over max_result_bytes ({self.max_result_bytes})")
         payload_id = PayloadRef.new_id()
         partition = self._partition_of.get(run_id)

@@ -174,6 +174,9 @@ class RecoveryPlan:
     from this run (docs/design/decisions/0049-fork.md)."""
     input_json: str | None = None
     """The run's input (RUN_STARTED ``input_json``), for the code that continues it."""
+    user_id: str | None = None
+    """The run's user (RUN_STARTED ``user_id``): with encryption on, whose key seals the content the resumed run
+    writes (docs/design/decisions/0059-encryption-and-crypto-shredding.md)."""
 
     def to_json(self) -> str:
         """The plan as JSON text (``"v": 1``; keys sorted, so equal plans give equal text)."""
@@ -191,6 +194,7 @@ class RecoveryPlan:
             "assigned_to": self.assigned_to,
             **({"fork_lineage": list(self.fork_lineage)} if self.fork_lineage else {}),
             **({"input_json": self.input_json} if self.input_json is not None else {}),
+            **({"user_id": self.user_id} if self.user_id is not None else {}),
         }
         try:  # orjson with sorted keys writes what json.dumps(sort_keys=True, separators=(",", ":")) does for ASCII
             return orjson.dumps(data, option=orjson.OPT_SORT_KEYS).decode("utf-8")
@@ -220,6 +224,7 @@ class RecoveryPlan:
             assigned_to=data.get("assigned_to"),
             fork_lineage=tuple(data.get("fork_lineage") or ()),
             input_json=data.get("input_json"),
+            user_id=data.get("user_id"),
         )
 
 

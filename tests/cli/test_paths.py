@@ -230,6 +230,7 @@ ELSEWHERE: dict[tuple[str, str | None], str] = {
                                                                 "--limit", "--clear", "--by", "--reason", "--json")},
     ("memory serve", None): "tests/consumers/cognition/test_readers.py",
     **{("stream", o): "tests/cli/test_stream.py" for o in (None, "--from-offset", "--follow", "--json")},
+    **{("erase", o): "tests/cli/test_erase_keys.py" for o in ("--tenant", "--subject")},
     ("schemas check", "--candidate"): "tests/schemas/test_evolution.py",
     ("schemas check", "--registry"): "tests/schemas/test_registry.py",
     **{("schemas publish", o): "tests/schemas/test_registry.py" for o in (None, "--json", "--registry")},

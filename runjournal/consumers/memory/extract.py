@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from runjournal.consumers.memory.items import ItemKind, slug
+from runjournal.core.crypto.token import decode_plain, is_encrypted
 from runjournal.schemas.events import Event, EventType
 
 __all__ = ["MAX_ITEMS_PER_EVENT", "TOPICS", "Draft", "Extractor", "RuleExtractor", "RunContext", "RunContexts"]
@@ -129,7 +130,8 @@ class RunContexts:
         if event.type is EventType.RUN_STARTED:
             p = event.payload
             self._runs[event.run_id] = RunContext(event.tenant_id, p.get("user_id") or None,
-                                                  p.get("agent") or None, _cut(p.get("input_json") or "", _MAX_PART))
+                                                  p.get("agent") or None, _cut(plain(p.get("input_json")) or "",
+                                                                               _MAX_PART))
         ctx = self._runs.get(event.run_id)
         if ctx is not None:
             self._runs.move_to_end(event.run_id)
@@ -164,10 +166,11 @@ class RuleExtractor:
         """See the module docstring for the rules. Returns at most :data:`MAX_ITEMS_PER_EVENT` drafts."""
         p = event.payload
         if event.type is EventType.USER_CORRECTION:
-            text = _cut(p.get("text") or "", _MAX_TEXT)
-            return [Draft(text, ItemKind.CORRECTION, slug(p.get("subject") or "", max_words=6) or None)] if text else []
+            text = _cut(plain(p.get("text")) or "", _MAX_TEXT)
+            return [Draft(text, ItemKind.CORRECTION, slug(plain(p.get("subject")) or "", max_words=6) or None)] \
+                if text else []
         if event.type is EventType.MESSAGE:
-            return self._message(p.get("role") or "", p.get("content") or "")
+            return self._message(p.get("role") or "", plain(p.get("content")) or "")
         if event.type in (EventType.RUN_SUCCEEDED, EventType.RUN_FAILED):
             return [Draft(_outcome_text(event, context), ItemKind.RUN_OUTCOME, None)]
         return []
@@ -222,9 +225,17 @@ def _outcome_text(event: Event, context: RunContext | None) -> str:
     if context and context.input_summary:
         head += f" for input {context.input_summary}"
     if event.type is EventType.RUN_SUCCEEDED:
-        out = event.payload.get("output_json")
+        out = plain(event.payload.get("output_json"))
         return _cut(head + " succeeded" + (f"; output: {_cut(out, _MAX_PART)}" if out else ""), _MAX_TEXT)
-    return _cut(f"{head} failed: {_cut(event.payload.get('error') or '', _MAX_PART)}", _MAX_TEXT)
+    return _cut(f"{head} failed: {_cut(plain(event.payload.get('error')) or '', _MAX_PART)}", _MAX_TEXT)
+
+
+def plain(value: str | None) -> str | None:
+    """A content field's plain text; None for an encrypted one (decision 0059: the extractor holds no key, so an
+    encrypted message, correction or outcome yields no memory, and no token ever becomes a memory item)."""
+    if value is None or is_encrypted(value):
+        return None
+    return decode_plain(value)
 
 
 def _cut(text: str, limit: int) -> str:

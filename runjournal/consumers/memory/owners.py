@@ -20,7 +20,7 @@ from collections import OrderedDict
 
 from confluent_kafka import Message
 
-from runjournal.consumers.memory.extract import RunContext
+from runjournal.consumers.memory.extract import RunContext, plain
 from runjournal.consumers.projector.store import ProjectionStore
 from runjournal.consumers.runtime.partitions import range_consumer, read_ranges, watermarks
 from runjournal.core import redis_client
@@ -35,7 +35,7 @@ _SUMMARY = 200
 
 
 def _context(tenant_id: str, user_id: str | None, agent: str | None, input_json: str | None) -> RunContext:
-    text = input_json or ""
+    text = plain(input_json) or ""
     return RunContext(tenant_id, user_id or None, agent or None,
                       text if len(text) <= _SUMMARY else text[: _SUMMARY - 1] + "…")
 

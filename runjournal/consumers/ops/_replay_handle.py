@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from runjournal.core.errors import RunjournalError
 from runjournal.model.reducer import CallStatus, Decision, ExecutionRecord, ReconciledOutcome, RunState, RunStatus
 from runjournal.producers import canonical_json, digest, enter_node, idempotency_key
+from runjournal.producers.encryption import ContentCrypto, address_of, call_address, payload_address
 from runjournal.producers.errors import ResultUnavailableError
 from runjournal.producers.plan import ApprovalStatus, RecoveryPlan
 from runjournal.producers.results import ResultStore, unavailable_reason
@@ -140,7 +141,7 @@ class ReplayHandle:
     """
 
     def __init__(self, replayed: ReplayedState, *, results: ResultStore | None = None,
-                 strict_args: bool = True) -> None:
+                 strict_args: bool = True, content: ContentCrypto | None = None) -> None:
         state = replayed.state
         if state is None:
             raise RunNotFoundError(f"run {replayed.run_id} has no events to replay")
@@ -158,6 +159,8 @@ class ReplayHandle:
         self.mismatches: list[str] = []
         """Differences between what the code did and the recorded events (never raised)."""
         self._results = results
+        self._content = content if content is not None else ContentCrypto()
+        """Opens recorded content (decision 0059): without a key, an encrypted result raises EncryptedContentError."""
         self._strict_args = strict_args
         self._open = replayed.until_seq is not None or not state.terminal
         self._records = {r.idempotency_key: r for r in state.records.values()}
@@ -265,20 +268,24 @@ class ReplayHandle:
         if failed:
             self._failed_last[node_path] = (index, tool.name, args_digest)
             self.calls.append(ReplayedCall(node_path, index, key, tool.name, record.status.value, None))
-            raise ReplayedToolError(record.error or "reconciled as FAILED", retryable=bool(record.retryable),
+            error = self._content.reveal(record.error, [self.run_id, *self.state.fork_lineage],
+                                         call_address(record.call_id), "error")
+            raise ReplayedToolError(error or "reconciled as FAILED", retryable=bool(record.retryable),
                                     call_id=record.call_id)
         raise ReplayEndReachedError(f"{step}: the recording holds no outcome for it ({record.status})", **where)
 
     def _result(self, record: ExecutionRecord) -> Any:
+        runs = [self.run_id, *self.state.fork_lineage]
         if record.result_json is not None:
-            return json.loads(record.result_json)
+            return json.loads(self._content.open(record.result_json, runs, call_address(record.call_id),
+                                                 "result_json") or "null")
         if record.result_ref is not None:
             text = (self._results.get(record.result_ref, run_id=self.run_id) if self._results is not None
                     else None)
             if text is None:
                 raise ResultUnavailableError(f"result {record.result_ref} of call {record.call_id} can no longer "
                                              f"be read: {unavailable_reason(record.result_ref)}")
-            return json.loads(text)
+            return json.loads(self._content.open(text, runs, payload_address(record.call_id), "result_ref") or "null")
         if record.status is CallStatus.RECONCILED:
             return None
         raise ResultUnavailableError(f"call {record.call_id} committed but its result was not recorded")
@@ -324,9 +331,10 @@ class ReplayHandle:
     def succeed(self, output: Any = None) -> Event | None:
         """Compare with the recorded RUN_SUCCEEDED (status and ``output_json``); ends the replayed run."""
         expected = None if output is None else canonical_json(output)
-        if self.state.output_json != expected or self.state.status is not RunStatus.SUCCEEDED:
-            self._note(f"succeed({expected}) but the recording shows {self.state.status} "
-                       f"with output {self.state.output_json}")
+        recorded = self._content.reveal(self.state.output_json, [self.run_id, *self.state.fork_lineage], "run",
+                                        "output_json")
+        if recorded != expected or self.state.status is not RunStatus.SUCCEEDED:
+            self._note(f"succeed({expected}) but the recording shows {self.state.status} with output {recorded}")
         self._finished = EventType.RUN_SUCCEEDED
         return self._match(EventType.RUN_SUCCEEDED, None, {}, note=False)
 
@@ -342,11 +350,20 @@ class ReplayHandle:
         for sig, queue in self._by_sig.items():  # a queue's events share type, node and payload
             if sig[0] is not etype or sig[1] != node_id or not queue:
                 continue
-            if all(queue[0].payload.get(k) == v for k, v in fields.items() if v is not None):
+            if all(self._recorded(queue[0], k) == v for k, v in fields.items() if v is not None):
                 return queue.pop(0)
         if note:
             self._note(f"{etype} at {node_id or '<top>'} with {fields} is not in the recording")
         return None
+
+    def _recorded(self, event: Event, name: str) -> Any:
+        """``event``'s payload field ``name`` as recorded: a content field opened (decision 0059; ``encrypted``
+        without the key, which then differs from the code's value and is noted)."""
+        value = event.payload.get(name)
+        address = address_of(event, name)
+        if address is None or not isinstance(value, str):
+            return value
+        return self._content.reveal(value, [self.run_id, *self.state.fork_lineage], address, name)
 
     def _note(self, text: str) -> None:
         self.mismatches.append(text)

@@ -23,6 +23,7 @@ from runjournal.core.errors import RunjournalError
 from runjournal.core.ids import CALL_ID, RUN_ID
 from runjournal.core.settings import Settings
 from runjournal.producers.approvals import ApprovalInbox
+from runjournal.producers.encryption import ENCRYPTED, ContentCrypto, call_address
 
 __all__ = ["ApprovalRefusedError", "submit_decision", "submit_settlement"]
 
@@ -92,7 +93,16 @@ def submit_decision(settings: Settings, run_id: str, call_id: str, *, granted: b
     return {"run_id": run_id, "call_id": call_id, "decision": "GRANTED" if granted else "DENIED",
             "approver": approver, "comment": comment, "reason": reason, "tool": pending.tool,
             "request_reason": pending.reason,
-            "args": None if pending.args_json is None else json.loads(pending.args_json)}
+            "args": _args(settings, run_id, call_id, pending.args_json)}
+
+
+def _args(settings: Settings, run_id: str, call_id: str, stored: str | None) -> Any:
+    """The approval's recorded arguments, parsed — ``"encrypted"`` when this operator holds no key for them
+    (decision 0059; never raised: the decision is already written)."""
+    text = ContentCrypto(settings, encrypt=False).reveal(stored, [run_id], call_address(call_id), "args_json")
+    if text is None or text == ENCRYPTED:
+        return text
+    return json.loads(text)
 
 
 def submit_settlement(settings: Settings, run_id: str, call_id: str, *, result: Any, approver: str,

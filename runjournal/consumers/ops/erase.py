@@ -31,7 +31,9 @@ Order (each step is idempotent, so running ``erase`` again finishes an interrupt
    local Qdrant directory held by a running extractor is reported, not an error: the extractor
    erases the items itself when it reads the tombstones.
 
-Not erased: copies of the run's records in the dead-letter topics (delete-policy topics, kept forever).
+Not erased: copies of the run's records in the dead-letter topics (delete-policy topics, kept forever). With
+encryption on, :func:`shred_keys` reaches those copies too: it destroys a subject's or tenant's key, and every copy of
+their content becomes unreadable (decision 0059).
 """
 
 from __future__ import annotations
@@ -51,8 +53,9 @@ from runjournal.consumers.runtime.partitions import range_consumer, read_ranges,
 from runjournal.core import kafka
 from runjournal.core import redis_client as redis_clients
 from runjournal.core.checkpoint_records import KINDS, of_thread
+from runjournal.core.crypto.keys import KeyManagementService, KeyScope
 from runjournal.core.errors import RunjournalError
-from runjournal.core.ids import RUN_ID
+from runjournal.core.ids import RUN_ID, TENANT_ID, USER_ID
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.producers.approvals import ApprovalInbox
@@ -63,9 +66,9 @@ if TYPE_CHECKING:
     from runjournal.consumers.memory.store import QdrantMemoryStore
     from runjournal.consumers.vectors.embed import Embedder
 
-__all__ = ["ERASE_MARK_MS", "EraseError", "EraseReport", "RunStillLiveError", "cached_results", "check_not_live",
-           "delete_run_redis", "erase_run", "mark_erasing", "run_records", "runs_records", "tombstone",
-           "tombstone_producer"]
+__all__ = ["ERASE_MARK_MS", "EraseError", "EraseReport", "RunStillLiveError", "ShredReport", "cached_results",
+           "check_not_live", "delete_run_redis", "erase_run", "mark_erasing", "run_records", "runs_records",
+           "shred_keys", "tombstone", "tombstone_producer"]
 
 
 class EraseError(RunjournalError):
@@ -109,6 +112,61 @@ class EraseReport:
     def as_dict(self) -> dict[str, Any]:
         """The report as a JSON-able dict."""
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class ShredReport:
+    """What :func:`shred_keys` did."""
+
+    tenant_id: str
+    subject: str | None
+    """The subject (user) erased; None: the whole tenant."""
+    shredded: list[dict[str, Any]]
+    """One entry per key-encryption key: ``{"scope": "tenant"|"subject", "kek_id", "destroyed"}`` (``destroyed``
+    False: it already was, or this key service never had it)."""
+    deleted: list[str]
+    """What was deleted besides keys (nothing: the runs stay, their content unreadable)."""
+    note: str
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report as a JSON-able dict."""
+        return asdict(self)
+
+
+def shred_keys(settings: Settings, tenant_id: str, subject: str | None = None, *,
+               kms: KeyManagementService | None = None) -> ShredReport:
+    """Crypto-shred a subject of a tenant, or a whole tenant: destroy its key-encryption key(s) in the key service
+    (``RUNJOURNAL_KMS``), after which every token under them — in the topics and their replicas, the dead-letter
+    topics, Redis, backups, archived files — raises ``KeyDestroyedError`` (decision 0059). A tenant's key is destroyed
+    first (no new subject key is made under a destroyed tenant), then each subject key it lists, listed again until
+    no new one appears (a writer that made one in between). Idempotent.
+
+    Processes that unwrapped a data key of a destroyed key read its tokens until their cache's TTL
+    (``RUNJOURNAL_KEY_CACHE_TTL_MS``) has passed.
+
+    Raises:
+        InvalidIdError: ``tenant_id`` or ``subject`` breaks its id rules.
+        ConfigError: ``RUNJOURNAL_KMS`` names a key service not built in this release.
+        KeyUnavailableError: the key service did not answer (nothing or part was destroyed: run it again).
+    """
+    from runjournal.core.crypto.cipher import kms_from_settings
+
+    TENANT_ID.check(tenant_id)
+    USER_ID.check_optional(subject)
+    service = kms if kms is not None else kms_from_settings(settings)
+    scope = KeyScope(tenant_id, subject)
+    shredded = [{"scope": "subject" if subject else "tenant", "kek_id": scope.kek_id,
+                 "destroyed": service.destroy(scope.kek_id)}]
+    if subject is None:
+        for _ in range(3):
+            children = service.children(scope.kek_id)
+            if not children:
+                break
+            shredded += [{"scope": "subject", "kek_id": kek, "destroyed": service.destroy(kek)} for kek in children]
+    what = f"subject {subject!r} of tenant {tenant_id!r}" if subject else f"tenant {tenant_id!r} and its subjects"
+    return ShredReport(tenant_id, subject, shredded, [],
+                       f"the content of {what} is unreadable wherever it is stored (runs, ids, digests and timings "
+                       "stay); other processes stop reading within their key cache's TTL")
 
 
 def erase_run(settings: Settings, run_id: str, *, force: bool = False, erase_memory: bool = True,

@@ -12,6 +12,7 @@ from runjournal.consumers.runtime.partitions import events_partition_count, rang
 from runjournal.core import redis_client
 from runjournal.core.ids import RUN_ID
 from runjournal.core.settings import Settings
+from runjournal.producers.encryption import ContentCrypto
 from runjournal.schemas import EventType, codec_from_settings
 from runjournal.schemas.errors import RegistryError, SchemaError
 from runjournal.schemas.keys import partition_for
@@ -81,7 +82,8 @@ def _row(codec: Any, msg: Any) -> dict[str, Any]:
 
 
 def inspect_run(settings: Settings, run_id: str, *, with_timeline: bool = True) -> dict[str, Any] | None:
-    """``{"run_id", "partition", "state": {...}, "timeline": [...]}``, or None when the run has no state.
+    """``{"run_id", "partition", "state": {...}, "timeline": [...]}``, or None when the run has no state. Encrypted
+    content (decision 0059) is shown decrypted when this reader has its key, else as ``"encrypted"``.
 
     Raises:
         InvalidIdError: ``run_id`` is not text (``runjournal.core.ids`` ``check_lookup``: any id a run was started
@@ -94,7 +96,8 @@ def inspect_run(settings: Settings, run_id: str, *, with_timeline: bool = True) 
     state = store.get(partition, run_id)
     if state is None:
         return None
-    report: dict[str, Any] = {"run_id": run_id, "partition": partition, "state": json.loads(state.to_json())}
+    shown = ContentCrypto(settings, encrypt=False).reveal_state(json.loads(state.to_json()))  # decision 0059
+    report: dict[str, Any] = {"run_id": run_id, "partition": partition, "state": shown}
     if with_timeline:
         report["timeline"] = [{k: v for k, v in row.items() if k != "event"}
                               for row in read_run_events(settings, run_id, partition=partition)]

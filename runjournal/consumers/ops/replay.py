@@ -36,6 +36,7 @@ from runjournal.core import redis_client as redis_clients
 from runjournal.core.ids import RUN_ID
 from runjournal.core.settings import Settings
 from runjournal.model.reducer import RunState, apply, block
+from runjournal.producers.encryption import ContentCrypto
 from runjournal.producers.results import ResultStore
 from runjournal.schemas import Event
 from runjournal.schemas.keys import parse_event_key
@@ -147,6 +148,7 @@ def replay_run(settings: Settings, run_id: str, agent_fn: Callable[[ReplayHandle
     replayed = replay_state(settings, run_id, until_seq=until_seq)
     client = redis_client if redis_client is not None else redis_clients.client(settings)
     handle = ReplayHandle(replayed, results=ResultStore(client, settings.topic_prefix, settings),
+                          content=ContentCrypto(settings, encrypt=False),
                            strict_args=strict_args)
     stopped: str | None = None
     value: Any = None

@@ -90,7 +90,7 @@ def build_plan(state: RunState, classified: Classified, *, new_epoch: int, resum
         run_id=state.run_id, tenant_id=state.tenant_id or "", agent=state.agent or "",
         epoch=new_epoch, last_seq=resumed_seq, calls=classified.calls, approvals=approvals,
         created_at_ms=now_ms, node_attempts={path: n.attempt for path, n in state.nodes.items()},
-        assigned_to=assigned_to, fork_lineage=state.fork_lineage, input_json=state.input_json)
+        assigned_to=assigned_to, fork_lineage=state.fork_lineage, input_json=state.input_json, user_id=state.user_id)
 
 
 def plan_summary(classified: Classified, *, previous_epoch: int, new_epoch: int, offsets: dict[str, int]) -> str:

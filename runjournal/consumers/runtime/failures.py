@@ -9,7 +9,8 @@ same way to the same kind:
   changing shape (``CLUSTERDOWN``, ``TRYAGAIN``, ``MOVED``/``ASK`` escaping, a slot not covered, redis-py's own
   retries exhausted: ``ClusterError`` "TTL exhausted"); a broker, leader or coordinator away or moving, a
   rebalance, a request timed out, the local produce queue full; Qdrant unreachable / 5xx / 429; the archive's object
-  store not answering (``ObjectStoreUnavailableError``). The Redis and
+  store not answering (``ObjectStoreUnavailableError``); the key service not answering (``KeyUnavailableError``,
+  decision 0059: content is never read or written without its key, so waiting loses nothing). The Redis and
   Kafka clients' errors are read by :mod:`runjournal.core.dependency_errors`, the one table of both. Wait with
   capped exponential backoff (tenacity) and try the same work again — nothing moves past it; each wait is a
   WARNING log line and a metric (``runjournal_dependency_retries_total``, ``runjournal_dependency_waiting``); after
@@ -89,7 +90,7 @@ class Verdict:
     kind: str
     """``transient`` (wait and retry), ``record`` (quarantine the record) or ``fatal`` (stop)."""
     dependency: str
-    """``registry``, ``redis``, ``kafka``, ``qdrant``, ``record`` or ``runjournal``."""
+    """``registry``, ``redis``, ``kafka``, ``qdrant``, ``object_store``, ``kms``, ``record`` or ``runjournal``."""
     cause: str
     """One line naming the cause (and, for fatal ones, the repair when known)."""
 
@@ -143,6 +144,8 @@ def classify(exc: BaseException) -> Verdict:
             return Verdict(inner.kind, inner.dependency, f"{text} ({inner.cause})")
     if _is(exc, "runjournal.stores.errors", "ObjectStoreUnavailableError"):  # the archive's object store away
         return Verdict(TRANSIENT, "object_store", text)
+    if _is(exc, "runjournal.core.crypto.errors", "KeyUnavailableError"):  # the key service away (decision 0059)
+        return Verdict(TRANSIENT, "kms", text)
     if getattr(exc, "retryable", False):  # the memory plane marks outages on the class (StoreUnavailableError)
         return Verdict(TRANSIENT, "qdrant", text)
     if hasattr(exc, "retryable"):  # a memory-plane fault of one item (a rejected write, an embedding failure)

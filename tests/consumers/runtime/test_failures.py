@@ -26,6 +26,7 @@ from runjournal.consumers.runtime.failures import (
     classify,
     stops_consumer,
 )
+from runjournal.core.crypto.errors import KeyDestroyedError, KeyUnavailableError
 from runjournal.producers.errors import JournalError, ProducerFencedError
 
 E = redis.exceptions
@@ -323,6 +324,12 @@ TABLE = [
     pytest.param(DeadLetterError("0 DLQ record(s) unacknowledged, errors: [...]",
                                  (KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED),)),
                  FATAL, "kafka", _KAFKA_ACL, id="dlq-refused"),
+    # -- the key service (decision 0059): away is waited out, nothing is read or written without its key ----------
+    pytest.param(KeyUnavailableError("key directory /k: [Errno 5] Input/output error", kek_id="t-1"), TRANSIENT,
+                 "kms", "", id="kms-unavailable"),
+    # a destroyed key is no outage: waiting never brings it back
+    pytest.param(KeyDestroyedError("key t-1 was destroyed", kek_id="t-1"), FATAL, "runjournal", "",
+                 id="kms-key-destroyed"),
 ]
 
 

@@ -1,0 +1,90 @@
+"""Two threads on one ``FieldCipher`` (decision 0059): one data key is made per scope however many threads ask at
+once, a slow key service holds up only its own scope, and every token reads back right while keys are made,
+cached, evicted and forgotten around it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+from runjournal.core.crypto import Binding, DataKeyCache, FieldCipher, KeyScope, LocalKeyDirectory, WrappedKey
+from runjournal.core.crypto.token import parse_token
+
+
+class SlowKeys(LocalKeyDirectory):
+    """A key service whose wraps take 200 ms and are counted (a KMS across a network)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.wraps: list[str] = []
+        self._count = threading.Lock()
+
+    def wrap(self, kek_id: str, key: bytes, context: bytes) -> WrappedKey:
+        with self._count:
+            self.wraps.append(kek_id)
+        time.sleep(0.2)
+        return super().wrap(kek_id, key, context)
+
+
+def _together(n: int, work: object) -> list[object]:
+    barrier = threading.Barrier(n)
+    out: list[object] = [None] * n
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            out[i] = work(i)  # type: ignore[operator]
+        except BaseException as exc:  # noqa: BLE001 - handed to the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert errors == []
+    return out
+
+
+def test_two_threads_asking_at_once_share_one_new_data_key(tmp_path: Path) -> None:
+    kms = SlowKeys(tmp_path / "keys")
+    cipher = FieldCipher(kms)
+    scope = KeyScope("acme", "alice")
+    tokens = _together(2, lambda i: cipher.encrypt(f"text-{i}", scope, Binding("r", f"e{i}", "content")))
+    assert kms.wraps == [scope.kek_id]  # one wrap: the second thread waited for the first one's key
+    assert len({parse_token(str(t)).dek_id for t in tokens}) == 1
+    for i, token in enumerate(tokens):
+        assert cipher.decrypt(str(token), Binding("r", f"e{i}", "content")) == f"text-{i}"
+
+
+def test_a_slow_key_service_holds_up_only_its_own_scope(tmp_path: Path) -> None:
+    kms = SlowKeys(tmp_path / "keys")
+    cipher = FieldCipher(kms)
+    cipher.encrypt("warm", KeyScope("fast"), Binding("r", "e", "content"))
+    started = time.monotonic()
+    took = _together(2, lambda i: (cipher.encrypt("x", KeyScope("slow") if i == 0 else KeyScope("fast"),
+                                                  Binding("r", "e", "content")), time.monotonic() - started)[1])
+    assert float(str(took[1])) < 0.15 <= float(str(took[0]))  # the warm scope did not wait for the cold one's wrap
+
+
+def test_two_threads_encrypt_and_decrypt_through_one_small_cache(tmp_path: Path) -> None:
+    kms = LocalKeyDirectory(tmp_path / "keys")
+    cipher = FieldCipher(kms, cache=DataKeyCache(max_entries=2, ttl_ms=50))  # evicting and expiring all along
+    scopes = [KeyScope("acme", f"user-{k}") for k in range(4)]
+
+    def work(i: int) -> int:
+        done = 0
+        for n in range(150):
+            scope = scopes[(n + i) % len(scopes)]
+            binding = Binding(f"run-{i}", f"ev-{n}", "content")
+            token = cipher.encrypt(f"{i}:{n}", scope, binding)
+            if n % 10 == 0:
+                cipher.forget(scope.kek_id)  # what an erase in this process does, racing the other thread
+            assert cipher.decrypt(token, binding) == f"{i}:{n}"
+            done += 1
+        return done
+
+    assert _together(2, work) == [150, 150]
+    assert len(cipher.cache) <= 2
