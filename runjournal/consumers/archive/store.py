@@ -268,6 +268,7 @@ def archive_runs(settings: Settings, run_ids: Sequence[str], *, redis_client: An
         # one consumer for every read, whose fetches at a range's end do not hold its next watermark request back
         reader = range_consumer(settings, "archive-records", **{"fetch.wait.max.ms": 10}) if by_partition else None
         topics = _partitions_of(reader, settings) if reader is not None else {}
+        tombstones = producer if producer is not None or not by_partition else tombstone_producer(settings)
         for partition, runs in by_partition.items():
             if started and deadline is not None and time.monotonic() > deadline:
                 break
@@ -282,7 +283,7 @@ def archive_runs(settings: Settings, run_ids: Sequence[str], *, redis_client: An
                 continue
             assert reader is not None  # there are runs to read
             arrived = _Arrivals(settings, partition, set(runs), read_to, timeout_s, reader, topics)
-            tombstones = producer if producer is not None else tombstone_producer(settings)
+            assert tombstones is not None  # there are runs to remove
             for run_id in runs:
                 if started and deadline is not None and time.monotonic() > deadline:
                     break
