@@ -51,17 +51,23 @@ from runjournal.core.checkpoint_records import (
     record_key,
     split_part_field,
 )
+from runjournal.core.errors import RunjournalError
 from runjournal.core.ids import THREAD_ID
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.producers import Journal
 from runjournal.schemas.keys import partition_for
 
-__all__ = ["KINDS", "SEP", "FrameworkRecordStore", "Record", "RecordPartsError", "checkpoints_topic",
-           "join_field"]
+__all__ = ["KINDS", "SEP", "FrameworkRecordStore", "Record", "RecordPartsError", "UnsealableRecordError",
+           "checkpoints_topic", "join_field"]
 
 log = logging.getLogger("runjournal.adapters.checkpoints")
 
+
+
+class UnsealableRecordError(RunjournalError):
+    """Encryption is on (``RUNJOURNAL_ENCRYPTION=on``) and the journal writes no run of the record's thread: there is
+    no key scope to seal the record under, and it is never written in clear instead (decision 0059)."""
 
 
 class RecordPartsError(RuntimeError):
@@ -158,6 +164,7 @@ class FrameworkRecordStore:
                 produced.append((key, None))
                 projected.append(rec)
                 continue
+            rec = Record(rec.kind, rec.field, self._sealed(thread_id, rec.kind, rec.field, rec.data))
             value = json.dumps({"kind": rec.kind, "field": rec.field, "data": rec.data}).encode()
             if len(value) > self.part_bytes:
                 n = -(-len(value) // self.part_bytes)
@@ -206,14 +213,46 @@ class FrameworkRecordStore:
         return [_text(f) for f in self._r.hkeys(self.key(thread_id, kind))]
 
     def entries(self, thread_id: str, kind: str) -> dict[str, str]:
-        """``field -> data`` of one kind of ``thread_id``."""
-        return {_text(k): _text(v) for k, v in self._r.hgetall(self.key(thread_id, kind)).items()}
+        """``field -> data`` of one kind of ``thread_id`` (sealed data opened: decision 0059)."""
+        return {(f := _text(k)): self._opened(thread_id, kind, f, _text(v))
+                for k, v in self._r.hgetall(self.key(thread_id, kind)).items()}
 
     def get(self, thread_id: str, kind: str, fields: list[str]) -> list[str | None]:
-        """The data of ``fields`` (None where absent)."""
+        """The data of ``fields`` (None where absent; sealed data opened)."""
         if not fields:
             return []
-        return [None if v is None else _text(v) for v in self._r.hmget(self.key(thread_id, kind), fields)]
+        return [None if v is None else self._opened(thread_id, kind, f, _text(v))
+                for f, v in zip(fields, self._r.hmget(self.key(thread_id, kind), fields), strict=True)]
+
+    # -- sealing (decision 0059) ----------------------------------------------------------------------------------
+    def _sealed(self, thread_id: str, kind: str, field: str, data: str) -> str:
+        """A record's data as stored: encrypted under the thread's run's key when the journal encrypts (bound to
+        ``(thread, <kind>:<field>, data)``), else as it is (JSON text never needs the escape). A part count is
+        never sealed.
+
+        Raises:
+            UnsealableRecordError: encryption is on and the journal writes no run of ``thread_id`` (no key scope).
+        """
+        content = getattr(self.journal, "content", None)
+        if content is None or not content.encrypting or kind == PART:
+            return data
+        scope = self.journal.scope_of(thread_id)
+        if scope is None:
+            raise UnsealableRecordError(f"encryption is on and this journal writes no run of thread {thread_id!r}: "
+                                        "its framework record cannot be sealed (start or resume the run first)")
+        return str(content.seal_text(data, tenant_id=scope.tenant_id, subject=scope.subject, run_id=thread_id,
+                                     address=f"{kind}:{field}", field="data"))
+
+    def _opened(self, thread_id: str, kind: str, field: str, data: str) -> str:
+        """Stored data in plain text (a token opened with the journal's keys; plain data as it is).
+
+        Raises:
+            EncryptedContentError: a token this journal cannot open (no key, a destroyed one).
+        """
+        content = getattr(self.journal, "content", None)
+        if content is None or kind == PART or not data.startswith("rjenc:"):
+            return data
+        return str(content.open(data, thread_id, f"{kind}:{field}", "data"))
 
     def threads(self) -> list[str]:
         """Every projected thread id, sorted."""

@@ -66,6 +66,7 @@ import redis
 from confluent_kafka import KafkaException
 
 from runjournal.core import failpoints, kafka, otel
+from runjournal.core.crypto.keys import KeyScope
 from runjournal.core.crypto.token import is_encrypted
 from runjournal.core.ids import AGENT, PRODUCER_ID, RUN_ID, TENANT_ID, USER_ID
 from runjournal.core.redis_keys import RedisKeys
@@ -241,8 +242,9 @@ class Journal:
         self.content = content if content is not None else ContentCrypto(settings)
         """Seals every published event's content fields (encrypting with ``RUNJOURNAL_ENCRYPTION=on``) and opens
         what this journal reads back (``runjournal.producers.encryption``)."""
-        self._subjects: dict[str, str | None] = {}
-        """run id → its subject (RUN_STARTED ``user_id``): whose key encrypts the run's content."""
+        self._scopes: dict[str, KeyScope] = {}
+        """run id → whose key seals the run's content: its tenant and subject (RUN_STARTED ``user_id``, or the
+        plan's); kept until the run's terminal event (``release_run``)."""
         if probe_redis:  # a Redis that does not answer: named within connect_timeout_s, not a redis-py traceback
             from runjournal.core import redis_client as redis_clients
 
@@ -491,7 +493,7 @@ class Journal:
                 "a later recovery took the run; this instance must not write it", plan_epoch=plan.epoch,
                 newest_epoch=newest)
         plan = self.content.open_plan(plan)  # the handle works with plain text (EncryptedContentError: no key)
-        self._subjects[run_id] = plan.user_id
+        self._scopes[run_id] = KeyScope(plan.tenant_id, plan.user_id)
         self._lease.own(run_id)
         self._note_request(run_id)
         self._mark_stream_gap(run_id, plan.epoch)
@@ -705,7 +707,7 @@ class Journal:
         """Remove ``run_id`` from the owned set (after its terminal event); Redis errors are only logged."""
         with self._run_locks_guard:
             self._run_locks.pop(run_id, None)
-        self._subjects.pop(run_id, None)
+        self._scopes.pop(run_id, None)
         try:
             self._lease.disown(run_id)
         except Exception as exc:  # noqa: BLE001 - a hint only; the terminal event is already durable
@@ -743,9 +745,9 @@ class Journal:
             raise RunSurrenderedError(f"run {event.run_id} was surrendered to the recovery job at epoch {gave_up}; "
                                       f"this instance writes nothing more of it at epoch {event.epoch}")
         if event.type is EventType.RUN_STARTED:
-            self._subjects[event.run_id] = event.payload.get("user_id")
+            self._scopes[event.run_id] = KeyScope(event.tenant_id, event.payload.get("user_id"))
         if event.type in CONTENT_FIELDS:  # encrypted (or escaped) here, after every digest was taken of the text
-            event = self.content.seal(event, self._subjects.get(event.run_id))
+            event = self.content.seal(event, self.subject_of(event.run_id))
             if smaller is not None:
                 smaller = self._sealed(smaller)
         value = self._codec.encode(event, topic=self.topic)
@@ -774,13 +776,19 @@ class Journal:
         """``make``'s event sealed like the event it replaces."""
         def sealed() -> Event | None:
             event = make()
-            return None if event is None else self.content.seal(event, self._subjects.get(event.run_id))
+            return None if event is None else self.content.seal(event, self.subject_of(event.run_id))
         return sealed
 
     def subject_of(self, run_id: str) -> str | None:
         """The subject (user id) whose key encrypts ``run_id``'s content, as this journal knows it (None: the
         tenant's key)."""
-        return self._subjects.get(run_id)
+        scope = self._scopes.get(run_id)
+        return None if scope is None else scope.subject
+
+    def scope_of(self, run_id: str) -> KeyScope | None:
+        """Whose key seals ``run_id``'s content (tenant and subject), while this journal writes the run (from its
+        RUN_STARTED or its recovery plan until its terminal event); None otherwise."""
+        return self._scopes.get(run_id)
 
     def _encoder_of(self, make: Callable[[], Event | None]) -> Callable[[], bytes | None]:
         """``make``'s event encoded for this journal's topic (None when ``make`` has none)."""

@@ -265,7 +265,7 @@ READERS: frozenset[str] = frozenset({
     "Journal.probe_lease", "Journal.check_still_owner", "Journal.run_lock", "Journal.claim_assignment",
     "Journal.release_run", "Journal.event_budget_reached",
     # whose key seals a run's content (decision 0059): an in-memory map, no journal, Redis or Kafka access
-    "Journal.subject_of",
+    "Journal.subject_of", "Journal.scope_of",
     "RunHandle.approval", "RunHandle.wait_idle",
     # ends this owner's trace segment span (decision 0054): no journal, Redis or Kafka write; no lock taken
     "RunHandle.end_trace",
