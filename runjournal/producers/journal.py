@@ -57,6 +57,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -103,6 +104,9 @@ from runjournal.schemas.keys import partition_for
 __all__ = ["Journal"]
 
 log = logging.getLogger("runjournal.producers.journal")
+
+SCOPES_KEPT = 16_384
+"""How many runs' key scopes a journal remembers (``Journal.scope_of``; ~100 bytes each), most recent first."""
 
 
 class Journal:
@@ -242,9 +246,11 @@ class Journal:
         self.content = content if content is not None else ContentCrypto(settings)
         """Seals every published event's content fields (encrypting with ``RUNJOURNAL_ENCRYPTION=on``) and opens
         what this journal reads back (``runjournal.producers.encryption``)."""
-        self._scopes: dict[str, KeyScope] = {}
+        self._scopes: OrderedDict[str, KeyScope] = OrderedDict()
         """run id → whose key seals the run's content: its tenant and subject (RUN_STARTED ``user_id``, or the
-        plan's); kept until the run's terminal event (``release_run``)."""
+        plan's), for the :data:`SCOPES_KEPT` runs this journal started or resumed last (a framework may still write a
+        finished run's thread)."""
+        self._scopes_lock = threading.Lock()
         if probe_redis:  # a Redis that does not answer: named within connect_timeout_s, not a redis-py traceback
             from runjournal.core import redis_client as redis_clients
 
@@ -493,7 +499,7 @@ class Journal:
                 "a later recovery took the run; this instance must not write it", plan_epoch=plan.epoch,
                 newest_epoch=newest)
         plan = self.content.open_plan(plan)  # the handle works with plain text (EncryptedContentError: no key)
-        self._scopes[run_id] = KeyScope(plan.tenant_id, plan.user_id)
+        self._note_scope(run_id, KeyScope(plan.tenant_id, plan.user_id))
         self._lease.own(run_id)
         self._note_request(run_id)
         self._mark_stream_gap(run_id, plan.epoch)
@@ -707,7 +713,6 @@ class Journal:
         """Remove ``run_id`` from the owned set (after its terminal event); Redis errors are only logged."""
         with self._run_locks_guard:
             self._run_locks.pop(run_id, None)
-        self._scopes.pop(run_id, None)
         try:
             self._lease.disown(run_id)
         except Exception as exc:  # noqa: BLE001 - a hint only; the terminal event is already durable
@@ -745,7 +750,7 @@ class Journal:
             raise RunSurrenderedError(f"run {event.run_id} was surrendered to the recovery job at epoch {gave_up}; "
                                       f"this instance writes nothing more of it at epoch {event.epoch}")
         if event.type is EventType.RUN_STARTED:
-            self._scopes[event.run_id] = KeyScope(event.tenant_id, event.payload.get("user_id"))
+            self._note_scope(event.run_id, KeyScope(event.tenant_id, event.payload.get("user_id")))
         if event.type in CONTENT_FIELDS:  # encrypted (or escaped) here, after every digest was taken of the text
             event = self.content.seal(event, self.subject_of(event.run_id))
             if smaller is not None:
@@ -786,9 +791,16 @@ class Journal:
         return None if scope is None else scope.subject
 
     def scope_of(self, run_id: str) -> KeyScope | None:
-        """Whose key seals ``run_id``'s content (tenant and subject), while this journal writes the run (from its
-        RUN_STARTED or its recovery plan until its terminal event); None otherwise."""
+        """Whose key seals ``run_id``'s content (tenant and subject), for a run this journal started or resumed
+        (one of the last :data:`SCOPES_KEPT`); None otherwise."""
         return self._scopes.get(run_id)
+
+    def _note_scope(self, run_id: str, scope: KeyScope) -> None:
+        with self._scopes_lock:
+            self._scopes[run_id] = scope
+            self._scopes.move_to_end(run_id)
+            while len(self._scopes) > SCOPES_KEPT:
+                self._scopes.popitem(last=False)
 
     def _encoder_of(self, make: Callable[[], Event | None]) -> Callable[[], bytes | None]:
         """``make``'s event encoded for this journal's topic (None when ``make`` has none)."""
