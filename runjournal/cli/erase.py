@@ -94,8 +94,8 @@ def _shred(settings: Settings, tenant: str, subject: str | None, *, yes: bool, a
         print(json.dumps(report.as_dict()))
         return
     destroyed = sum(1 for k in report.shredded if k["destroyed"])
-    console.print(f"shredded {what}: {destroyed} key(s) destroyed, {len(report.shredded) - destroyed} already gone "
-                  f"or never made here; {report.note}", highlight=False)
+    console.print(f"shredded {what}: {destroyed} key(s) destroyed, {len(report.shredded) - destroyed} already "
+                  f"destroyed; {report.note}", highlight=False)
 
 
 def _archive_usable(settings: Settings) -> None:

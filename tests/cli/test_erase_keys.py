@@ -160,7 +160,7 @@ def test_erase_subject_shreds_every_copy_and_keeps_other_users_readable(topics: 
     again = erase(env, "--tenant", "acme", "--subject", "dave", "--yes", "--json")  # idempotent
     assert again["shredded"] == [{"scope": "subject", "kek_id": dave, "destroyed": False}]
     whole = erase(env, "--tenant", "acme", "--yes", "--json")  # the tenant and its remaining users
-    assert {(k["kek_id"], k["destroyed"]) for k in whole["shredded"]} == {(KeyScope("acme").kek_id, False),
+    assert {(k["kek_id"], k["destroyed"]) for k in whole["shredded"]} == {(KeyScope("acme").kek_id, True),
                                                                           (erin, True)}
     assert readable(keys, copies(), erin) == dict.fromkeys(after, 0)
 

@@ -248,7 +248,11 @@ def test_an_unknown_key_is_not_a_destroyed_one(kms: LocalKeyDirectory) -> None:
     token = other.encrypt(SECRET, ALICE, HERE)
     with pytest.raises(UnknownKeyError):
         FieldCipher(kms).decrypt(token, HERE)
-    assert kms.destroy(kek_id_for("nobody")) is False and kms.state(kek_id_for("nobody")).status == "unknown"
+    assert kms.state(kek_id_for("nobody")).status == "unknown"
+    assert kms.destroy(kek_id_for("nobody")) is True  # destroyed though never made: no later create makes it
+    assert kms.state(kek_id_for("nobody")).status == "destroyed" and kms.destroy(kek_id_for("nobody")) is False
+    with pytest.raises(KeyDestroyedError):
+        kms.create(kek_id_for("nobody"))
 
 
 def test_every_crypto_error_is_a_runjournal_error() -> None:

@@ -88,3 +88,51 @@ def test_two_threads_encrypt_and_decrypt_through_one_small_cache(tmp_path: Path)
 
     assert _together(2, work) == [150, 150]
     assert len(cipher.cache) <= 2
+
+
+def test_an_erase_racing_a_subjects_first_write_leaves_no_readable_token(tmp_path: Path) -> None:
+    """An erase that finds no key yet still refuses the key for good: whatever order the destroy and a writer's
+    first data key take, no token of the erased subject written by it reads afterwards (two processes' threads)."""
+    from runjournal.core.crypto import KeyDestroyedError
+
+    for round_ in range(40):
+        keys = LocalKeyDirectory(tmp_path / f"keys-{round_}")
+        subject = KeyScope("acme", f"zed-{round_}")
+        here = Binding("run-1", "run", "input_json")
+        writer = FieldCipher(LocalKeyDirectory(keys.root))  # another process's view of the same directory
+
+        def act(i: int, writer: FieldCipher = writer, subject: KeyScope = subject, here: Binding = here,
+                keys: LocalKeyDirectory = keys) -> str | None:
+            if i == 0:
+                keys.destroy(subject.kek_id)
+                return None
+            try:
+                return writer.encrypt("secret", subject, here)
+            except KeyDestroyedError:
+                return None  # refused before anything was written: nothing to erase
+
+        token = _together(2, act)[1]
+        reader = FieldCipher(LocalKeyDirectory(keys.root))
+        if token is not None:
+            try:
+                assert reader.decrypt(str(token), here) is None, "unreachable"
+            except KeyDestroyedError:
+                pass  # written before the destroy, unreadable after it
+        assert keys.state(subject.kek_id).status == "destroyed"
+
+
+def test_erasing_a_tenant_that_has_only_user_keys_refuses_new_users_of_it(tmp_path: Path) -> None:
+    from runjournal.core.crypto import KeyDestroyedError
+
+    keys = LocalKeyDirectory(tmp_path / "keys")
+    cipher = FieldCipher(keys)
+    here = Binding("run-1", "run", "input_json")
+    cipher.encrypt("x", KeyScope("acme", "amy"), here)  # a user key; the tenant's own key was never made
+    assert keys.destroy(KeyScope("acme").kek_id) is True
+    for kek in keys.children(KeyScope("acme").kek_id):
+        keys.destroy(kek)
+    try:
+        FieldCipher(LocalKeyDirectory(keys.root)).encrypt("y", KeyScope("acme", "new-user"), here)
+        raise AssertionError("a new user of an erased tenant got a key")
+    except KeyDestroyedError:
+        pass

@@ -126,7 +126,9 @@ class KeyManagementService(Protocol):
 
     def destroy(self, kek_id: str) -> bool:
         """Destroy every version of ``kek_id`` for good; True when this call destroyed it, False when it already
-        was or never existed. Idempotent: a later reader gets :class:`KeyDestroyedError`."""
+        was. A key never made is destroyed too (True): no later :meth:`create` makes it, so a subject's first run
+        racing its erase cannot leave a readable key behind. Idempotent: a later reader, and :meth:`create`, get
+        :class:`KeyDestroyedError`."""
         ...
 
     def state(self, kek_id: str) -> KeyState:

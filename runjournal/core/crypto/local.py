@@ -205,15 +205,16 @@ class LocalKeyDirectory:
             self._write(self._path(kek_id), data)
 
     def destroy(self, kek_id: str) -> bool:
-        """See :meth:`KeyManagementService.destroy`: tombstone first, then the key file overwritten and removed."""
+        """See :meth:`KeyManagementService.destroy`: tombstone first (for a key never made too), then the key file
+        overwritten and removed."""
         path, tomb = self._path(kek_id), self._tomb(kek_id)
         with self._locked(exclusive=True):
             try:
-                existed = path.exists()
                 versions: list[int] = []
-                if existed and not tomb.exists():
-                    with contextlib.suppress(ValueError, KeyUnavailableError):
-                        versions = sorted(int(v) for v in self._load(kek_id)["versions"])
+                if not tomb.exists():  # also for a key never made: a writer's first run racing the erase, or any
+                    if path.exists():  # later one, must not make it afterwards (create finds the tombstone)
+                        with contextlib.suppress(ValueError, KeyUnavailableError):
+                            versions = sorted(int(v) for v in self._load(kek_id)["versions"])
                     self._write(tomb, {"format": _FORMAT, "kek_id": kek_id, "versions": versions})
                     done = True
                 else:
