@@ -56,7 +56,7 @@ def stored(settings: Settings, run_id: str) -> list[tuple[EventType, str, bool]]
 
 
 def hand_over(first: Settings, second: Settings, topics: Settings, tool: Book, mark: str) -> str:
-    """A run started by a journal with ``first`` settings, left behind, recovered and finished by one with ``second``."""
+    """A run started by a journal with ``first`` settings, left behind, recovered and finished with ``second``."""
     a = Journal(first, producer_id=f"fleet-a-{uuid.uuid4().hex[:6]}")
     run = a.start_run("acme", "agent", {"ask": mark}, user_id="carol")
     assert run.call(tool, {"seat": mark}) == {"booked": mark}
