@@ -300,7 +300,8 @@ class RunHandle:
         """The run's lock: held by every step that decides or publishes (module docstring)."""
         trc = otel_tracer()
         self._trace: RunTrace | None = None if trc is None else RunTrace(
-            trc, run_id=run_id, tenant_id=tenant_id, agent=agent, epoch=epoch, resumed=plan is not None)
+            trc, run_id=run_id, tenant_id=tenant_id, agent=agent, epoch=epoch, resumed=plan is not None,
+            sealed=bool(getattr(getattr(journal, "content", None), "encrypting", False)))
         """This segment's OpenTelemetry spans, or None when tracing is off (``runjournal.core.otel``)."""
 
     @classmethod

@@ -65,13 +65,19 @@ class RunTrace:
         run_id, tenant_id, agent, epoch: the run and the segment's epoch.
         resumed: True for a resumed segment: it links the previous owner's segment (epoch - 1) and the recovery
             job's hand-over span of this epoch.
+        sealed: the run's content is encrypted (``RUNJOURNAL_ENCRYPTION=on``, decision 0059): an error is then
+            recorded by its class only (``exception.type``; the status description is the class name), never its
+            text, which is content (a tool's or the run's error) the journal seals: a trace backend is one more
+            copy that no key erasure reaches.
     """
 
-    def __init__(self, tracer: Any, *, run_id: str, tenant_id: str, agent: str, epoch: int, resumed: bool) -> None:
+    def __init__(self, tracer: Any, *, run_id: str, tenant_id: str, agent: str, epoch: int, resumed: bool,
+                 sealed: bool = False) -> None:
         from runjournal.core import otel
 
         self._tracer = tracer
         self._otel = otel
+        self._sealed = sealed
         self.run_id = run_id
         self.epoch = epoch
         self._base = {"runjournal.run_id": run_id, "runjournal.epoch": epoch}
@@ -146,7 +152,7 @@ class RunTrace:
         """End node ``path``'s span (``error``: recorded, status ERROR)."""
         node = self._nodes.pop(path, None)
         if node is not None:
-            _end(node[0], error)
+            _end(node[0], error, self._sealed)
 
     def open_call(self, key: str, tool: str, node_path: str | None) -> None:
         """Start the span of the call ``key`` (its idempotency key) of ``tool``, child of its node."""
@@ -165,7 +171,7 @@ class RunTrace:
         self._intended.discard(key)
         if error is not None and type(error).__name__ == "OutcomeUnknownError":
             outcome = "unknown"
-            span.add_event("OUTCOME_UNKNOWN", {"runjournal.error": str(error)[:512]})
+            span.add_event("OUTCOME_UNKNOWN", {"runjournal.error": _error_text(error, self._sealed)})
         elif error is not None:
             outcome = outcome or "failed"
         elif outcome is None:  # committed by the next group commit, or answered from the journal
@@ -173,7 +179,7 @@ class RunTrace:
             if intended:
                 span.add_event("TOOL_CALL_COMMITTED", {"runjournal.group_commit": True})
         span.set_attribute("runjournal.outcome", outcome)
-        _end(span, error)
+        _end(span, error, self._sealed)
 
     def end(self, outcome: str, error: str | None = None) -> None:
         """End the segment (the run ended here, or was surrendered): ``runjournal.outcome`` = ``outcome``."""
@@ -183,14 +189,22 @@ class RunTrace:
         if error is not None:
             from opentelemetry.trace import Status, StatusCode
 
-            self.segment.set_status(Status(StatusCode.ERROR, error[:512]))
+            self.segment.set_status(Status(StatusCode.ERROR, "error (encrypted)" if self._sealed else error[:512]))
         self.segment.end()
 
 
-def _end(span: Any, error: BaseException | None) -> None:
+def _error_text(error: BaseException, sealed: bool) -> str:
+    """What a span says of ``error``: its class and text, or its class only when the run's content is sealed."""
+    return type(error).__name__ if sealed else f"{type(error).__name__}: {error}"[:512]
+
+
+def _end(span: Any, error: BaseException | None, sealed: bool = False) -> None:
     if error is not None and not isinstance(error, GeneratorExit):
         from opentelemetry.trace import Status, StatusCode
 
-        span.record_exception(error)
-        span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"[:512]))
+        if sealed:  # the class, never the text or the traceback's locals (RunTrace: sealed)
+            span.add_event("exception", {"exception.type": type(error).__qualname__, "exception.escaped": False})
+        else:
+            span.record_exception(error)
+        span.set_status(Status(StatusCode.ERROR, _error_text(error, sealed)))
     span.end()

@@ -303,3 +303,37 @@ def test_settings_tracing_given_in_code_switches_traces_on_and_off(topics: Setti
     env = {**base, "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9"}
     off = subprocess.run([sys.executable, "-c", code, "off"], env=env, capture_output=True, text=True, timeout=120)
     assert off.returncode == 0 and off.stdout.strip() == "false", off.stderr[-2000:]
+
+
+class Refuses:
+    """A tool whose error text is content (a card number, a user's words)."""
+
+    name = "charge"
+    side_effect = False
+    timeout_ms = 1000
+
+    def __init__(self, mark: str) -> None:
+        self.mark = mark
+
+    def __call__(self, args: dict[str, Any], idempotency_key: str) -> Any:
+        raise ValueError(f"card {self.mark} declined")
+
+
+@pytest.mark.parametrize("encryption", ["on", "off"])
+def test_an_encrypted_runs_spans_name_errors_by_class_never_by_their_text(topics: Settings, tmp_path: Path,
+                                                                          exporter: InMemorySpanExporter,
+                                                                          encryption: str) -> None:
+    """Issue 33: with encryption on, the error texts the journal seals (a tool's, a node's, the run's) reach no span:
+    a trace backend is a copy no key erasure reaches. Off, the spans keep the text (the test can fail)."""
+    mark = f"MARKER-{uuid.uuid4().hex}"
+    s = topics.model_copy(update={"encryption": encryption, "keys_dir": tmp_path / "keys"})
+    with Journal(s, producer_id=f"p-{uuid.uuid4().hex[:8]}") as journal:
+        run = journal.start_run("tenant-a", "agent", {"q": 1}, user_id="ann")
+        with pytest.raises(ValueError), run.node("pay"):
+            run.call(Refuses(mark), {"q": "x"})
+        run.fail(f"could not pay: {mark}")
+    spans = exporter.get_finished_spans()
+    text = "\n".join(span.to_json() for span in spans)
+    assert ("ValueError" in text) and (mark in text) is (encryption == "off"), text[-2000:]
+    failed = [span_dict(s) for s in spans if span_dict(s)["status"] == "ERROR"]
+    assert {s["name"] for s in failed} >= {"runjournal.node", "runjournal.tool_call", "runjournal.run.segment"}
