@@ -136,3 +136,26 @@ def test_erasing_a_tenant_that_has_only_user_keys_refuses_new_users_of_it(tmp_pa
         raise AssertionError("a new user of an erased tenant got a key")
     except KeyDestroyedError:
         pass
+
+
+def test_two_erases_of_one_tenant_at_once_destroy_each_key_once(tmp_path: Path) -> None:
+    """Two operators erase one tenant at once (two key-directory handles, as two processes have): every key ends
+    destroyed, and each is reported destroyed by exactly one of them."""
+    from runjournal.consumers.ops.erase import shred_keys
+    from runjournal.core.settings import Settings
+
+    root = tmp_path / "keys"
+    cipher = FieldCipher(LocalKeyDirectory(root))
+    users = [f"user-{i}" for i in range(12)]
+    for user in users:
+        cipher.encrypt("x", KeyScope("acme", user), Binding("r", "run", "input_json"))
+    settings = Settings(keys_dir=root)
+    reports = _together(2, lambda i: shred_keys(settings, "acme", kms=LocalKeyDirectory(root)))
+    claimed: dict[str, int] = {}
+    for report in reports:
+        for key in report.shredded:  # type: ignore[attr-defined]
+            claimed[key["kek_id"]] = claimed.get(key["kek_id"], 0) + int(key["destroyed"])
+    expected = {KeyScope("acme").kek_id, *(KeyScope("acme", u).kek_id for u in users)}
+    assert set(claimed) == expected and set(claimed.values()) == {1}
+    keys = LocalKeyDirectory(root)
+    assert {keys.state(k).status for k in expected} == {"destroyed"}
