@@ -321,8 +321,8 @@ class MemoryExtractor:
                 raise  # an outage or a fatal dependency failure is never the record's fault
             self._dead_letter(msg, exc)
             return _Unit(msg, [])
-        if sealed and self.crypto is None:  # drawn from encrypted content and nothing to seal it with: no memory
-            return _Unit(msg, [])  # (only an outcome of a run whose input was encrypted gets here: no content)
+        if sealed and (self.crypto is None or not self.crypto.grant.covers(event.tenant_id)):
+            return _Unit(msg, [])  # encrypted content outside the grant makes no memory (not even a run's outcome)
         return _Unit(msg, [MemoryItem(text=d.text, kind=d.kind, subject=d.subject, scope=scope,
                                       created_at=event.occurred_at, provenance=self._provenance(msg, event, index))
                            for index, d in enumerate(drafts)], sealed=sealed)

@@ -55,6 +55,7 @@ def test_memory_of_encrypted_runs_needs_a_grant_is_sealed_and_is_shredded_with_i
         bob.message("user", f"I prefer aisle seats BOB{mark}")
         carol = journal.start_run("globex", "airline", {"trip": "FAO"}, user_id="carol")
         carol.message("user", f"I prefer green tea CAROL{mark}")
+        carol.succeed({"out": f"booked CAROL{mark}"})
     store = QdrantMemoryStore.open(s, HashingEmbedder())
     try:
         # (a) no grant (the default): encrypted content makes no memory, and no token or plain text is stored
