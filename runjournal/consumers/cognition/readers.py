@@ -224,6 +224,22 @@ class MemoryReaderClient:
             lambda o: [MemoryHit.from_dict(h) for h in o.call("POST", "/v1/memory/run", body)["hits"]],
             lambda m, _k: m.run_items(scope, run_id, limit=limit)), self._content)
 
+    def forget(self, tenant_id: str, user_id: str | None = None) -> int:
+        """Delete every item of ``user_id`` of ``tenant_id`` (None: of the whole tenant) through whoever holds the
+        store — the directory's owner (the running memory extractor), the directory itself, or the server: what
+        ``runjournal erase --tenant T [--subject U]`` does beside destroying the keys (decision 0059).
+
+        Returns:
+            The number of points deleted.
+
+        Raises:
+            ScopeError: ``tenant_id`` is empty. StoreUnavailableError / StoreLockedError: as :meth:`search`.
+        """
+        tenant = Scope(tenant_id).tenant_id
+        body = {"tenant_id": tenant, "user_id": user_id}
+        return int(self._r.run(lambda o: o.call("POST", "/v1/memory/forget", body)["deleted"],
+                               lambda m, _k: m.delete_by_owner(tenant, user_id)))
+
     def stats(self, scope: Scope | None = None) -> dict[str, Any]:
         """Counts by status (one tenant, or all when None)."""
         body = {"tenant_id": scope.tenant_id if scope else None}

@@ -129,7 +129,7 @@ class ShredReport:
     included); the runs stay, their content unreadable."""
     note: str
     memory_note: str | None = None
-    """Why memory items were not deleted here, when so (a local Qdrant held by a running memory extractor)."""
+    """Why memory items were not deleted here, when so (the memory store could not be reached)."""
 
     def as_dict(self) -> dict[str, Any]:
         """The report as a JSON-able dict."""
@@ -150,8 +150,9 @@ def shred_keys(settings: Settings, tenant_id: str, subject: str | None = None, *
 
     With ``erase_memory`` (default) the subject's (tenant's) memory items are deleted too, by their payload's owner
     (``QdrantMemoryStore.delete_by_owner``): their sealed text is already unreadable, and this takes their vectors
-    (embeddings of that text). A local Qdrant held by a running memory extractor is reported in ``memory_note``,
-    not an error: the items' text stays unreadable; run the erase again once it is free, or use a Qdrant server.
+    (embeddings of that text) — through the running memory extractor that holds a local directory, the directory,
+    or the Qdrant server. A store that cannot be reached is reported in ``memory_note``, not an error: the items'
+    text stays unreadable; run the erase again to delete the points.
 
     Raises:
         InvalidIdError: ``tenant_id`` or ``subject`` breaks its id rules.
@@ -498,20 +499,20 @@ def _erase_owner_memory(settings: Settings, tenant_id: str, subject: str | None,
     if not settings.qdrant_url and not Path(settings.effective_qdrant_path).exists():
         return 0, None
     try:
-        from runjournal.consumers.memory.store import QdrantMemoryStore
-        from runjournal.consumers.vectors.embed import default_embedder
-        from runjournal.consumers.vectors.errors import MemoryPlaneError, StoreLockedError
+        from runjournal.consumers.cognition import open_memory_reader
+        from runjournal.consumers.vectors.errors import MemoryPlaneError
     except ImportError:  # memory not installed: nothing of it to delete here
         return 0, None
-    later = "their sealed text is unreadable; run this erase again when the directory is free to delete the points"
+    # through the directory's owner (a running memory extractor), the directory itself, or the server
+    reader = open_memory_reader(settings, embedder_factory=(lambda: embedder) if embedder is not None else None,
+                                wait_s=10.0, keys=False)
     try:
-        with QdrantMemoryStore.open(settings, embedder or default_embedder()) as opened:
-            return opened.delete_by_owner(tenant_id, subject), None
-    except StoreLockedError:
-        return None, f"memory items not deleted: the local Qdrant directory {settings.effective_qdrant_path} is held " \
-                     f"by a running memory extractor; {later}"
+        return reader.forget(tenant_id, subject), None
     except MemoryPlaneError as exc:
-        return None, f"memory items not deleted ({type(exc).__name__}: {exc}); {later}"
+        return None, f"memory items not deleted ({type(exc).__name__}: {exc}); their sealed text is unreadable; " \
+                     "run this erase again to delete the points"
+    finally:
+        reader.close()
 
 
 def _erase_memory(settings: Settings, run_id: str, embedder: Embedder | None,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from runjournal.consumers.cognition import open_memory_reader
+from runjournal.consumers.cognition import CognitionOwner, open_memory_reader
 from runjournal.consumers.memory import MemoryExtractor, QdrantMemoryStore, Scope
 from runjournal.consumers.memory.sealing import KeyGrant
 from runjournal.consumers.ops.erase import shred_keys
@@ -94,17 +94,20 @@ def test_memory_of_encrypted_runs_needs_a_grant_is_sealed_and_is_shredded_with_i
     assert {(t, err) for t, err in reader_texts(other_keys, Scope("acme", user_id="bob"))} == \
         {("encrypted", "UnknownKeyError")}
 
-    # (c) erase --subject alice: her items no longer yield text (KeyDestroyedError); bob's still read
-    report = shred_keys(s, "acme", "alice", erase_memory=False)
-    assert report.shredded[0]["destroyed"]
-    assert {(t, err) for t, err in reader_texts(s, Scope("acme", user_id="alice"))} == \
-        {("encrypted", "KeyDestroyedError")}
-    assert reader_texts(s, Scope("acme", user_id="bob")) == [(f"I prefer aisle seats BOB{mark}", None)]
-    # … and the erase deletes her points (their vectors are embeddings of her text); bob's stay
-    report = shred_keys(s, "acme", "alice", embedder=HashingEmbedder())
-    assert report.deleted == [f"memory points: {len(by_owner[('acme', 'alice')])}"] and report.memory_note is None
-    assert reader_texts(s, Scope("acme", user_id="alice")) == []
-    assert reader_texts(s, Scope("acme", user_id="bob")) == [(f"I prefer aisle seats BOB{mark}", None)]
+    # (c) erase --subject alice: her items no longer yield text (KeyDestroyedError); bob's still read — here through
+    # the read API of the process that holds the directory (as a running memory extractor does)
+    with CognitionOwner.open(s, HashingEmbedder()):
+        report = shred_keys(s, "acme", "alice", erase_memory=False)
+        assert report.shredded[0]["destroyed"]
+        assert {(t, err) for t, err in reader_texts(s, Scope("acme", user_id="alice"))} == \
+            {("encrypted", "KeyDestroyedError")}
+        assert reader_texts(s, Scope("acme", user_id="bob")) == [(f"I prefer aisle seats BOB{mark}", None)]
+        # … and the erase deletes her points (their vectors are embeddings of her text) through the owner; bob's stay
+        report = shred_keys(s, "acme", "alice", embedder=HashingEmbedder())
+        assert report.deleted == [f"memory points: {len(by_owner[('acme', 'alice')])}"]
+        assert report.memory_note is None
+        assert reader_texts(s, Scope("acme", user_id="alice")) == []
+        assert reader_texts(s, Scope("acme", user_id="bob")) == [(f"I prefer aisle seats BOB{mark}", None)]
     with QdrantMemoryStore.open(s, HashingEmbedder()) as store:
         assert {p["scope"]["user_id"] for p in snapshot(store).values()} == {"bob"}
 
