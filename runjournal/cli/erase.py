@@ -96,6 +96,10 @@ def _shred(settings: Settings, tenant: str, subject: str | None, *, yes: bool, a
     destroyed = sum(1 for k in report.shredded if k["destroyed"])
     console.print(f"shredded {what}: {destroyed} key(s) destroyed, {len(report.shredded) - destroyed} already "
                   f"destroyed; {report.note}", highlight=False)
+    for line in report.deleted:
+        console.print(f"deleted {line}", highlight=False)
+    if report.memory_note:
+        console.print(f"memory: {report.memory_note}", highlight=False)
 
 
 def _archive_usable(settings: Settings) -> None:

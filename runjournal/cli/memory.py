@@ -137,7 +137,8 @@ def search_command(
         return
     for hit in hits:
         p = hit.provenance
-        print(f"{hit.score:.3f}  [{hit.status}] {hit.kind}/{hit.subject or '-'}  {hit.text}  "
+        text = hit.text if hit.encrypted is None else f"{hit.text} ({hit.encrypted})"  # sealed, no key (0059)
+        print(f"{hit.score:.3f}  [{hit.status}] {hit.kind}/{hit.subject or '-'}  {text}  "
               f"(user {hit.scope.get('user_id') or '-'}, run {p['run_id']}, "
               f"{p['topic']}[{p['partition']}]@{p['offset']}, {hit.freshness['created_at']})")
     if not hits:

@@ -318,7 +318,7 @@ class ConsoleData:
         except ImportError:
             return [], "memory is not installed (pip install 'runjournal[memory]')"
         if self._memory is None:
-            self._memory = open_memory_reader(self.settings, wait_s=2.0)
+            self._memory = open_memory_reader(self.settings, wait_s=2.0, keys=False)  # holds no key: "encrypted"
         try:
             return self._memory.run_items(Scope(state.tenant_id), state.run_id), None
         except Exception as exc:  # noqa: BLE001 - advisory: the page shows the facts either way

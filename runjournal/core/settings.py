@@ -262,6 +262,10 @@ class Settings(BaseSettings):
     key_cache_ttl_ms: int = Field(default=300_000, ge=0)
     """How long a process keeps one unwrapped data key, ms (default 5 min; 0: never cached): a key destroyed by
     another process stops decrypting here within it."""
+    memory_key_grant: str = ""
+    """Tenants whose encrypted content the memory extractor opens (comma list, or ``*`` for every tenant; empty,
+    the default: none — encrypted content makes no memory). Items drawn from it are stored sealed under the same
+    user's (or tenant's) key (``runjournal.consumers.memory.sealing``, docs/guide/encryption.md § Memory)."""
     data_key_rotation_ms: int = Field(default=86_400_000, ge=1000)
     """How long a writer uses one data key per scope before it makes a new one, ms (default 24 h; counted on the
     process's monotonic clock)."""

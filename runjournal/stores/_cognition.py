@@ -150,13 +150,17 @@ class MemoryHit:
     """Id of the item that superseded this one, if any."""
     authority: str = AUTHORITY
     """Always ``advisory``."""
+    encrypted: str | None = None
+    """None when :attr:`text` is the item's text; else the item is sealed (decision 0059) and this reader could
+    not open it: :attr:`text` is ``encrypted`` and this names why (``KeyDestroyedError`` after ``runjournal erase
+    --tenant T --subject U``, ``UnknownKeyError``, ``NoKeyGrant`` for a reader that holds no key …)."""
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-able dict of every field (for ``--json`` output and the read API)."""
         return {"id": self.id, "score": round(self.score, 6), "text": self.text, "kind": self.kind,
                 "subject": self.subject, "status": self.status, "scope": self.scope,
                 "provenance": self.provenance, "freshness": self.freshness,
-                "superseded_by": self.superseded_by, "authority": self.authority}
+                "superseded_by": self.superseded_by, "authority": self.authority, "encrypted": self.encrypted}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> MemoryHit:
@@ -164,7 +168,8 @@ class MemoryHit:
         return cls(id=str(data["id"]), score=float(data["score"]), text=data["text"], kind=data["kind"],
                    subject=data.get("subject"), status=data["status"], scope=dict(data["scope"]),
                    provenance=dict(data["provenance"]), freshness=dict(data["freshness"]),
-                   superseded_by=data.get("superseded_by"), authority=data.get("authority", AUTHORITY))
+                   superseded_by=data.get("superseded_by"), authority=data.get("authority", AUTHORITY),
+                   encrypted=data.get("encrypted"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,9 @@ request carries ``Authorization: Bearer <token>`` from the discovery file):
   → ``{"hits": [...]}``
 * ``POST /v1/memory/run`` ``{tenant_id, run_id, limit?}`` → ``{"hits": [...]}``: the items extracted from one run
 * ``POST /v1/memory/stats`` ``{tenant_id?}`` → the store's stats
+* ``POST /v1/memory/forget`` ``{tenant_id, user_id?}`` → ``{"deleted": n}``: every item of that user of the tenant
+  (without ``user_id``: of the tenant) — memory's one delete route, for ``runjournal erase --tenant T [--subject U]``
+  while the owner runs (decision 0059: the items' vectors are embeddings of the shredded text)
 * ``POST /v1/knowledge/retrieve`` ``{query, corpus?, document?, limit?}`` → ``{"evidence": [...]}``
 * ``GET  /v1/knowledge/stats`` → the knowledge base's stats
 * ``POST /v1/knowledge/ingest`` ``{path, corpus?}`` → the ingest report — the corpus's one write route,
@@ -96,6 +99,10 @@ def build_app(memory: QdrantMemoryStore, knowledge: QdrantKnowledgeBase, *, toke
         tenant = b.get("tenant_id")
         return memory.stats(Scope(tenant) if tenant is not None else None)
 
+    def memory_forget(b: dict[str, Any]) -> dict[str, Any]:
+        tenant, user = Scope(b["tenant_id"]).tenant_id, b.get("user_id")
+        return {"deleted": memory.delete_by_owner(tenant, str(user) if user is not None else None)}
+
     def knowledge_retrieve(b: dict[str, Any]) -> dict[str, Any]:
         scope = KnowledgeScope(corpus=b.get("corpus"), document=b.get("document"))
         found = knowledge.retrieve(str(b["query"]), scope, limit=int(b.get("limit", 5)))
@@ -109,6 +116,7 @@ def build_app(memory: QdrantMemoryStore, knowledge: QdrantKnowledgeBase, *, toke
         Route("/v1/memory/search", _route(memory_search, token, method="POST"), methods=["POST"]),
         Route("/v1/memory/run", _route(memory_run, token, method="POST"), methods=["POST"]),
         Route("/v1/memory/stats", _route(memory_stats, token, method="POST"), methods=["POST"]),
+        Route("/v1/memory/forget", _route(memory_forget, token, method="POST"), methods=["POST"]),
         Route("/v1/knowledge/retrieve", _route(knowledge_retrieve, token, method="POST"), methods=["POST"]),
         Route("/v1/knowledge/stats", _route(lambda _: knowledge.stats(), token, method="GET"), methods=["GET"]),
         Route("/v1/knowledge/ingest", _route(knowledge_ingest, token, method="POST"), methods=["POST"]),

@@ -25,7 +25,9 @@ import httpx
 
 from runjournal.consumers.cognition.owner import read_discovery
 from runjournal.consumers.knowledge.errors import DocumentError
+from runjournal.consumers.memory.sealing import reveal_hits
 from runjournal.consumers.vectors.errors import StoreLockedError, StoreUnavailableError, StoreWriteError
+from runjournal.producers.encryption import ContentCrypto
 from runjournal.stores import (
     Authority,
     Evidence,
@@ -179,13 +181,18 @@ class _Resolver:
 
 
 class MemoryReaderClient:
-    """A :class:`~runjournal.stores.MemoryReader` usable from any process (see the module docstring)."""
+    """A :class:`~runjournal.stores.MemoryReader` usable from any process (see the module docstring).
+
+    Sealed items (decision 0059, ``runjournal.consumers.memory.sealing``) are opened with this process's key service
+    (``content``); one it cannot open reads ``encrypted``, its :attr:`MemoryHit.encrypted` naming why.
+    """
 
     plane = Plane.COGNITION
     authority = Authority.ADVISORY
 
-    def __init__(self, resolver: _Resolver) -> None:
+    def __init__(self, resolver: _Resolver, content: ContentCrypto | None = None) -> None:
         self._r = resolver
+        self._content = content
 
     def search(self, scope: Scope, query: str, *, limit: int = 10, all_statuses: bool = False,
                where: Mapping[str, str] | None = None) -> list[MemoryHit]:
@@ -199,9 +206,10 @@ class MemoryReaderClient:
             raise ScopeError(f"memory is searched with a memory Scope (tenant required), not {type(scope).__name__}")
         body = {**scope.as_payload(), "query": query, "limit": limit, "all_statuses": all_statuses,
                 "where": dict(where) if where else None}
-        return self._r.run(
+        return reveal_hits(self._r.run(
             lambda o: [MemoryHit.from_dict(h) for h in o.call("POST", "/v1/memory/search", body)["hits"]],
-            lambda m, _k: m.search(scope, query, limit=limit, all_statuses=all_statuses, where=where))
+            lambda m, _k: m.search(scope, query, limit=limit, all_statuses=all_statuses, where=where)),
+            self._content)
 
     def run_items(self, scope: Scope, run_id: str, *, limit: int = 200) -> list[MemoryHit]:
         """The items of ``scope``'s tenant extracted from ``run_id`` (any status), in offset order.
@@ -212,9 +220,25 @@ class MemoryReaderClient:
         if not isinstance(scope, Scope):
             raise ScopeError(f"memory is read with a memory Scope (tenant required), not {type(scope).__name__}")
         body = {**scope.as_payload(), "run_id": run_id, "limit": limit}
-        return self._r.run(
+        return reveal_hits(self._r.run(
             lambda o: [MemoryHit.from_dict(h) for h in o.call("POST", "/v1/memory/run", body)["hits"]],
-            lambda m, _k: m.run_items(scope, run_id, limit=limit))
+            lambda m, _k: m.run_items(scope, run_id, limit=limit)), self._content)
+
+    def forget(self, tenant_id: str, user_id: str | None = None) -> int:
+        """Delete every item of ``user_id`` of ``tenant_id`` (None: of the whole tenant) through whoever holds the
+        store — the directory's owner (the running memory extractor), the directory itself, or the server: what
+        ``runjournal erase --tenant T [--subject U]`` does beside destroying the keys (decision 0059).
+
+        Returns:
+            The number of points deleted.
+
+        Raises:
+            ScopeError: ``tenant_id`` is empty. StoreUnavailableError / StoreLockedError: as :meth:`search`.
+        """
+        tenant = Scope(tenant_id).tenant_id
+        body = {"tenant_id": tenant, "user_id": user_id}
+        return int(self._r.run(lambda o: o.call("POST", "/v1/memory/forget", body)["deleted"],
+                               lambda m, _k: m.delete_by_owner(tenant, user_id)))
 
     def stats(self, scope: Scope | None = None) -> dict[str, Any]:
         """Counts by status (one tenant, or all when None)."""
@@ -272,14 +296,17 @@ class KnowledgeReader:
 
 
 def open_memory_reader(settings: Settings, *, embedder_factory: Callable[[], Embedder] | None = None,
-                       wait_s: float = 30.0) -> MemoryReaderClient:
+                       wait_s: float = 30.0, keys: bool = True) -> MemoryReaderClient:
     """A memory reader for this process (nothing is opened until the first call).
 
     Args:
         embedder_factory: builds the query embedder when this process reads Qdrant itself (default MiniLM).
         wait_s: how long one call may wait for a held directory (default 30 s).
+        keys: open sealed items with ``settings``' key service (``RUNJOURNAL_KMS``, ``RUNJOURNAL_KEYS_DIR``;
+            default True); False: a reader that holds no key (the console) — sealed items read ``encrypted``.
     """
-    return MemoryReaderClient(_Resolver(settings, embedder_factory, wait_s))
+    return MemoryReaderClient(_Resolver(settings, embedder_factory, wait_s),
+                              ContentCrypto(settings, encrypt=False) if keys else None)
 
 
 def open_retriever(settings: Settings, *, embedder_factory: Callable[[], Embedder] | None = None,

@@ -229,7 +229,8 @@ class ContextManager:
                 memory = self._advice(notes, "memory", lambda: [
                     ("memory", h.text, h.score, {**h.provenance, "kind": h.kind, "subject": h.subject,
                                                  "status": h.status, "created_at": h.freshness.get("created_at")})
-                    for h in reader.search(scope, query, limit=self.memory_limit)], facts)
+                    for h in reader.search(scope, query, limit=self.memory_limit)
+                    if h.encrypted is None], facts)  # a sealed item this process cannot open is no advice
         knowledge: tuple[AdvisoryItem, ...] = ()
         if self.knowledge is not None:
             retriever = self.knowledge

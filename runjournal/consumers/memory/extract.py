@@ -111,6 +111,8 @@ class RunContext:
     """RUN_STARTED's ``agent``."""
     input_summary: str
     """RUN_STARTED's ``input_json``, cut to 200 characters."""
+    sealed: bool = False
+    """RUN_STARTED's ``input_json`` was encrypted: items of this run are stored sealed (decision 0059)."""
 
 
 class RunContexts:
@@ -231,8 +233,9 @@ def _outcome_text(event: Event, context: RunContext | None) -> str:
 
 
 def plain(value: str | None) -> str | None:
-    """A content field's plain text; None for an encrypted one (decision 0059: the extractor holds no key, so an
-    encrypted message, correction or outcome yields no memory, and no token ever becomes a memory item)."""
+    """A content field's plain text; None for an encrypted one (decision 0059: the rules never see a key; the
+    memory extractor opens the content of the tenants of its key grant before the rules run, see
+    ``runjournal.consumers.memory.sealing``; any other token yields no memory and never becomes a memory item)."""
     if value is None or is_encrypted(value):
         return None
     return decode_plain(value)

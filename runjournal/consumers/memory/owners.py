@@ -17,6 +17,7 @@ Redis and broker failures propagate for the failure policy (``runjournal.consume
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 from confluent_kafka import Message
 
@@ -24,6 +25,7 @@ from runjournal.consumers.memory.extract import RunContext, plain
 from runjournal.consumers.projector.store import ProjectionStore
 from runjournal.consumers.runtime.partitions import range_consumer, read_ranges, watermarks
 from runjournal.core import redis_client
+from runjournal.core.crypto.token import is_encrypted
 from runjournal.core.settings import Settings
 from runjournal.schemas import EventCodec
 from runjournal.schemas.errors import SchemaError
@@ -34,10 +36,16 @@ __all__ = ["RunOwners"]
 _SUMMARY = 200
 
 
-def _context(tenant_id: str, user_id: str | None, agent: str | None, input_json: str | None) -> RunContext:
-    text = plain(input_json) or ""
+InputOpener = Callable[[str, str, str | None], str | None]
+"""``(tenant id, run id, stored input_json) -> plain text or None``: the extractor's key grant
+(``runjournal.consumers.memory.sealing.MemoryCrypto.open_input``)."""
+
+
+def _context(tenant_id: str, user_id: str | None, agent: str | None, input_json: str | None, *,
+             run_id: str = "", opener: InputOpener | None = None) -> RunContext:
+    text = (opener(tenant_id, run_id, input_json) if opener is not None else plain(input_json)) or ""
     return RunContext(tenant_id, user_id or None, agent or None,
-                      text if len(text) <= _SUMMARY else text[: _SUMMARY - 1] + "…")
+                      text if len(text) <= _SUMMARY else text[: _SUMMARY - 1] + "…", sealed=is_encrypted(input_json))
 
 
 class RunOwners:
@@ -47,9 +55,13 @@ class RunOwners:
         settings: Redis URL (the projection), bootstrap and topic (the journal).
         codec: decodes RUN_STARTED read from the journal.
         max_runs: memoised runs (default 10,000).
+        opener: opens an encrypted run input (the extractor's key grant); default: an encrypted input is left out
+            of the context.
     """
 
-    def __init__(self, settings: Settings, codec: EventCodec, *, max_runs: int = 10_000) -> None:
+    def __init__(self, settings: Settings, codec: EventCodec, *, max_runs: int = 10_000,
+                 opener: InputOpener | None = None) -> None:
+        self.opener = opener
         self.settings = settings
         self.codec = codec
         self.max_runs = max_runs
@@ -63,11 +75,13 @@ class RunOwners:
 
         Raises:
             redis.RedisError, KafkaException: the projection or the journal could not be read (transient).
+            KeyUnavailableError: the key service did not answer opening a granted input (transient).
         """
         if event.type is EventType.RUN_STARTED:
             p = event.payload
             return self._remember(event.run_id, _context(event.tenant_id, p.get("user_id"), p.get("agent"),
-                                                         p.get("input_json")))
+                                                         p.get("input_json"), run_id=event.run_id,
+                                                         opener=self.opener))
         known = self._known.get(event.run_id)
         if known is not None:
             self._known.move_to_end(event.run_id)
@@ -75,13 +89,13 @@ class RunOwners:
         state = self.store.get(msg.partition(), event.run_id)
         if state is not None and state.tenant_id and state.epoch > 0:
             return self._remember(event.run_id, _context(state.tenant_id, state.user_id, state.agent,
-                                                         state.input_json))
+                                                         state.input_json, run_id=event.run_id, opener=self.opener))
         started = self._read_run_started(event.run_id, msg.partition(), msg.offset())
         if started is None:
             return None
         p = started.payload
         return self._remember(event.run_id, _context(started.tenant_id, p.get("user_id"), p.get("agent"),
-                                                     p.get("input_json")))
+                                                     p.get("input_json"), run_id=event.run_id, opener=self.opener))
 
     def _remember(self, run_id: str, ctx: RunContext) -> RunContext:
         self._known[run_id] = ctx

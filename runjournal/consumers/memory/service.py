@@ -29,6 +29,8 @@ written nor dead-lettered. Redelivery is harmless: writes are idempotent by poin
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -44,6 +46,8 @@ from runjournal.consumers.memory.headroom import CpuHeadroom
 from runjournal.consumers.memory.items import MemoryItem, Provenance, Scope
 from runjournal.consumers.memory.metrics import ExtractorMetrics
 from runjournal.consumers.memory.owners import RunOwners
+from runjournal.consumers.memory.payload import point_id
+from runjournal.consumers.memory.sealing import KeyGrant, MemoryCrypto
 from runjournal.consumers.memory.store import QdrantMemoryStore
 from runjournal.consumers.runtime.dlq import DeadLetters
 from runjournal.consumers.runtime.failures import (
@@ -60,6 +64,8 @@ from runjournal.consumers.runtime.topic_identity import TopicMismatchError
 from runjournal.consumers.vectors.embed import Embedder, default_embedder
 from runjournal.consumers.vectors.errors import MemoryPlaneError
 from runjournal.core import kafka, otel
+from runjournal.core.crypto.errors import EncryptedContentError
+from runjournal.core.crypto.token import encode_plain
 from runjournal.core.settings import Settings
 from runjournal.schemas import EventCodec, codec_from_settings
 from runjournal.schemas.errors import RegistryError
@@ -107,6 +113,8 @@ class _Unit:
 
     msg: Message
     items: list[MemoryItem]
+    sealed: bool = False
+    """The items were drawn from encrypted content: they are stored sealed (``sealing.MemoryCrypto.seal_item``)."""
 
 
 class MemoryExtractor:
@@ -131,10 +139,16 @@ class MemoryExtractor:
             ``runjournal_memory_headroom_wait_seconds_total``.
         metrics: Prometheus families (default: a private registry; the CLI serves it with ``--metrics-port``); the
             failure policy's waits are counted in the same registry.
+        key_grant: the tenants whose encrypted content is opened (default: ``RUNJOURNAL_MEMORY_KEY_GRANT``; empty:
+            none, encrypted content makes no memory); items drawn from encrypted content are stored sealed
+            (:mod:`runjournal.consumers.memory.sealing`, docs/guide/encryption.md § Memory).
+        crypto: the opener and sealer to use with the grant (default: built from ``settings``' key service).
 
     Raises:
         StoreLockedError: local mode and the Qdrant directory is held by another process.
         EmbedderUnavailableError, ModelIntegrityError: the default embedder cannot be built.
+        ConfigError: a key grant is given and the key service cannot be built (not in this release, or the
+            ``cryptography`` package is missing).
     """
 
     def __init__(self, settings: Settings, *, store: QdrantMemoryStore | None = None,
@@ -142,15 +156,19 @@ class MemoryExtractor:
                  poll_timeout_s: float = 0.2, group_id: str | None = None, max_attempts: int = 4,
                  backoff_base_s: float = 0.1, backoff_cap_s: float = 5.0, codec: EventCodec | None = None,
                  session_timeout_ms: int = 10_000, max_outage_s: float = 240.0,
-                 metrics: ExtractorMetrics | None = None, headroom: CpuHeadroom | None = None) -> None:
+                 metrics: ExtractorMetrics | None = None, headroom: CpuHeadroom | None = None,
+                 key_grant: KeyGrant | None = None, crypto: MemoryCrypto | None = None) -> None:
         self.settings = settings
+        grant = key_grant if key_grant is not None else KeyGrant.parse(settings.memory_key_grant)
+        self.crypto = crypto if crypto is not None else (MemoryCrypto(settings, grant) if grant else None)
         self.headroom = headroom
         self.topic = settings.events_topic
         self.store = store or QdrantMemoryStore.open(settings, embedder or default_embedder())
         self.embedder = self.store.embedder
         self.extractor = extractor or RuleExtractor()
         self.codec = codec or codec_from_settings(settings)
-        self.owners = RunOwners(settings, self.codec)
+        self.owners = RunOwners(settings, self.codec,
+                                opener=self.crypto.open_input if self.crypto is not None else None)
         self.batch_size = batch_size
         self.poll_timeout_s = poll_timeout_s
         self.max_attempts = max_attempts
@@ -267,7 +285,7 @@ class MemoryExtractor:
                 segment = []
                 self._erase(msg)
             else:
-                segment.append(_Unit(msg, self._extract(msg)))  # steps 2-3
+                segment.append(self._extract(msg))  # steps 2-3
         self._write(segment)  # steps 4-5
         if self.dlq.sent:
             self.dlq.flush()  # step 6
@@ -280,17 +298,21 @@ class MemoryExtractor:
         self.stats.batches += 1
         self.metrics.batch_seconds.observe(time.perf_counter() - started)
 
-    def _extract(self, msg: Message) -> list[MemoryItem]:
+    def _extract(self, msg: Message) -> _Unit:
         try:
-            event = self._retry("decode", lambda: self.codec.decode(
+            decoded = self._retry("decode", lambda: self.codec.decode(
                 msg.value(), topic=msg.topic(), partition=msg.partition(), offset=msg.offset()))
+            event, sealed = decoded, False
+            if self.crypto is not None:  # the key grant: granted content opened (a key service outage waits)
+                event, sealed = self._retry("decrypt", functools.partial(self.crypto.open_event, decoded))
             if not self._retry("extract", lambda: self.extractor.extract(event, None), on=(Exception,)):
-                return []  # nothing to remember: no owner lookup
+                return _Unit(msg, [])  # nothing to remember: no owner lookup
             ctx = self._retry("owner", lambda: self.owners.context(event, msg))  # from the journal (owners.py)
             ctx = ctx if ctx is not None and ctx.tenant_id == event.tenant_id else None
             drafts = self._retry("extract", lambda: self.extractor.extract(event, ctx), on=(Exception,))
             if not drafts:
-                return []
+                return _Unit(msg, [])
+            sealed = sealed or (ctx is not None and ctx.sealed)
             user = event.payload.get("user_id") or (ctx.user_id if ctx else None)
             scope = Scope(event.tenant_id, user_id=user or None, agent_id=ctx.agent if ctx else None)
         except Exception as exc:  # noqa: BLE001 - any failure of one record is dead-lettered, never skipped
@@ -298,9 +320,12 @@ class MemoryExtractor:
                     self._stop.is_set() and classify(exc).kind == TRANSIENT):
                 raise  # an outage or a fatal dependency failure is never the record's fault
             self._dead_letter(msg, exc)
-            return []
-        return [MemoryItem(text=d.text, kind=d.kind, subject=d.subject, scope=scope, created_at=event.occurred_at,
-                           provenance=self._provenance(msg, event, index)) for index, d in enumerate(drafts)]
+            return _Unit(msg, [])
+        if sealed and (self.crypto is None or not self.crypto.grant.covers(event.tenant_id)):
+            return _Unit(msg, [])  # encrypted content outside the grant makes no memory (not even a run's outcome)
+        return _Unit(msg, [MemoryItem(text=d.text, kind=d.kind, subject=d.subject, scope=scope,
+                                      created_at=event.occurred_at, provenance=self._provenance(msg, event, index))
+                           for index, d in enumerate(drafts)], sealed=sealed)
 
     def _provenance(self, msg: Message, event: Event, index: int) -> Provenance:
         key = msg.key()
@@ -313,32 +338,65 @@ class MemoryExtractor:
         units = [u for u in segment if u.items]
         if not units:
             return
-        items = [i for u in units for i in u.items]
+        items = sum((len(u.items) for u in units), 0)
         try:
-            with otel.step_span("runjournal.memory.write", {"runjournal.items": len(items)}):
-                self._write_items(items)
+            with otel.step_span("runjournal.memory.write", {"runjournal.items": items}):
+                self._write_items(units)
             return
         except MemoryPlaneError:
             if self._stop.is_set():
                 raise  # stopped while waiting: not committed
         for unit in units:  # the batch failed for a reason other than an outage: record by record
             try:
-                self._write_items(unit.items)
+                self._write_items([unit])
             except MemoryPlaneError as exc:
                 if self._stop.is_set():
                     raise
                 self._dead_letter(unit.msg, exc)
 
-    def _write_items(self, items: list[MemoryItem]) -> None:
+    def _write_items(self, units: list[_Unit]) -> None:
         started = time.perf_counter()
+        items = [i for u in units for i in u.items]
         vectors = self._retry("embed", lambda: self.embedder.embed([i.text for i in items]))  # step 4
         embedded = time.perf_counter()
         self.stats.embed_s += embedded - started
-        written = self._retry("upsert", lambda: self.store.upsert(items, vectors))  # step 5
+        stored, keep = self._stored(units)  # sealed after embedding: the vector is the plain text's
+        if len(keep) != len(items):
+            vectors = vectors[keep]
+        written = self._retry("upsert", lambda: self.store.upsert(stored, vectors)) if stored else 0  # step 5
         self.stats.items += written
         self.metrics.embed_seconds.observe(embedded - started)
         self.metrics.commit_seconds.observe(time.perf_counter() - embedded)
         self.metrics.items.inc(written)
+
+    def _stored(self, units: list[_Unit]) -> tuple[list[MemoryItem], list[int]]:
+        """The items as stored — sealed under their owner's key when drawn from encrypted content, plain text
+        escaped otherwise (``encode_plain``) — and the indexes of those kept (an owner whose key was destroyed
+        meanwhile: its items are dropped, never stored in clear).
+
+        Raises:
+            DependencyUnavailableError: the key service stayed away past the outage budget.
+        """
+        stored: list[MemoryItem] = []
+        keep: list[int] = []
+        index = -1
+        for unit in units:
+            for item in unit.items:
+                index += 1
+                if not unit.sealed:
+                    stored.append(item if encode_plain(item.text) is item.text
+                                  else dataclasses.replace(item, text=encode_plain(item.text)))
+                    keep.append(index)
+                    continue
+                if self.crypto is None:  # _extract makes no sealed unit without one
+                    continue
+                pid = point_id(item.provenance.event_id, item.provenance.item_index)
+                try:
+                    stored.append(self._retry("seal", functools.partial(self.crypto.seal_item, item, pid)))
+                except EncryptedContentError:
+                    continue  # the owner's key was destroyed: no memory, never plain text
+                keep.append(index)
+        return stored, keep
 
     def _erase(self, msg: Message) -> None:
         key = (msg.key() or b"").decode("utf-8", "replace")

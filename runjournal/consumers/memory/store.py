@@ -192,6 +192,19 @@ class QdrantMemoryStore:
         re-resolved (an older item becomes active again if its successor was erased)."""
         return self._delete_where(models.Filter(must=[_eq("provenance.run_id", run_id)]))
 
+    def delete_by_owner(self, tenant_id: str, user_id: str | None = None) -> int:
+        """Erase every item of ``user_id`` of ``tenant_id`` (None: every item of the tenant) — what ``runjournal erase
+        --tenant T [--subject U]`` does beside destroying the keys: a sealed item's text is unreadable once its key is
+        gone, and deleting the point takes its vector (an embedding of that text) too (decision 0059).
+
+        Returns:
+            The number of points deleted.
+        """
+        must = [_eq(TENANT_KEY, tenant_id)]
+        if user_id is not None:
+            must.append(_eq("scope.user_id", user_id))
+        return self._delete_where(models.Filter(must=must))
+
     def delete_by_event_key(self, event_key: str) -> int:
         """Erase the items extracted from the record with key ``{run_id}:{epoch}:{seq}`` (a tombstone).
 

@@ -125,8 +125,11 @@ class ShredReport:
     """One entry per key-encryption key: ``{"scope": "tenant"|"subject", "kek_id", "destroyed"}`` (``destroyed``
     False: it already was, or this key service never had it)."""
     deleted: list[str]
-    """What was deleted besides keys (nothing: the runs stay, their content unreadable)."""
+    """What was deleted besides keys: ``memory points: N`` (the subject's or tenant's memory items, their vectors
+    included); the runs stay, their content unreadable."""
     note: str
+    memory_note: str | None = None
+    """Why memory items were not deleted here, when so (the memory store could not be reached)."""
 
     def as_dict(self) -> dict[str, Any]:
         """The report as a JSON-able dict."""
@@ -134,7 +137,8 @@ class ShredReport:
 
 
 def shred_keys(settings: Settings, tenant_id: str, subject: str | None = None, *,
-               kms: KeyManagementService | None = None) -> ShredReport:
+               kms: KeyManagementService | None = None, erase_memory: bool = True,
+               memory_store: QdrantMemoryStore | None = None, embedder: Embedder | None = None) -> ShredReport:
     """Crypto-shred a subject of a tenant, or a whole tenant: destroy its key-encryption key(s) in the key service
     (``RUNJOURNAL_KMS``), after which every token under them — in the topics and their replicas, the dead-letter
     topics, Redis, backups, archived files — raises ``KeyDestroyedError`` (decision 0059). A tenant's key is destroyed
@@ -143,6 +147,12 @@ def shred_keys(settings: Settings, tenant_id: str, subject: str | None = None, *
 
     Processes that unwrapped a data key of a destroyed key read its tokens until their cache's TTL
     (``RUNJOURNAL_KEY_CACHE_TTL_MS``) has passed.
+
+    With ``erase_memory`` (default) the subject's (tenant's) memory items are deleted too, by their payload's owner
+    (``QdrantMemoryStore.delete_by_owner``): their sealed text is already unreadable, and this takes their vectors
+    (embeddings of that text) — through the running memory extractor that holds a local directory, the directory,
+    or the Qdrant server. A store that cannot be reached is reported in ``memory_note``, not an error: the items'
+    text stays unreadable; run the erase again to delete the points.
 
     Raises:
         InvalidIdError: ``tenant_id`` or ``subject`` breaks its id rules.
@@ -164,9 +174,11 @@ def shred_keys(settings: Settings, tenant_id: str, subject: str | None = None, *
                 break
             shredded += [{"scope": "subject", "kek_id": kek, "destroyed": service.destroy(kek)} for kek in children]
     what = f"subject {subject!r} of tenant {tenant_id!r}" if subject else f"tenant {tenant_id!r} and its subjects"
-    return ShredReport(tenant_id, subject, shredded, [],
+    points, memory_note = (_erase_owner_memory(settings, tenant_id, subject, embedder, memory_store) if erase_memory
+                           else (None, "skipped"))
+    return ShredReport(tenant_id, subject, shredded, [f"memory points: {points}"] if points else [],
                        f"the content of {what} is unreadable wherever it is stored (runs, ids, digests and timings "
-                       "stay); other processes stop reading within their key cache's TTL")
+                       "stay); other processes stop reading within their key cache's TTL", memory_note)
 
 
 def erase_run(settings: Settings, run_id: str, *, force: bool = False, erase_memory: bool = True,
@@ -477,6 +489,30 @@ def delete_run_redis(settings: Settings, client: Any, partition: int, run_id: st
     deleted, entries = results[:len(own)], results[len(own):]
     pending_removed = inbox.forget(run_id)  # the inbox hash is gone: only its pending-set entries remain
     return sum(int(n) for n in deleted), sum(int(n) for n in entries) + pending_removed
+
+
+def _erase_owner_memory(settings: Settings, tenant_id: str, subject: str | None, embedder: Embedder | None,
+                        store: QdrantMemoryStore | None) -> tuple[int | None, str | None]:
+    """Delete a subject's (tenant's) memory items for :func:`shred_keys`: ``(points deleted or None, note)``."""
+    if store is not None:
+        return store.delete_by_owner(tenant_id, subject), None
+    if not settings.qdrant_url and not Path(settings.effective_qdrant_path).exists():
+        return 0, None
+    try:
+        from runjournal.consumers.cognition import open_memory_reader
+        from runjournal.consumers.vectors.errors import MemoryPlaneError
+    except ImportError:  # memory not installed: nothing of it to delete here
+        return 0, None
+    # through the directory's owner (a running memory extractor), the directory itself, or the server
+    reader = open_memory_reader(settings, embedder_factory=(lambda: embedder) if embedder is not None else None,
+                                wait_s=10.0, keys=False)
+    try:
+        return reader.forget(tenant_id, subject), None
+    except MemoryPlaneError as exc:
+        return None, f"memory items not deleted ({type(exc).__name__}: {exc}); their sealed text is unreadable; " \
+                     "run this erase again to delete the points"
+    finally:
+        reader.close()
 
 
 def _erase_memory(settings: Settings, run_id: str, embedder: Embedder | None,
