@@ -157,6 +157,18 @@ class ContentCrypto:
         return encode_plain(text)
 
     # -- reading ------------------------------------------------------------------------------------------------
+    def key_destroyed(self, tenant_id: str, subject: str | None) -> bool:
+        """True when the key of ``subject`` of ``tenant_id`` (the tenant's with None), or its tenant's, was destroyed
+        (``runjournal erase --tenant/--subject``; decision 0059). Asks the key service each time (no cache).
+
+        Raises:
+            KeyUnavailableError: the key service did not answer (transient).
+            EncryptedContentError: this reader has no key service (no settings, or ``cryptography`` missing).
+        """
+        scope = KeyScope(tenant_id, subject)
+        kms = self._reader().kms
+        return any(kms.state(kek).status == "destroyed" for kek in (scope.kek_id, scope.parent_kek_id) if kek)
+
     def open(self, value: str | None, run_ids: str | Sequence[str], address: str, field: str) -> str | None:
         """The plain text of a stored value (None stays None).
 

@@ -131,6 +131,14 @@ class MemoryCrypto:
         except EncryptedContentError:
             return None
 
+    def erased(self, tenant_id: str, user_id: str | None) -> bool:
+        """True when the owner's key (or its tenant's) was destroyed: ``runjournal erase --tenant/--subject`` ran.
+
+        Raises:
+            KeyUnavailableError: the key service did not answer (transient).
+        """
+        return self.content.key_destroyed(tenant_id, user_id)
+
     def seal_item(self, item: MemoryItem, point_id: str) -> MemoryItem:
         """``item`` with its text sealed under its owner's key, bound to ``(run id, memory:<point id>, text)``.
 

@@ -364,6 +364,8 @@ class MemoryExtractor:
         if len(keep) != len(items):
             vectors = vectors[keep]
         written = self._retry("upsert", lambda: self.store.upsert(stored, vectors)) if stored else 0  # step 5
+        if written and self.crypto is not None:
+            written = max(0, written - self._forget_erased_owners(stored))
         self.stats.items += written
         self.metrics.embed_seconds.observe(embedded - started)
         self.metrics.commit_seconds.observe(time.perf_counter() - embedded)
@@ -397,6 +399,31 @@ class MemoryExtractor:
                     continue  # the owner's key was destroyed: no memory, never plain text
                 keep.append(index)
         return stored, keep
+
+    def _forget_erased_owners(self, stored: list[MemoryItem]) -> int:
+        """Delete the points just written of owners erased meanwhile; returns how many were deleted.
+
+        ``erase --tenant/--subject`` destroys the owner's key and then deletes the owner's points; this writer
+        upserts and then asks whether the owner's key was destroyed. Whatever the interleaving, no point of an
+        erased owner stays: either the erase's delete comes after this upsert, or this question comes after the
+        destroy (decision 0059). Without it, an extractor holding a cached data key (its TTL) could write a sealed
+        item — and its vector, an embedding of the plain text — after the erase had deleted the owner's points.
+        An erase writes a tombstone for a key never made too, so this holds for items stored in plain text.
+
+        Raises:
+            DependencyUnavailableError: the key service or Qdrant stayed away past the outage budget.
+        """
+        crypto = self.crypto
+        if crypto is None:
+            return 0
+        deleted = 0
+        for tenant_id, user_id in sorted({(i.scope.tenant_id, i.scope.user_id) for i in stored},
+                                         key=lambda o: (o[0], o[1] or "")):
+            if self._retry("erased", functools.partial(crypto.erased, tenant_id, user_id)):
+                deleted += self._retry("erase", functools.partial(self.store.delete_by_owner, tenant_id, user_id))
+                log.warning("memory items of an erased owner (tenant %s) written during its erase were deleted",
+                            tenant_id)
+        return deleted
 
     def _erase(self, msg: Message) -> None:
         key = (msg.key() or b"").decode("utf-8", "replace")

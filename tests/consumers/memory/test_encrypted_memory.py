@@ -119,3 +119,39 @@ def test_memory_of_encrypted_runs_needs_a_grant_is_sealed_and_is_shredded_with_i
         assert again.stats.dead_lettered == 0
         owners = {(p["scope"]["tenant_id"], p["scope"]["user_id"]) for p in snapshot(store).values()}
     assert owners == {("acme", "bob"), ("globex", "carol")}  # `*` grants globex too; alice is shredded
+
+
+class ErasedBeforeUpsert(QdrantMemoryStore):
+    """The real store, with ``erase --tenant acme --subject dana`` run between the extractor's seal (its data key
+    cached) and its upsert: the interleaving in which the erase's delete comes before the write."""
+
+    settings: Settings
+    erased = False
+
+    def upsert(self, items, vectors):  # type: ignore[no-untyped-def]
+        if not self.erased:
+            self.erased = True
+            report = shred_keys(self.settings, "acme", "dana", memory_store=self)
+            assert report.shredded[0]["destroyed"]
+        return super().upsert(items, vectors)
+
+
+def test_an_erase_between_the_extractors_seal_and_its_upsert_leaves_no_point_of_the_erased_user(
+        topics: Settings, tmp_path: Path) -> None:
+    s = topics.model_copy(update={"encryption": "on", "keys_dir": tmp_path / "keys"})
+    with Journal(s, producer_id="mem-race") as journal:
+        dana = journal.start_run("acme", "airline", {"trip": "LIS"}, user_id="dana")
+        dana.message("user", "I prefer window seats")
+        dana.succeed({"out": "booked"})
+        eve = journal.start_run("acme", "airline", {"trip": "OPO"}, user_id="eve")
+        eve.message("user", "I prefer aisle seats")
+    store = ErasedBeforeUpsert.open(s, HashingEmbedder())
+    store.settings = s
+    try:
+        extractor = MemoryExtractor(s, store=store, key_grant=KeyGrant.parse("acme"), backoff_base_s=0.01)
+        extractor.run(until_caught_up=True)
+        assert store.erased and extractor.stats.dead_lettered == 0
+        owners = {p["scope"]["user_id"] for p in snapshot(store).values()}
+    finally:
+        store.close()
+    assert owners == {"eve"}  # dana's points (and their vectors) are gone; eve's were written
