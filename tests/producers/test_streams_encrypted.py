@@ -163,3 +163,25 @@ def test_a_stream_of_a_run_the_journal_does_not_write_is_refused_not_written_in_
     assert "sealed" not in orjson.loads(value)
     assert [(e.data, e.encrypted) for _o, e in read_stream(clear, run.run_id)][0] == ("rjenc:1:looks-like-a-token",
                                                                                       None)
+
+
+def test_a_resumed_run_streams_under_the_same_key_and_both_epochs_open(topics: Settings, tmp_path: Path) -> None:
+    from tests.support.readback import take_over
+
+    s = topics.model_copy(update={"encryption": "on", "keys_dir": tmp_path / "keys"})
+    dead = Journal(s, producer_id=f"dead-{uuid.uuid4().hex[:6]}")
+    run = dead.start_run("acme", "agent", {}, user_id="carol")
+    run.stream("answer").write("before the crash")
+    dead.streams.flush(10)
+    dead.close()
+    with Journal(s, producer_id=f"live-{uuid.uuid4().hex[:6]}") as live:
+        resumed = take_over(live, s, run.run_id)  # Journal.resume notes the run's scope (the plan's user)
+        with resumed.stream("answer") as st:
+            st.write("after it")
+        live.streams.flush(10)
+    raw = [orjson.loads(v) for _p, v in raw_stream(topics, run.run_id)]
+    assert [r["kind"] for r in raw] == ["chunk", "gap", "chunk", "end"] and "sealed" not in raw[1]
+    assert raw[1]["data"]["segments"] == [{"segment": "answer#1.1", "epoch": 1}]  # the gap's structure: clear
+    assert [(e.kind, e.data if e.kind != "gap" else e.data["dead_epoch"], e.encrypted)
+            for _o, e in read_stream(s, run.run_id)] == [("chunk", "before the crash", None), ("gap", 1, None),
+                                                         ("chunk", "after it", None), ("end", None, None)]
