@@ -21,7 +21,9 @@ def stream_command(
                                                          "segment, n, data, at_ms).")] = False,
 ) -> None:
     """Print a run's stream from {prefix}.streams: chunks, ends and the gaps a crash left, fenced (a dead owner's late
-    chunks are dropped). Without --json the chunks' text, with a marked line per gap.
+    chunks are dropped). Without --json the chunks' text, with a marked line per gap. Sealed chunks (encryption on,
+    decision 0059) are opened with RUNJOURNAL_KEYS_DIR's keys; one that cannot be opened (no key, an erased subject)
+    is shown as ⟨encrypted: <error>⟩ (--json: data "encrypted" and "encrypted": the error's name).
     """
     from runjournal.cli._errors import cli_errors
     from runjournal.consumers.runtime.topic_identity import preflight
@@ -36,6 +38,8 @@ def stream_command(
         for _offset, event in read_stream(settings, run_id, from_offset, follow=follow):
             if as_json:
                 print(json.dumps(event.as_dict(), ensure_ascii=False), flush=True)
+            elif event.kind == "chunk" and event.encrypted is not None:  # never the token (decision 0059)
+                print(f"⟨encrypted: {event.encrypted}⟩", end="", flush=True)
             elif event.kind == "chunk":
                 print(event.data if isinstance(event.data, str) else json.dumps(event.data), end="", flush=True)
             elif event.kind == "gap":

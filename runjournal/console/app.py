@@ -260,7 +260,8 @@ class _Console:
             return PlainTextResponse("Last-Event-ID is a stream offset (a whole number)", status_code=400)
         start = None if last is None else max(0, int(last) + (1 if "last-event-id" in request.headers else 0))
         try:
-            reader = await run_in_threadpool(StreamReader, self.config.settings, run_id, start)
+            # the console holds no key (decision 0059): a sealed chunk is shown as "encrypted", never its token
+            reader = await run_in_threadpool(lambda: StreamReader(self.config.settings, run_id, start, content=None))
         except (LookupError, *_UNAVAILABLE) as exc:
             return PlainTextResponse(f"stream unavailable: {type(exc).__name__}: {exc}", status_code=503)
         return StreamingResponse(self._events(request, reader), media_type="text/event-stream",

@@ -296,6 +296,7 @@ class Journal:
             self._partition_error: PartitionCountChangedError | None = None
             self._closed = False
             self._streams: StreamWriter | None = None
+            self._compression = compression
             self._metrics = metrics or NO_METRICS
             config = kafka.client_config(settings, "producer", client_id=self.producer_id, **{
                 "transactional.id": self.transactional_id,
@@ -518,7 +519,9 @@ class Journal:
     def streams(self) -> StreamWriter:
         """This instance's writer of ``{prefix}.streams`` (``run.stream()``; its producer is made on first use)."""
         if self._streams is None:
-            self._streams = StreamWriter(self.settings, self._redis, self._prefix, self._memoise_partition)
+            self._streams = StreamWriter(self.settings, self._redis, self._prefix, self._memoise_partition,
+                                         content=self.content, scope_of=self.scope_of,
+                                         compression=self._compression)
         return self._streams
 
     def _mark_stream_gap(self, run_id: str, epoch: int) -> None:

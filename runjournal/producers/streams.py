@@ -13,6 +13,12 @@ openings) a dead epoch opened and never ended. Open segments are found in O(1): 
 
 A reader (``runjournal.consumers.streams``) resumes by Kafka offset and fences: once a gap or a record of epoch E
 was read, chunks of an older epoch (a zombie's late tokens) are dropped.
+
+With ``RUNJOURNAL_ENCRYPTION=on`` (decision 0059) a chunk's ``data`` (and an ``end`` record's error text) is sealed
+under the run's key scope (``Journal.scope_of``: the run's user, else its tenant), bound to ``(run id,
+stream:<segment>:<n>, data)`` (an end's error: ``(run id, stream:<segment>:end, error)``), and the record says so in
+``sealed`` (``str``: the token holds the text; ``json``: it holds the JSON value's text). A gap's structure
+(segments, epochs) stays in clear. A chunk moved to another run, segment or position does not decrypt.
 """
 
 from __future__ import annotations
@@ -23,22 +29,30 @@ import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 import orjson
 
 from runjournal.core import kafka
+from runjournal.core.errors import RunjournalError
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.producers.errors import JournalError
 
+if TYPE_CHECKING:
+    from runjournal.core.crypto.keys import KeyScope
+    from runjournal.producers.encryption import ContentCrypto
+
 __all__ = ["STREAM_KINDS", "Stream", "StreamChunkTooLargeError", "StreamDataError", "StreamError", "StreamRecord",
-           "StreamWriter", "decode_record", "encode_record"]
+           "StreamWriter", "UnsealableStreamError", "decode_record", "encode_record", "stream_address"]
 
 log = logging.getLogger(__name__)
 
 STREAM_KINDS = ("chunk", "end", "gap")
 """The record kinds of ``{prefix}.streams``."""
+
+ENCRYPTED_ERROR_LOST = "(the error text could not be sealed)"
+"""An ``end``'s error when encryption is on and the text could not be sealed (its key gone): never the text."""
 
 _QUEUE_RETRIES = 50
 """How many times a write retries a full local producer queue (0.1 s each) before raising ``StreamError``."""
@@ -54,6 +68,17 @@ class StreamDataError(StreamError, TypeError):
 
 class StreamChunkTooLargeError(StreamError, ValueError):
     """A chunk's JSON is larger than ``settings.stream_chunk_bytes`` (``RUNJOURNAL_STREAM_CHUNK_BYTES``)."""
+
+
+class UnsealableStreamError(StreamError):
+    """Encryption is on and the journal knows no key scope for the run (it neither started nor resumed it): the
+    stream cannot be sealed, and it is never written in clear instead (decision 0059)."""
+
+
+def stream_address(segment: str, n: int | None) -> str:
+    """The binding address of a segment's chunk ``n`` (``stream:<segment>:<n>``), or of its end (``n`` None:
+    ``stream:<segment>:end``) — decision 0059."""
+    return f"stream:{segment}:{'end' if n is None else n}"
 
 
 class StreamRecord(TypedDict):
@@ -74,6 +99,9 @@ class StreamRecord(TypedDict):
     ``{"dead_epoch": E, "segments": [{"segment": s, "epoch": e}, …]}``."""
     at_ms: int
     """Writer's wall clock at the write, ms since the epoch (producer → reader delay)."""
+    sealed: NotRequired[str]
+    """Present when ``data`` (a chunk) or ``data["error"]`` (an end) is a token (decision 0059): ``str`` (it holds
+    the text) or ``json`` (it holds the JSON value's text). Absent: in clear, as written."""
 
 
 def encode_record(record: StreamRecord) -> bytes:
@@ -117,10 +145,18 @@ class StreamWriter:
         redis_client: the journal's Redis client (open-segment hashes).
         prefix: Redis key prefix.
         partition_of: run id → its partition (the journal's ``partition_for`` over the events topic's count).
+        content: the journal's content sealer (``Journal.content``); when it encrypts, chunks are sealed.
+        scope_of: run id → its key scope (``Journal.scope_of``), or None when unknown.
+        compression: the producer's ``compression.type`` (the journal's; default ``lz4``).
     """
 
-    def __init__(self, settings: Settings, redis_client: Any, prefix: str, partition_of: Callable[[str], int]) -> None:
+    def __init__(self, settings: Settings, redis_client: Any, prefix: str, partition_of: Callable[[str], int], *,
+                 content: ContentCrypto | None = None,
+                 scope_of: Callable[[str], KeyScope | None] | None = None, compression: str = "lz4") -> None:
         self.settings = settings
+        self.content = content
+        self._scope_of = scope_of
+        self._compression = compression
         self.topic = settings.streams_topic
         self._redis = redis_client
         self._keys = RedisKeys(prefix)
@@ -136,7 +172,8 @@ class StreamWriter:
         with self._lock:
             if self._producer is None:
                 self._producer = kafka.producer(self.settings, client_id=f"{self.settings.topic_prefix}.streams", **{
-                    "enable.idempotence": "true", "acks": "all", "linger.ms": "5", "compression.type": "lz4"})
+                    "enable.idempotence": "true", "acks": "all", "linger.ms": "5",
+                    "compression.type": self._compression})
             return self._producer
 
     def _delivered(self, err: Any, msg: Any) -> None:
@@ -144,14 +181,20 @@ class StreamWriter:
             self.lost += 1
             log.warning("stream record lost (%s): %s", self.topic, err)
 
-    def append(self, run_id: str, epoch: int, segment: str | None, n: int, kind: str, data: Any) -> None:
+    def append(self, run_id: str, epoch: int, segment: str | None, n: int, kind: str, data: Any,
+               sealed: str | None = None) -> None:
         """Produce one record on the run's partition (asynchronous: ``flush`` waits for acknowledgements).
+
+        Args:
+            sealed: ``str`` / ``json`` when ``data`` is already a token (:meth:`seal`); None in clear.
 
         Raises:
             StreamError: the local producer queue stayed full for ``_QUEUE_RETRIES`` × 0.1 s.
         """
         record: StreamRecord = {"run_id": run_id, "epoch": epoch, "segment": segment, "n": n, "kind": kind,
                                 "data": data, "at_ms": int(time.time() * 1000)}
+        if sealed is not None:
+            record["sealed"] = sealed
         value, producer = encode_record(record), self._client()
         for _ in range(_QUEUE_RETRIES):
             try:
@@ -163,17 +206,45 @@ class StreamWriter:
                 producer.poll(0.1)
         raise StreamError(f"the stream producer's queue stayed full; run {run_id}'s chunk was not written")
 
+    def scope(self, run_id: str) -> KeyScope | None:
+        """The key scope a new segment of ``run_id`` is sealed under; None when the journal does not encrypt.
+
+        Raises:
+            UnsealableStreamError: encryption is on and the journal knows no scope for the run.
+        """
+        if self.content is None or not self.content.encrypting:
+            return None
+        scope = self._scope_of(run_id) if self._scope_of is not None else None
+        if scope is None:
+            raise UnsealableStreamError(f"encryption is on and this journal writes no run {run_id!r}: its stream "
+                                        "cannot be sealed (start or resume the run first)")
+        return scope
+
+    def seal(self, scope: KeyScope, run_id: str, address: str, field: str, text: str) -> str:
+        """``text`` as a token under ``scope``, bound to ``(run_id, address, field)`` (decision 0059).
+
+        Raises:
+            KeyDestroyedError: the scope's key was destroyed (an erased subject). KeyUnavailableError: transient.
+        """
+        assert self.content is not None
+        return self.content.seal_text(text, tenant_id=scope.tenant_id, subject=scope.subject, run_id=run_id,
+                                      address=address, field=field)
+
     def open(self, run_id: str, epoch: int, name: str) -> Stream:
         """A new segment of the run's stream (``run.stream()`` calls this), noted open in Redis.
 
         First marks the gap a dead earlier epoch left (:meth:`mark_gap`), once per (run, epoch) and writer.
+
+        Raises:
+            UnsealableStreamError: encryption is on and the journal knows no key scope for the run.
         """
+        scope = self.scope(run_id)
         self.mark_gap(run_id, epoch)
         with self._lock:
             k = next(self._openings.setdefault((run_id, epoch), itertools.count(1)))
         segment = f"{name}#{epoch}.{k}"
         self._redis.hset(self._keys.streams(run_id), segment, str(epoch))
-        return Stream(self, run_id, epoch, segment)
+        return Stream(self, run_id, epoch, segment, scope)
 
     def closed(self, run_id: str, segment: str) -> None:
         """Forget an ended segment (its ``end`` record is written)."""
@@ -227,11 +298,14 @@ class Stream:
     A process that dies leaves the segment open: its next owner's gap record names it.
     """
 
-    def __init__(self, writer: StreamWriter, run_id: str, epoch: int, segment: str) -> None:
+    def __init__(self, writer: StreamWriter, run_id: str, epoch: int, segment: str,
+                 scope: KeyScope | None = None) -> None:
         self.writer = writer
         self.run_id = run_id
         self.epoch = epoch
         self.segment = segment
+        self.scope = scope
+        """The key scope its chunks are sealed under (None: written in clear)."""
         self.n = 0
         """Chunks written so far."""
         self.ended = False
@@ -245,21 +319,37 @@ class Stream:
         Raises:
             StreamDataError: not a str or JSON value. StreamChunkTooLargeError: over ``stream_chunk_bytes``.
             StreamError: the segment has ended, or the producer's queue stayed full.
+            KeyDestroyedError: encrypting, and the run's key was destroyed (an erased subject); nothing is written.
         """
         if self.ended:
             raise StreamError(f"stream segment {self.segment} of run {self.run_id} has ended")
         _chunk_bytes(data, self.writer.settings.stream_chunk_bytes)
-        self.n += 1
-        self.writer.append(self.run_id, self.epoch, self.segment, self.n, "chunk", data)
-        return self.n
+        n = self.n + 1
+        sealed: str | None = None
+        if self.scope is not None:
+            sealed = "str" if isinstance(data, str) else "json"
+            data = self.writer.seal(self.scope, self.run_id, stream_address(self.segment, n), "data",
+                                    data if isinstance(data, str) else orjson.dumps(data).decode("utf-8"))
+        self.n = n
+        self.writer.append(self.run_id, self.epoch, self.segment, n, "chunk", data, sealed)
+        return n
 
     def end(self, error: str | None = None) -> None:
         """Write the ``end`` record and forget the segment (idempotent)."""
         if self.ended:
             return
         self.ended = True
+        sealed: str | None = None
+        if error is not None and self.scope is not None:
+            try:
+                error = self.writer.seal(self.scope, self.run_id, stream_address(self.segment, None), "error", error)
+                sealed = "str"
+            except RunjournalError as exc:  # the end is still written (the segment closes), its text never clear
+                log.warning("run %s: stream %s's error text could not be sealed (%s); written without it",
+                            self.run_id, self.segment, type(exc).__name__)
+                error = ENCRYPTED_ERROR_LOST
         self.writer.append(self.run_id, self.epoch, self.segment, self.n, "end",
-                           None if error is None else {"error": error})
+                           None if error is None else {"error": error}, sealed)
         self.writer.closed(self.run_id, self.segment)
 
     def __enter__(self) -> Stream:

@@ -42,10 +42,14 @@ def test_no_plain_text_in_the_brokers_segments_or_the_redis_dump(topics: Setting
         run.call(Echo(), {"text": text})
         run.call(Echo(), {"text": text, "pad": 1000})  # by reference: {prefix}.payloads
         run.message("user", f"my card is {text}")
+        with run.stream("answer") as stream:  # {prefix}.streams: chunks sealed too (the journal's compression)
+            stream.write(f"token {text}")
+            stream.write({"progress": text})
         run.succeed({"out": text})
     project(topics)  # the projection in Redis: the run's hash, its records
     segments = segment_bytes(endpoints.stack_dir, topics.topic_prefix)
     assert any(".events-" in name for name in segments) and any(".payloads-" in name for name in segments)
+    assert any(".streams-" in name for name in segments)
     holding = sorted(name for name, data in segments.items() if mark in data)
     dump = rdb_dump(topics)
     assert run.run_id.encode() in dump  # the run is in the dump: the check below looks at it
@@ -53,4 +57,5 @@ def test_no_plain_text_in_the_brokers_segments_or_the_redis_dump(topics: Setting
         assert holding == [] and mark not in dump
     else:
         assert any(".events-" in n for n in holding) and any(".payloads-" in n for n in holding)
+        assert any(".streams-" in n for n in holding)
         assert mark in dump

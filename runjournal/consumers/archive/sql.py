@@ -15,6 +15,11 @@ nothing is refused, nothing written back.
 ``location`` says where a row came from: ``live`` or ``archive``. The journal names no provider: a tool is one
 provider's API, so "reconciles by provider" groups calls by ``tool``.
 
+With encryption on (decision 0059) the archive holds the journal's tokens as they were written (so crypto-shredding
+reaches it); ``events.payload_json`` shows each content field opened with the reader's keys (``RUNJOURNAL_KEYS_DIR``),
+or ``"encrypted"`` where this reader cannot open it (no key directory, an erased subject's destroyed key) — never
+the token as if it were text. The other columns are structure (ids, statuses, times) and never encrypted.
+
 Reading the archive reads every manifest and every object it names (through fsspec: ``file://`` and ``s3://``
 alike): a full scan, the price of an ad-hoc query over cold data.
 
@@ -34,6 +39,8 @@ from runjournal.consumers.runtime.partitions import events_partition_count
 from runjournal.core import redis_client
 from runjournal.core.settings import Settings
 from runjournal.model.reducer import CallStatus, RunState, fold
+from runjournal.producers.encryption import CONTENT_FIELDS, ContentCrypto
+from runjournal.schemas import Event
 from runjournal.stores.errors import ObjectStoreError
 from runjournal.stores.object_store import filesystem
 
@@ -82,7 +89,7 @@ QueryResult = tuple[list[str], list[tuple[Any, ...]]]
 
 
 def query(settings: Settings, sql: str, *, live: bool = True, archive: bool = True,
-          redis: Any = None) -> QueryResult:
+          redis: Any = None, content: ContentCrypto | None = None) -> QueryResult:
     """Run ``sql`` over ``runs``, ``calls`` and ``events`` (see the module docstring).
 
     Args:
@@ -92,6 +99,8 @@ def query(settings: Settings, sql: str, *, live: bool = True, archive: bool = Tr
         live: include the live projection (Redis) — default True.
         archive: include the archive — default True.
         redis: a Redis client; default ``runjournal.core.redis_client.client(settings)``.
+        content: opens the archived events' content fields (default ``ContentCrypto(settings, encrypt=False)``: the
+            settings' key directory); where it cannot, ``payload_json`` holds ``"encrypted"`` (decision 0059).
 
     Returns:
         :class:`QueryResult` ``(columns, rows)``; a statement with no result set gives no rows (DuckDB may name a
@@ -108,9 +117,10 @@ def query(settings: Settings, sql: str, *, live: bool = True, archive: bool = Tr
     events: list[dict[str, Any]] = []
     archived_ids: set[str] = set()
     if archive:
+        opener = content if content is not None else ContentCrypto(settings, encrypt=False)
         for archived in _archived_runs(settings):
             archived_ids.add(archived.manifest["run_id"])
-            _add_archived(settings, archived, runs, calls, events)
+            _add_archived(settings, archived, runs, calls, events, opener)
     if live:
         for state in _live_states(settings, redis):
             if state.run_id not in archived_ids:
@@ -171,15 +181,16 @@ def _manifests(fs: AbstractFileSystem, root: str) -> list[str]:
 
 
 def _add_archived(settings: Settings, archived: ArchivedRun, runs: list[dict[str, Any]],
-                  calls: list[dict[str, Any]], events: list[dict[str, Any]]) -> None:
+                  calls: list[dict[str, Any]], events: list[dict[str, Any]], content: ContentCrypto) -> None:
     decoded = archived.events(settings)
     state = fold(decoded, critical=settings.critical_types)
     if state is None:
         return
     runs.append(_run_row(state, "archive", archived.manifest["object_url"]))
     calls.extend(_call_rows(state, "archive"))
+    lineage = [state.run_id, *state.fork_lineage]
     for event, partition, offset in decoded:
-        payload = event.payload
+        payload = _revealed(event, lineage, content)
         tool_event = str(event.type).startswith("TOOL_CALL_")
         events.append({"run_id": event.run_id, "tenant_id": event.tenant_id, "agent": state.agent,
                        "partition": partition, "offset": offset, "seq": event.seq, "epoch": event.epoch,
@@ -187,6 +198,19 @@ def _add_archived(settings: Settings, archived: ArchivedRun, runs: list[dict[str
                        "node_id": event.node_id, "call_id": payload.get("call_id") if tool_event else None,
                        "tool": payload.get("tool") if tool_event else None,
                        "payload_json": json.dumps(payload, sort_keys=True, default=str), "location": "archive"})
+
+
+def _revealed(event: Event, lineage: list[str], content: ContentCrypto) -> dict[str, Any]:
+    """``event``'s payload with its content fields opened, or ``"encrypted"`` where ``content`` cannot open them
+    (decision 0059); plain text as it is (an escaped ``rjenc:0:`` text unescaped)."""
+    fields = CONTENT_FIELDS.get(event.type)
+    if not fields:
+        return event.payload
+    payload = dict(event.payload)
+    for name, address in fields:
+        if isinstance(payload.get(name), str):
+            payload[name] = content.reveal(payload[name], lineage, address(event), name)
+    return payload
 
 
 def _live_states(settings: Settings, redis: Any) -> list[RunState]:

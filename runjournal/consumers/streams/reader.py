@@ -12,6 +12,12 @@ never older than the fence, and each raises it), so resuming costs one record, n
 A ``gap`` names the segments a dead epoch left open; the reader adds, per segment, the offset and number of the
 last chunk it delivered of it (``last_offset``, ``last_n``; None when it never read one — a reader that resumed
 after them).
+
+Sealed records (``RUNJOURNAL_ENCRYPTION=on``, decision 0059) are opened with the reader's keys (``content``): the
+event's ``data`` is the plain chunk. A reader that cannot open one (no key directory, an erased subject's destroyed
+key, a chunk moved to another run, segment or position) delivers it in its place with ``data`` = ``"encrypted"`` (an
+end: ``{"error": "encrypted"}``) and ``encrypted`` naming the error (``KeyDestroyedError``, ``UnknownKeyError``,
+``CiphertextBindingError`` …): the stream goes on, the token is never handed out as text.
 """
 
 from __future__ import annotations
@@ -23,9 +29,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from runjournal.core import kafka
+from runjournal.core.crypto.errors import EncryptedContentError, KeyUnavailableError
 from runjournal.core.settings import Settings
-from runjournal.producers.streams import decode_record
+from runjournal.producers.encryption import ENCRYPTED, ContentCrypto
+from runjournal.producers.streams import decode_record, stream_address
 from runjournal.schemas.keys import partition_for
 
 __all__ = ["StreamEvent", "StreamReader", "read_stream"]
@@ -52,11 +62,22 @@ class StreamEvent:
     "epoch", "last_offset", "last_n"}]}``."""
     at_ms: int
     """Writer's wall clock at the write, ms since the epoch."""
+    encrypted: str | None = None
+    """Set when the record is sealed and this reader could not open it (decision 0059): the named error's class
+    (``KeyDestroyedError``, ``UnknownKeyError``, ``CiphertextBindingError``, ``EncryptedContentError`` for a reader
+    without keys …); ``data`` is then ``"encrypted"`` (an end's: ``{"error": "encrypted"}``)."""
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-able form (SSE data, ``--json``)."""
-        return {"offset": self.offset, "kind": self.kind, "epoch": self.epoch, "segment": self.segment, "n": self.n,
-                "data": self.data, "at_ms": self.at_ms}
+        """JSON-able form (SSE data, ``--json``); ``encrypted`` only when set."""
+        out = {"offset": self.offset, "kind": self.kind, "epoch": self.epoch, "segment": self.segment, "n": self.n,
+               "data": self.data, "at_ms": self.at_ms}
+        if self.encrypted is not None:
+            out["encrypted"] = self.encrypted
+        return out
+
+
+_OWN_KEYS: Any = object()
+"""``StreamReader(content=…)``'s default: open sealed records with the settings' key service."""
 
 
 class StreamReader:
@@ -67,16 +88,20 @@ class StreamReader:
         run_id: the run.
         from_offset: the first offset to read (``None`` or 0: the partition's beginning).
         timeout_s: metadata timeout, seconds.
+        content: opens sealed records (default: ``ContentCrypto(settings, encrypt=False)``, the settings' key
+            directory); None: a reader that holds no key (the console) — every sealed record shows ``encrypted``.
 
     Raises:
         TopicNotFoundError-like ``LookupError``: no ``{prefix}.streams`` topic (run ``runjournal topics create``).
     """
 
     def __init__(self, settings: Settings, run_id: str, from_offset: int | None = None, *,
-                 timeout_s: float = 10.0) -> None:
+                 timeout_s: float = 10.0, content: ContentCrypto | None = _OWN_KEYS) -> None:
         from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
         self.run_id = run_id
+        self.content: ContentCrypto | None = ContentCrypto(settings, encrypt=False) if content is _OWN_KEYS \
+            else content
         self.topic = settings.streams_topic
         self._key = run_id.encode("utf-8")
         self._consumer = kafka.consumer(settings, **{"group.id": f"{settings.topic_prefix}.stream-{uuid.uuid4()}",
@@ -145,8 +170,35 @@ class StreamReader:
                                          for s in data.get("segments", []) if isinstance(s, dict)]}
         elif kind == "chunk" and record.get("segment") is not None:
             self._last[record["segment"]] = (offset, int(record.get("n", 0)))
+        encrypted = None
+        if record.get("sealed") is not None and kind in ("chunk", "end"):
+            data, encrypted = self._opened(record, data)
         return StreamEvent(offset=offset, kind=kind, epoch=epoch, segment=record.get("segment"),
-                           n=int(record.get("n", 0)), data=data, at_ms=int(record.get("at_ms", 0)))
+                           n=int(record.get("n", 0)), data=data, at_ms=int(record.get("at_ms", 0)),
+                           encrypted=encrypted)
+
+    def _opened(self, record: Any, data: Any) -> tuple[Any, str | None]:
+        """A sealed chunk's or end's data opened, and None; or its stand-in and the named error (decision 0059)."""
+        end = record["kind"] == "end"
+        token = data.get("error") if end and isinstance(data, dict) else data
+        shown: Any = {"error": ENCRYPTED} if end else ENCRYPTED
+        if not isinstance(token, str):
+            return shown, "TokenFormatError"
+        if self.content is None:
+            return shown, EncryptedContentError.__name__
+        address = stream_address(str(record.get("segment")), None if end else int(record.get("n", 0)))
+        try:
+            text = self.content.open(token, self.run_id, address, "error" if end else "data")
+        except (EncryptedContentError, KeyUnavailableError) as exc:  # named, and the stream goes on
+            return shown, type(exc).__name__
+        if end:
+            return {"error": text}, None
+        if record.get("sealed") == "json" and text is not None:
+            try:
+                return orjson.loads(text), None
+            except orjson.JSONDecodeError:
+                return shown, "TokenFormatError"
+        return text, None
 
     def close(self) -> None:
         """Close the consumer (idempotent)."""
