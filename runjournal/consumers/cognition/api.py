@@ -36,6 +36,7 @@ from starlette.routing import Route
 
 from runjournal.consumers.knowledge.errors import KnowledgeError
 from runjournal.consumers.vectors.errors import MemoryPlaneError
+from runjournal.core.ids import USER_ID
 from runjournal.stores import KnowledgeScope, Scope, StoreContractError
 from runjournal.stores.errors import PlaneError, ProvenanceError
 
@@ -101,7 +102,7 @@ def build_app(memory: QdrantMemoryStore, knowledge: QdrantKnowledgeBase, *, toke
 
     def memory_forget(b: dict[str, Any]) -> dict[str, Any]:
         tenant, user = Scope(b["tenant_id"]).tenant_id, b.get("user_id")
-        return {"deleted": memory.delete_by_owner(tenant, str(user) if user is not None else None)}
+        return {"deleted": memory.delete_by_owner(tenant, USER_ID.check_optional(user))}
 
     def knowledge_retrieve(b: dict[str, Any]) -> dict[str, Any]:
         scope = KnowledgeScope(corpus=b.get("corpus"), document=b.get("document"))
