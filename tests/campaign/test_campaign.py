@@ -42,7 +42,7 @@ def parse_cell(cell: str) -> tuple[str, str, str, str]:
     parts = cell.split(":")
     if not 2 <= len(parts) <= 4:
         raise ValueError(f"campaign cell {cell!r}: expected seed:idempotency[:mode[:encryption]]")
-    seed, idempotency, mode, encryption = (*parts, "group", "plain")[:4]
+    seed, idempotency, mode, encryption = (*parts, *("group", "plain")[len(parts) - 2:])
     if mode not in ("group", "strict") or encryption not in ("enc", "plain"):
         raise ValueError(f"campaign cell {cell!r}: mode is group|strict, encryption enc|plain")
     return seed, idempotency, mode, encryption
