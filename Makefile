@@ -80,13 +80,14 @@ test-cluster: install ## The 3-broker secure-cluster tests (left out of `make te
 # The fault campaign (tests/campaign, marker `campaign`): the main job on the real input (200 runs) with --faults all
 # on a 3-broker stack with a registry that the test starts. Two cells by default (seed 1, provider idempotency off, in
 # each outcome mode: group commit and strict); campaign-acceptance runs the acceptance matrix (3 seeds x idempotency
-# off/on in group commit, plus 3 strict cells; ~35-60 min) and keeps each cell's summary.
+# off/on in group commit, plus 3 strict cells and one with encryption on; ~40-65 min) and keeps each cell's summary.
+# A cell is seed:idempotency[:mode[:encryption]]; encryption `enc` runs the fleet with RUNJOURNAL_ENCRYPTION=on.
 CAMPAIGN_MATRIX ?= 1:off:group,1:off:strict
 test-campaign: install ## The fault campaign on the real input, one cell per outcome mode (~6-12 min)
 	RJ_CAMPAIGN_MATRIX=$(CAMPAIGN_MATRIX) $(BIN)/pytest -q -m campaign --timeout=2400 tests/campaign
 
-campaign-acceptance: install ## The acceptance matrix: 3 seeds x idempotency off/on, group + 3 strict cells (~35-60 min)
-	RJ_CAMPAIGN_MATRIX=1:off,2:off,3:off,1:on,2:on,3:on,1:off:strict,2:on:strict,3:off:strict \
+campaign-acceptance: install ## The acceptance matrix: 3 seeds x idempotency off/on, group + 3 strict + 1 encrypted cell (~40-65 min)
+	RJ_CAMPAIGN_MATRIX=1:off,2:off,3:off,1:on,2:on,3:on,1:off:strict,2:on:strict,3:off:strict,1:off:group:enc \
 	  RJ_CAMPAIGN_RESULTS=campaign-results.jsonl \
 	  $(BIN)/pytest -q -m campaign --timeout=2400 tests/campaign
 

@@ -11,7 +11,7 @@ __all__ = ["PAIRS", "Row", "Summary", "goal_met", "paired_ratios", "percentile",
 
 #: The bench's pairs, in the order they run (every one on the stack: pair 9's ``inspect RUN_ID`` reads a real run).
 PAIRS = ("publish", "boundary", "projection", "recovery", "memory", "footprint", "console", "aio", "startup",
-         "long", "event_cost", "payloads", "spend", "streams", "retention")
+         "long", "event_cost", "payloads", "spend", "streams", "retention", "encryption")
 
 
 def percentile(values: Sequence[float], q: float) -> float:

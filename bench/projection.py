@@ -33,6 +33,7 @@ import random
 import subprocess
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,7 @@ from runjournal.consumers.projector.store import ProjectionStore
 from runjournal.core import kafka, redis_client
 from runjournal.core.settings import Settings
 from runjournal.producers import partition_for
-from runjournal.schemas import codec_from_settings
+from runjournal.schemas import Event, codec_from_settings
 
 __all__ = ["ProjectionConfig", "TimedProjector", "ceiling_rate", "publish_workload", "quix_python", "run_projection"]
 
@@ -93,10 +94,15 @@ class TimedProjector(Projector):
 
 
 def publish_workload(settings: Settings, runs: int, events_per_run: int, *, json_topic: str | None = None,
-                     seed: int = 7) -> int:
-    """Publish ``runs`` complete runs (Avro to the events topic; JSON keyed by run_id to ``json_topic``)."""
+                     seed: int = 7, seal: Callable[[Event], Event] | None = None) -> int:
+    """Publish ``runs`` complete runs (Avro to the events topic; JSON keyed by run_id to ``json_topic``).
+
+    ``seal``: applied to every event before it is encoded (pair 16: a journal's encryption of the content fields).
+    """
     rng = random.Random(seed)
     all_runs = [run_events(str(uuid.UUID(int=rng.getrandbits(128))), events_per_run) for _ in range(runs)]
+    if seal is not None:
+        all_runs = [[seal(e) for e in run] for run in all_runs]
     stream = list(interleave(all_runs, rng))
     codec = codec_from_settings(settings)
     parts = {r[0].run_id: partition_for(r[0].run_id, settings.partitions) for r in all_runs}

@@ -46,6 +46,7 @@ def _sizes(quick: bool, rounds: int | None) -> dict[str, Any]:
         "retention_runs": (30, 6) if quick else (200, 40),  # (runs, of them in the window): a fifth kept
         "retention_archive_runs": 10 if quick else 50,  # runs per archive_runs batch (a sweep) of the throughput row
         "retention_rounds": min(r, 2 if quick else 3),
+        "encryption_runs": 400 if quick else 1_000,  # per projector topic (encrypted and plain), 50 events a run
     }
 
 
@@ -67,6 +68,11 @@ def _run_pair(name: str, env: BenchEnv, shared: dict[str, Any], sizes: dict[str,
         runs, window = sizes["retention_runs"]
         return run_retention(env, RetentionConfig(runs, window, sizes["retention_archive_runs"],
                                                   sizes["retention_rounds"]))
+    if name == "encryption":
+        from bench.encryption import EncryptionConfig, run_encryption
+
+        return run_encryption(env, EncryptionConfig(sizes["publish_events"], sizes["boundary_calls"],
+                                                    sizes["encryption_runs"], r))
     if name == "spend":
         from bench.spend import SpendConfig, run_spend
 

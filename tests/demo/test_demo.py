@@ -53,13 +53,14 @@ def own_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, st
 
 
 @pytest.mark.parametrize(("idempotency", "mode", "kinds", "encryption"),
-                         [("off", "strict", SMALL_CAMPAIGN, "off"), ("off", "group", WITH_CONTROLS, "on")],
-                         ids=["off-strict", "off-group-controls-encrypted"])
+                         [("off", "strict", SMALL_CAMPAIGN, "on"), ("off", "group", WITH_CONTROLS, "off")],
+                         ids=["off-strict-encrypted", "off-group-controls"])
 def test_demo_generated_workload_under_chaos(own_stack: dict[str, str], tmp_path: Path, idempotency: str,
                                              mode: str, kinds: tuple[str, ...], encryption: str) -> None:
     """The main job under chaos. The group-commit cell has the operator controls too (its faults are the strict
-    cell's and more) and runs with encryption on (issue 33's acceptance: agents seal every content field, SIGKILLed
-    agents' runs are resumed with the keys, the projector, the recovery job and the memory extractor hold none)."""
+    cell's and more); the strict cell runs with encryption on (issue 33: agents seal every content field, SIGKILLed
+    agents' runs are resumed with the keys, the projector, the recovery job and the memory extractor hold none; CI's
+    campaign cell runs group commit with encryption on, on the real input)."""
     report = tmp_path / "report.html"
     keys = tmp_path / "keys"
     env = {**own_stack, "RUNJOURNAL_ENCRYPTION": encryption, "RUNJOURNAL_KEYS_DIR": str(keys)}
