@@ -56,3 +56,21 @@ def test_every_text_round_trips_through_a_token(text: str, run_id: str, subject:
         pass
     else:
         raise AssertionError("a token read as plain text")
+
+
+@given(st.text(), st.text(), st.text(), st.text(min_size=1), st.integers(1, 2**31), st.text(min_size=1))
+def test_the_associated_data_and_hint_are_the_length_prefixed_frames_of_0059(run_id: str, address: str, field: str,
+                                                                            kek_id: str, version: int,
+                                                                            dek_id: str) -> None:
+    """The wire format every token already written depends on: the associated data is
+    ``frame_parts("rjenc:1", kek, version, dek, run, address, field)`` and the hint the first 8 bytes of SHA-256 over
+    ``frame_parts("rjbind:1", run, address, field)``, however they are computed (cached parts included)."""
+    import hashlib
+
+    from runjournal.core.crypto.token import frame_parts
+
+    binding = Binding(run_id, address, field)
+    for _ in range(2):  # the second time from the cached frames
+        assert binding.aad(kek_id, version, dek_id) == frame_parts("rjenc:1", kek_id, str(version), dek_id, run_id,
+                                                                   address, field)
+        assert binding.hint() == hashlib.sha256(frame_parts("rjbind:1", run_id, address, field)).digest()[:8]

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import re
 from dataclasses import dataclass
@@ -85,14 +86,29 @@ class Binding:
     field: str
     """The field's name as the envelope names it (``args_json``, ``error`` …), or a name of the caller's own."""
 
+    @functools.cached_property
+    def _framed(self) -> bytes:
+        """``frame_parts(run_id, event_id, field)``, made once per binding (a seal needs it twice)."""
+        return frame_parts(self.run_id, self.event_id, self.field)
+
     def hint(self) -> bytes:
         """8 bytes of SHA-256 over the binding: carried in clear so a moved token is named as moved, not as tampered
         (it tells nothing a reader of the event's own clear fields does not know)."""
-        return hashlib.sha256(frame_parts("rjbind:1", self.run_id, self.event_id, self.field)).digest()[:HINT_BYTES]
+        return hashlib.sha256(_BIND_V1 + self._framed).digest()[:HINT_BYTES]
 
     def aad(self, kek_id: str, version: int, dek_id: str) -> bytes:
-        """The associated data: the token's header and the binding, length-prefixed."""
-        return frame_parts("rjenc:1", kek_id, str(version), dek_id, self.run_id, self.event_id, self.field)
+        """The associated data: the token's header and the binding, length-prefixed
+        (``frame_parts("rjenc:1", kek_id, str(version), dek_id, run_id, event_id, field)``)."""
+        return _header_frame(kek_id, version, dek_id) + self._framed
+
+
+_BIND_V1 = frame_parts("rjbind:1")
+
+
+@functools.lru_cache(maxsize=4096)
+def _header_frame(kek_id: str, version: int, dek_id: str) -> bytes:
+    """``frame_parts("rjenc:1", kek_id, str(version), dek_id)``: the same for every field a data key seals."""
+    return frame_parts("rjenc:1", kek_id, str(version), dek_id)
 
 
 @dataclass(frozen=True)
