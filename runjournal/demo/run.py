@@ -226,6 +226,8 @@ def run_demo(opts: DemoOptions, *, progress: Any = None,
     settings = base.model_copy(update={"topic_prefix": prefix, "partitions": opts.partitions,  # 1
                                        "outcome_commit": opts.outcome_commit or base.outcome_commit})
     settings = with_spend_defaults(settings)  # budgets on: every model turn reserved and settled (demo/spend.py)
+    if settings.encryption == "on" and not settings.memory_key_grant:  # the demo's extractor is its operator's own:
+        settings = settings.model_copy(update={"memory_key_grant": "*"})  # granted, so sealed runs make memory too
     if opts.memory:
         _check_qdrant(settings)
     plan, skipped, stack = plan_faults(opts, settings)
