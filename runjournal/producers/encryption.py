@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from runjournal.producers.plan import RecoveryPlan
 
 __all__ = ["CLEAR_TOOLS", "CONTENT_FIELDS", "ENCRYPTED", "ContentCrypto", "address_of", "call_address",
-           "payload_address"]
+           "payload_address", "signal_address"]
 
 ENCRYPTED = "encrypted"
 """What a reader without the key shows for encrypted content."""
@@ -48,6 +48,11 @@ def call_address(call_id: str) -> str:
 def payload_address(call_id: str) -> str:
     """The address of a call's large result stored by reference (``{prefix}.payloads``, or Redis)."""
     return f"call:{call_id}:ref"
+
+
+def signal_address(name: str) -> str:
+    """The address of signal ``name``'s payload in the run's signal inbox (``runjournal signal``; decision 0050)."""
+    return f"signal:{name}"
 
 
 _RUN: Callable[[Event], str] = lambda e: "run"  # noqa: E731

@@ -363,7 +363,18 @@ class Operator:
         state = self._known(run_id)
         if state is not None and state.status in _ENDED:
             raise ControlRefusedError(f"run {run_id} already ended ({state.status.value}); no signal is delivered")
-        if not SignalInbox(self.redis, self.settings.topic_prefix).send(run_id, name, payload, sent_by=who):
+        seal = None
+        if self.settings.encryption == "on":  # the inbox is at rest too: sealed under the run's key (decision 0059)
+            if state is None or state.tenant_id is None:
+                raise ControlRefusedError(f"run {run_id}: its tenant is not known yet, so its signal cannot be sealed "
+                                          "(RUNJOURNAL_ENCRYPTION=on); try again")
+            from runjournal.producers.encryption import ContentCrypto, signal_address
+
+            crypto, tenant, user = ContentCrypto(self.settings), state.tenant_id, state.user_id
+            seal = lambda text: crypto.seal_text(text, tenant_id=tenant, subject=user,  # noqa: E731
+                                                 run_id=run_id, address=signal_address(name), field="payload")
+        if not SignalInbox(self.redis, self.settings.topic_prefix).send(run_id, name, payload, sent_by=who,
+                                                                        seal=seal):
             return ControlResult(run_id, "signal", "already_delivered", f"signal {name!r} was delivered to {run_id} "
                                  "before; the first delivery stands (a signal is delivered once)",
                                  status=_status(state), owner=state.owner if state else None)

@@ -1,0 +1,103 @@
+"""Issue 33, a harsher at-rest check than ``test_encryption_at_rest``: one run per feature that carries content —
+an input, a tool's arguments and result (inline and by reference), a failed tool's error text, a failed node, a
+message, a correction, an approval request with arguments, a signal's payload, a stream, a framework record, a
+failed run — and then every segment of every topic of the prefix (events, payloads, checkpoints, streams, the DLQs)
+and Redis's RDB dump are read raw for the marker. The log lines the agent's process wrote are read too. With
+encryption off the marker is found, so the check can fail."""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runjournal.adapters._checkpoints import FrameworkRecordStore, Record
+from runjournal.core import redis_client
+from runjournal.consumers.ops.control import Operator
+from runjournal.core.settings import Settings
+from runjournal.producers import Journal
+from tests.conftest import Endpoints
+from tests.support.at_rest import rdb_dump, segment_bytes
+from tests.support.provider import project
+
+pytestmark = pytest.mark.integration
+
+
+class Echo:
+    name = "echo"
+    side_effect = True
+    timeout_ms = 2000
+
+    def __call__(self, args: dict[str, Any], idempotency_key: str) -> Any:
+        return {"echo": args["text"], "pad": "y" * args.get("pad", 0)}
+
+
+class Broken:
+    name = "broken"
+    side_effect = False
+    timeout_ms = 2000
+
+    def __call__(self, args: dict[str, Any], idempotency_key: str) -> Any:
+        raise ValueError(f"the bank said no to {args['text']}")
+
+
+@pytest.mark.parametrize("on", [True, False], ids=["encryption-on", "encryption-off"])
+def test_every_content_feature_leaves_no_plain_text(topics: Settings, endpoints: Endpoints, tmp_path: Path,
+                                                    on: bool, caplog: pytest.LogCaptureFixture) -> None:
+    if not any(endpoints.stack_dir.rglob("meta.properties")):
+        pytest.skip("the broker's data directory is not on this host (given endpoints)")
+    caplog.set_level(logging.DEBUG)
+    text = f"MARKER-{uuid.uuid4().hex}"
+    mark = text.encode()
+    s = topics.model_copy(update={"encryption": "on" if on else "off", "keys_dir": tmp_path / "keys"})
+    with Journal(s, producer_id="at-rest-harsh", compression="none", inline_result_bytes=256) as journal:
+        run = journal.start_run("acme", "agent", {"ask": text}, user_id="carol")
+        run.call(Echo(), {"text": text})
+        run.call(Echo(), {"text": text, "pad": 1000})  # by reference: {prefix}.payloads
+        with pytest.raises(Exception):  # noqa: B017,PT011 - whatever the handle raises, its text is the tool's
+            run.call(Broken(), {"text": text})
+        with pytest.raises(RuntimeError), run.node("plan"):
+            raise RuntimeError(f"node broke on {text}")
+        run.message("user", f"my card is {text}")
+        run.correction(f"subject {text}", f"text {text}")
+        run.request_approval("pay-1", "a payment", tool="pay", args={"to": text})
+        with Operator(s, wait_s=10, poll_s=0.1) as op:  # `runjournal signal`: the inbox is in Redis
+            op.signal(run.run_id, "go", {"note": text})
+        assert run.wait_signal("go", timeout_s=30) == {"note": text}
+        with run.stream("answer") as stream:
+            stream.write(f"token {text}")
+        FrameworkRecordStore(journal).write(run.run_id, [Record("cp", "c1", json.dumps({"state": text}))])
+        run.succeed({"out": text})
+        failed = journal.start_run("acme", "agent", {"ask": "x"}, user_id="carol")
+        failed.fail(f"gave up on {text}")
+    project(s)
+    segments = segment_bytes(endpoints.stack_dir, topics.topic_prefix)
+    holding = sorted(name for name, data in segments.items() if mark in data)
+    dump = rdb_dump(topics)
+    logged = [r.getMessage() for r in caplog.records if text in r.getMessage()]
+    assert run.run_id.encode() in dump
+    if on:
+        assert holding == []
+        assert mark not in dump, _where_in_redis(s, text)
+        assert logged == []
+    else:
+        assert holding and mark in dump
+
+
+def _where_in_redis(s: Settings, text: str) -> list[str]:
+    """The Redis keys of the prefix whose value holds ``text`` (the failure's message)."""
+    r = redis_client.client(s)
+    found = []
+    for key in r.scan_iter(match=f"*{s.topic_prefix}*", count=1000):
+        kind = r.type(key)
+        kind = kind.decode() if isinstance(kind, bytes) else kind
+        value: Any = {"string": r.get, "hash": r.hgetall, "list": lambda k: r.lrange(k, 0, -1),
+                      "set": r.smembers, "zset": lambda k: r.zrange(k, 0, -1),
+                      "stream": lambda k: r.xrange(k)}.get(kind, lambda k: b"")(key)
+        if text in repr(value):
+            found.append(f"{key!r} ({kind})")
+    return found
