@@ -66,6 +66,8 @@ class _DataKey:
     uses: int = 0
     header: str = ""
     """The token's text up to its body (``rjenc:1:<kek>:<version>:<dek id>:<wrapped>:``), made once per key."""
+    checked_ms: float = 0.0
+    """When (monotonic ms) its KEK, and its tenant's, were last seen not destroyed (made: when the key was made)."""
 
 
 class FieldCipher:
@@ -115,16 +117,18 @@ class FieldCipher:
         kek_id = scope.kek_id
         with self._lock:
             key = self._fresh(kek_id)
-            if key is not None:
+            if key is not None and not self._check_due(key):
                 key.uses += 1
                 return key
             scope_lock = self._scope_locks.setdefault(kek_id, threading.Lock())
         with scope_lock:  # one thread makes the scope's key; the others wait for it, other scopes do not
             with self._lock:
                 key = self._fresh(kek_id)
-                if key is not None:
+                if key is not None and not self._check_due(key):
                     key.uses += 1
                     return key
+            if key is not None:  # fresh, but its KEK not looked at for a cache TTL: an erase elsewhere ends it
+                return self._checked(scope, key)
             try:
                 key = self._new_data_key(scope)
             except KeyUnavailableError as exc:
@@ -142,6 +146,37 @@ class FieldCipher:
                 self._current[kek_id] = key
                 self._grace_until.pop(kek_id, None)
             return key
+
+    def _check_due(self, key: _DataKey) -> bool:
+        """True when ``key``'s KEK was last seen not destroyed a cache TTL ago or more (under ``self._lock``)."""
+        return self._clock() - key.checked_ms >= self.cache.ttl_ms
+
+    def _checked(self, scope: KeyScope, key: _DataKey) -> _DataKey:
+        """``key`` (one use counted) once its KEK and its tenant's are seen not destroyed — so a writer that holds a
+        subject's data key stops sealing for it within one cache TTL of an erase in another process, as a reader
+        stops reading (decision 0059). The key service away: the key serves on, looked at again in a second.
+
+        Raises:
+            KeyDestroyedError: the scope's KEK or its tenant's was destroyed; this process forgets the scope's keys.
+        """
+        try:
+            destroyed = next((kek for kek in (scope.kek_id, scope.parent_kek_id)
+                              if kek is not None and self.kms.state(kek).status == "destroyed"), None)
+        except KeyUnavailableError as exc:
+            log.warning("key service unavailable checking the key of %s (%s): its data key serves on", scope.kek_id,
+                        exc)
+            with self._lock:
+                key.checked_ms = self._clock() - self.cache.ttl_ms + GRACE_RETRY_MS
+                key.uses += 1
+            return key
+        if destroyed is not None:
+            self.forget(scope.kek_id)
+            raise KeyDestroyedError(f"the key {destroyed} was destroyed (an erase): nothing more is sealed for "
+                                    f"{scope.kek_id}", kek_id=destroyed)
+        with self._lock:
+            key.checked_ms = self._clock()
+            key.uses += 1
+        return key
 
     def _fresh(self, kek_id: str) -> _DataKey | None:
         key = self._current.get(kek_id)
@@ -166,7 +201,8 @@ class FieldCipher:
         wrapped = self.kms.wrap(scope.kek_id, material, _dek_context(dek_id))
         self.cache.put((wrapped.kek_id, wrapped.version, dek_id), material)
         header = f"{TOKEN_V1}{wrapped.kek_id}:{wrapped.version}:{dek_id}:{b64e(wrapped.blob)}:"
-        return _DataKey(dek_id, AESGCM(material), wrapped, self._clock(), header=header)
+        born = self._clock()
+        return _DataKey(dek_id, AESGCM(material), wrapped, born, header=header, checked_ms=born)
 
     def rotate(self, scope: KeyScope) -> None:
         """The next :meth:`encrypt` for ``scope`` makes a new data key (wrapped by the KEK's newest version: call
