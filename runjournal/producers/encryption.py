@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from runjournal.producers.plan import RecoveryPlan
 
 __all__ = ["CLEAR_TOOLS", "CONTENT_FIELDS", "ENCRYPTED", "ContentCrypto", "address_of", "call_address",
-           "payload_address", "signal_address"]
+           "approval_address", "payload_address", "signal_address"]
 
 ENCRYPTED = "encrypted"
 """What a reader without the key shows for encrypted content."""
@@ -48,6 +48,11 @@ def call_address(call_id: str) -> str:
 def payload_address(call_id: str) -> str:
     """The address of a call's large result stored by reference (``{prefix}.payloads``, or Redis)."""
     return f"call:{call_id}:ref"
+
+
+def approval_address(call_id: str) -> str:
+    """The address of a result settled by hand while it waits in the run's approval inbox (``runjournal settle``)."""
+    return f"approval:{call_id}"
 
 
 def signal_address(name: str) -> str:

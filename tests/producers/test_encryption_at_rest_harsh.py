@@ -101,3 +101,35 @@ def _where_in_redis(s: Settings, text: str) -> list[str]:
         if text in repr(value):
             found.append(f"{key!r} ({kind})")
     return found
+
+
+def test_a_settlement_by_hand_waits_in_redis_sealed(topics: Settings, tmp_path: Path) -> None:
+    """``runjournal settle`` leaves the person's result in the run's approval inbox until the owner takes it (a run
+    may wait days): with encryption on it waits there sealed under the run's key, and the owner records it in
+    plain text as ever."""
+    import redis
+
+    from runjournal.consumers.ops.approvals import submit_settlement
+    from runjournal.producers import OutcomeUnknownError
+    from runjournal.producers.approvals import ApprovalInbox, await_approval
+    from tests.support.ledger import Ledger, LedgerTool
+
+    class Blind(LedgerTool):
+        reconcile = None  # type: ignore[assignment]
+
+    text = f"MARKER-{uuid.uuid4().hex}"
+    s = topics.model_copy(update={"encryption": "on", "keys_dir": tmp_path / "keys"})
+    r = redis.Redis.from_url(s.redis_url)
+    charge = Blind(Ledger(r, f"set{uuid.uuid4().hex[:8]}"), name="charge", then="timeout_after", result={"id": 7})
+    with Journal(s, producer_id=f"payer-{uuid.uuid4().hex[:6]}", compression="none") as journal:
+        run = journal.start_run("acme", "agent", {}, user_id="carol")
+        with pytest.raises(OutcomeUnknownError) as unknown:
+            run.call(charge, {"logical": "charge"})
+        approval = unknown.value.approval_id
+        run.request_approval(approval, "the charge timed out after it was sent", tool="charge")
+        journal.flush()
+        project(s)
+        submit_settlement(s, run.run_id, approval, result={"id": 7, "via": text}, approver="alice")
+        assert text.encode() not in rdb_dump(s), _where_in_redis(s, text)
+        assert await_approval(run, ApprovalInbox(r, s.topic_prefix), approval, "again", tool="charge", timeout_s=10)
+        assert run.call(charge, {"logical": "charge"}) == {"id": 7, "via": text}
