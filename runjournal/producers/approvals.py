@@ -35,8 +35,8 @@ from runjournal.core.ids import CALL_ID
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.producers._steps import Effect, Sleep, advance, drive
-from runjournal.producers.errors import JournalError
 from runjournal.producers.encryption import ContentCrypto, approval_address
+from runjournal.producers.errors import JournalError
 from runjournal.producers.handle import RunHandle, approval_scope
 from runjournal.producers.plan import ApprovalStatus, CallVerdict
 from runjournal.schemas import EventType

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from runjournal.adapters._checkpoints import FrameworkRecordStore, Record
-from runjournal.core import redis_client
 from runjournal.consumers.ops.control import Operator
+from runjournal.core import redis_client
 from runjournal.core.settings import Settings
 from runjournal.producers import Journal
 from tests.conftest import Endpoints
