@@ -95,8 +95,8 @@ class MemoryCrypto:
         """``(event with its granted content opened, whether any content field was encrypted)``.
 
         An opened field holds its plain text in stored form (``encode_plain``); a field of a tenant outside the
-        grant keeps its token (the rules skip it); a field that cannot be opened (destroyed, retired, moved, another tenant's …)
-        becomes None (no memory from it, no error).
+        grant keeps its token (the rules skip it); a field that cannot be opened (destroyed, retired, moved, another
+        tenant's token: :meth:`ContentCrypto.belongs_to`) becomes None (no memory from it, no error).
 
         Raises:
             KeyUnavailableError: the key service did not answer (transient: the failure policy waits).
