@@ -128,7 +128,9 @@ class FieldCipher:
                     key.uses += 1
                     return key
             if key is not None:  # fresh, but its KEK not looked at for a cache TTL: an erase elsewhere ends it
-                return self._checked(scope, key)
+                checked = self._checked(scope, key)
+                if checked is not None:
+                    return checked
             try:
                 key = self._new_data_key(scope)
             except KeyUnavailableError as exc:
@@ -151,17 +153,19 @@ class FieldCipher:
         """True when ``key``'s KEK was last seen not destroyed a cache TTL ago or more (under ``self._lock``)."""
         return self._clock() - key.checked_ms >= self.cache.ttl_ms
 
-    def _checked(self, scope: KeyScope, key: _DataKey) -> _DataKey:
+    def _checked(self, scope: KeyScope, key: _DataKey) -> _DataKey | None:
         """``key`` (one use counted) once its KEK and its tenant's are seen not destroyed — so a writer that holds a
         subject's data key stops sealing for it within one cache TTL of an erase in another process, as a reader
-        stops reading (decision 0059). The key service away: the key serves on, looked at again in a second.
+        stops reading (decision 0059) — or None when the KEK was rotated, or the version that wraps the key retired,
+        in another process meanwhile (tokens under a retired version would be unreadable as they are written), so the
+        caller makes a new data key under the current version. The key service away: the key serves on, looked at again in a second.
 
         Raises:
             KeyDestroyedError: the scope's KEK or its tenant's was destroyed; this process forgets the scope's keys.
         """
         try:
-            destroyed = next((kek for kek in (scope.kek_id, scope.parent_kek_id)
-                              if kek is not None and self.kms.state(kek).status == "destroyed"), None)
+            states = [self.kms.state(kek) for kek in (scope.kek_id, scope.parent_kek_id) if kek is not None]
+            destroyed = next((state.kek_id for state in states if state.status == "destroyed"), None)
         except KeyUnavailableError as exc:
             log.warning("key service unavailable checking the key of %s (%s): its data key serves on", scope.kek_id,
                         exc)
@@ -173,6 +177,11 @@ class FieldCipher:
             self.forget(scope.kek_id)
             raise KeyDestroyedError(f"the key {destroyed} was destroyed (an erase): nothing more is sealed for "
                                     f"{scope.kek_id}", kek_id=destroyed)
+        if key.wrapped.version in states[0].retired or (states[0].current or 0) > key.wrapped.version:
+            with self._lock:
+                if self._current.get(scope.kek_id) is key:
+                    del self._current[scope.kek_id]  # not served on even through an outage: it would lose content
+            return None
         with self._lock:
             key.checked_ms = self._clock()
             key.uses += 1
