@@ -181,6 +181,17 @@ class ContentCrypto:
         kms = self._reader().kms
         return any(kms.state(kek).status == "destroyed" for kek in (scope.kek_id, scope.parent_kek_id) if kek)
 
+    def has_key(self, tenant_id: str, subject: str | None) -> bool:
+        """Whether this process's key service holds the live key of ``subject`` of ``tenant_id`` (the tenant's with
+        None). A process that seals for a run it did not start (an operator's signal or settlement) checks first: a
+        key directory that is not the agents' would make a key of its own, and the run could never open the value.
+
+        Raises:
+            KeyUnavailableError: the key service did not answer (transient).
+            EncryptedContentError: this reader has no key service.
+        """
+        return self._reader().kms.state(KeyScope(tenant_id, subject).kek_id).status == "active"
+
     def belongs_to(self, value: str, tenant_id: str) -> bool:
         """Whether the token ``value`` is sealed under ``tenant_id``'s key or one of its subjects' (whose parent it is).
 

@@ -155,3 +155,24 @@ def test_a_shredded_subjects_low_entropy_content_cannot_be_guessed_from_its_dige
     guessed = [pin for pin in (f"{i:04d}" for i in range(10_000))
                if digest(canonical_json({"text": pin})) == intent.payload["args_digest"]]
     assert guessed == []  # the erased PIN is not recoverable from what stays in clear
+
+
+def test_a_signal_from_a_host_without_the_runs_key_is_refused_not_sealed_under_a_key_of_its_own(
+        topics: Settings, tmp_path: Path) -> None:
+    """An operator whose key directory is not the agents' would make a key of its own and seal the payload under it:
+    the run could never open it, and the first delivery stands (a signal is delivered once). Refused instead."""
+    from runjournal.consumers.ops.control import ControlRefusedError
+    from runjournal.producers.waits import SignalInbox
+
+    s = topics.model_copy(update={"encryption": "on", "keys_dir": tmp_path / "keys"})
+    elsewhere = s.model_copy(update={"keys_dir": tmp_path / "operator-keys"})
+    with Journal(s, producer_id="signals-elsewhere") as journal:
+        run = journal.start_run("acme", "agent", {"q": 1}, user_id="erin")
+        journal.flush()
+        with Operator(elsewhere, wait_s=10, poll_s=0.1) as op, pytest.raises(ControlRefusedError, match="key"):
+            op.signal(run.run_id, "go", {"note": "x"})
+        assert SignalInbox(redis_client.client(s), s.topic_prefix).get(run.run_id, "go") is None
+        with Operator(s, wait_s=10, poll_s=0.1) as op:  # the agents' key directory: delivered, and opened
+            op.signal(run.run_id, "go", {"note": "y"})
+        assert run.wait_signal("go", timeout_s=30) == {"note": "y"}
+        run.succeed()

@@ -154,9 +154,13 @@ def submit_settlement(settings: Settings, run_id: str, call_id: str, *, result: 
         if state.tenant_id is None:
             raise ApprovalRefusedError(f"run {run_id}: its tenant is not known, so the result cannot be sealed "
                                        "(RUNJOURNAL_ENCRYPTION=on)")
-        stored = ContentCrypto(settings).seal_text(result_json, tenant_id=state.tenant_id, subject=state.user_id,
-                                                   run_id=run_id, address=approval_address(call_id),
-                                                   field="result_json")
+        crypto = ContentCrypto(settings)
+        if not crypto.has_key(state.tenant_id, state.user_id):
+            raise ApprovalRefusedError(f"run {run_id}: this host's key directory holds no live "
+                                       "key of the run's user, so the result cannot be sealed for it: use the agents' "
+                                       "RUNJOURNAL_KEYS_DIR (docs/guide/encryption.md)")
+        stored = crypto.seal_text(result_json, tenant_id=state.tenant_id, subject=state.user_id, run_id=run_id,
+                                  address=approval_address(call_id), field="result_json")
     inbox = ApprovalInbox(client, settings.topic_prefix)
     if not inbox.settle(run_id, call_id, result_json=stored, approver=approver, comment=comment):
         waiting = inbox.decision(run_id, call_id) or {}
