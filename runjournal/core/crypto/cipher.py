@@ -158,7 +158,8 @@ class FieldCipher:
         subject's data key stops sealing for it within one cache TTL of an erase in another process, as a reader
         stops reading (decision 0059) — or None when the KEK was rotated, or the version that wraps the key retired,
         in another process meanwhile (tokens under a retired version would be unreadable as they are written), so the
-        caller makes a new data key under the current version. The key service away: the key serves on, looked at again in a second.
+        caller makes a new data key under the current version. The key service away: the key serves on, looked at
+        again in a second.
 
         Raises:
             KeyDestroyedError: the scope's KEK or its tenant's was destroyed; this process forgets the scope's keys.
