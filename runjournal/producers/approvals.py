@@ -35,6 +35,7 @@ from runjournal.core.ids import CALL_ID
 from runjournal.core.redis_keys import RedisKeys
 from runjournal.core.settings import Settings
 from runjournal.producers._steps import Effect, Sleep, advance, drive
+from runjournal.producers.encryption import ContentCrypto, approval_address
 from runjournal.producers.errors import JournalError
 from runjournal.producers.handle import RunHandle, approval_scope
 from runjournal.producers.plan import ApprovalStatus, CallVerdict
@@ -261,7 +262,9 @@ def _settled_by_hand(handle: RunHandle, call_id: str, decided: dict[str, Any]) -
         raise JournalError(f"approval {call_id} of run {handle.run_id} is not bound to one call (<key>@<attempt>): "
                            "it cannot be settled by hand")
     if _verdict(handle, call_id) is CallVerdict.OUTCOME_UNKNOWN:
-        handle.settle_by_hand(scope_call_id, json.loads(decided["result_json"]))
+        content = getattr(getattr(handle, "journal", None), "content", None) or ContentCrypto()  # none: no key
+        text = content.open(decided["result_json"], handle.run_id, approval_address(call_id), "result_json")
+        handle.settle_by_hand(scope_call_id, json.loads(str(text)))
     why = f"settled by hand: it happened, result recorded by {decided['approver']}"
     handle.emit(EventType.APPROVAL_DENIED, {"call_id": call_id, "approver": decided["approver"],
                                             "reason": f"{why} — {decided['comment']}" if decided.get("comment")

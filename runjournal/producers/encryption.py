@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from runjournal.core.crypto.errors import EncryptedContentError
-from runjournal.core.crypto.keys import KeyScope
+from runjournal.core.crypto.keys import KeyScope, kek_id_for
 from runjournal.core.crypto.token import Binding, decode_plain, encode_plain, is_encrypted, parse_token
 from runjournal.core.errors import ConfigError
 from runjournal.producers.spend import RESERVE_TOOL, SETTLE_TOOL
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from runjournal.producers.plan import RecoveryPlan
 
 __all__ = ["CLEAR_TOOLS", "CONTENT_FIELDS", "ENCRYPTED", "ContentCrypto", "address_of", "call_address",
-           "payload_address"]
+           "approval_address", "payload_address", "signal_address"]
 
 ENCRYPTED = "encrypted"
 """What a reader without the key shows for encrypted content."""
@@ -48,6 +48,16 @@ def call_address(call_id: str) -> str:
 def payload_address(call_id: str) -> str:
     """The address of a call's large result stored by reference (``{prefix}.payloads``, or Redis)."""
     return f"call:{call_id}:ref"
+
+
+def approval_address(call_id: str) -> str:
+    """The address of a result settled by hand while it waits in the run's approval inbox (``runjournal settle``)."""
+    return f"approval:{call_id}"
+
+
+def signal_address(name: str) -> str:
+    """The address of signal ``name``'s payload in the run's signal inbox (``runjournal signal``; decision 0050)."""
+    return f"signal:{name}"
 
 
 _RUN: Callable[[Event], str] = lambda e: "run"  # noqa: E731
@@ -114,6 +124,8 @@ class ContentCrypto:
         self._cipher = cipher
         self.encrypting = (cipher is not None) if encrypt is None else (encrypt and cipher is not None)
         self._lock = threading.Lock()
+        self._parents: dict[str, str] = {}
+        """KEK id → its parent's (``""``: none), as the key service said: a KEK's parent never changes."""
 
     # -- writing ------------------------------------------------------------------------------------------------
     def seal(self, event: Event, subject: str | None) -> Event:
@@ -168,6 +180,45 @@ class ContentCrypto:
         scope = KeyScope(tenant_id, subject)
         kms = self._reader().kms
         return any(kms.state(kek).status == "destroyed" for kek in (scope.kek_id, scope.parent_kek_id) if kek)
+
+    def has_key(self, tenant_id: str, subject: str | None) -> bool:
+        """Whether this process's key service holds the live key of ``subject`` of ``tenant_id`` (the tenant's with
+        None). A process that seals for a run it did not start (an operator's signal or settlement) checks first: a
+        key directory that is not the agents' would make a key of its own, and the run could never open the value.
+
+        Raises:
+            KeyUnavailableError: the key service did not answer (transient).
+            EncryptedContentError: this reader has no key service.
+        """
+        return self._reader().kms.state(KeyScope(tenant_id, subject).kek_id).status == "active"
+
+    def belongs_to(self, value: str, tenant_id: str) -> bool:
+        """Whether the token ``value`` is sealed under ``tenant_id``'s key or one of its subjects' (whose parent it is).
+
+        A token's binding names its run, address and field, not its tenant: a reader that opens content only for some
+        tenants (the memory extractor's grant) checks this first, so an event that names a granted tenant but
+        carries another tenant's token is not opened on the granted tenant's behalf.
+
+        Raises:
+            TokenFormatError: ``value`` is not a token this version reads.
+            KeyUnavailableError: the key service did not answer (transient).
+            EncryptedContentError: this reader has no key service.
+        """
+        kek = parse_token(value).kek_id
+        tenant = kek_id_for(tenant_id)
+        if kek == tenant:
+            return True
+        with self._lock:
+            parent = self._parents.get(kek)
+        if parent is None:
+            state = self._reader().kms.state(kek)
+            parent = state.parent or ""
+            if state.status == "active":  # a destroyed or unknown key says no parent: asked again next time
+                with self._lock:
+                    if len(self._parents) >= 65_536:
+                        self._parents.clear()
+                    self._parents[kek] = parent
+        return parent == tenant
 
     def open(self, value: str | None, run_ids: str | Sequence[str], address: str, field: str) -> str | None:
         """The plain text of a stored value (None stays None).

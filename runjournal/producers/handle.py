@@ -89,7 +89,7 @@ from runjournal.producers._recorded import RecordedValue, record_value
 from runjournal.producers._steps import CallSteps, Effect, Invoke, Reconcile, Sleep, advance, drive
 from runjournal.producers._unknown import outcome_unknown
 from runjournal.producers.control import WAIT, ControlRequest, ControlStore, current_stop, reset_stop
-from runjournal.producers.encryption import payload_address
+from runjournal.producers.encryption import ContentCrypto, payload_address, signal_address
 from runjournal.producers.errors import (
     ApprovalDeniedError,
     ArgumentsTooLargeError,
@@ -990,6 +990,10 @@ class RunHandle:
                 self._hold(until_ms=due, signal=name, reason=f"waiting for signal {name!r}")
             yield Sleep(poll_s)
             waited_ms += poll_s * 1000
+        if "sealed" in delivered:  # sent sealed under the run's key (encryption on: decision 0059)
+            content = getattr(self.journal, "content", None) or ContentCrypto()  # none: EncryptedContentError
+            opened = content.open(str(delivered["sealed"]), self.run_id, signal_address(name), "payload")
+            delivered = {"payload": None if opened is None else json.loads(opened), "sent_by": delivered.get("sent_by")}
         return (yield from self.call_steps(SignalReceive(delivered), {"signal": name}, step=step))
 
     def _controls(self) -> ControlStore:

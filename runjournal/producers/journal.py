@@ -106,7 +106,8 @@ __all__ = ["Journal"]
 log = logging.getLogger("runjournal.producers.journal")
 
 SCOPES_KEPT = 16_384
-"""How many runs' key scopes a journal remembers (``Journal.scope_of``; ~100 bytes each), most recent first."""
+"""How many *released* runs' key scopes a journal remembers (``Journal.scope_of``; ~100 bytes each), most recent
+first — a live run's is kept until its release, so its content never falls back to the tenant's key."""
 
 
 class Journal:
@@ -246,10 +247,13 @@ class Journal:
         self.content = content if content is not None else ContentCrypto(settings)
         """Seals every published event's content fields (encrypting with ``RUNJOURNAL_ENCRYPTION=on``) and opens
         what this journal reads back (``runjournal.producers.encryption``)."""
-        self._scopes: OrderedDict[str, KeyScope] = OrderedDict()
+        self._live_scopes: dict[str, KeyScope] = {}
         """run id → whose key seals the run's content: its tenant and subject (RUN_STARTED ``user_id``, or the
-        plan's), for the :data:`SCOPES_KEPT` runs this journal started or resumed last (a framework may still write a
-        finished run's thread)."""
+        plan's), for every run this journal started or resumed and has not released (:meth:`release_run`): a live
+        run never falls back to its tenant's key, however many runs start after it."""
+        self._scopes: OrderedDict[str, KeyScope] = OrderedDict()
+        """The same for the :data:`SCOPES_KEPT` runs released last (a framework may still write a finished run's
+        thread)."""
         self._scopes_lock = threading.Lock()
         if probe_redis:  # a Redis that does not answer: named within connect_timeout_s, not a redis-py traceback
             from runjournal.core import redis_client as redis_clients
@@ -716,6 +720,7 @@ class Journal:
         """Remove ``run_id`` from the owned set (after its terminal event); Redis errors are only logged."""
         with self._run_locks_guard:
             self._run_locks.pop(run_id, None)
+        self._retire_scope(run_id)
         try:
             self._lease.disown(run_id)
         except Exception as exc:  # noqa: BLE001 - a hint only; the terminal event is already durable
@@ -790,16 +795,26 @@ class Journal:
     def subject_of(self, run_id: str) -> str | None:
         """The subject (user id) whose key encrypts ``run_id``'s content, as this journal knows it (None: the
         tenant's key)."""
-        scope = self._scopes.get(run_id)
+        scope = self.scope_of(run_id)
         return None if scope is None else scope.subject
 
     def scope_of(self, run_id: str) -> KeyScope | None:
         """Whose key seals ``run_id``'s content (tenant and subject), for a run this journal started or resumed
-        (one of the last :data:`SCOPES_KEPT`); None otherwise."""
-        return self._scopes.get(run_id)
+        (live, or one of the last :data:`SCOPES_KEPT` released); None otherwise."""
+        scope = self._live_scopes.get(run_id)
+        return scope if scope is not None else self._scopes.get(run_id)
 
     def _note_scope(self, run_id: str, scope: KeyScope) -> None:
         with self._scopes_lock:
+            self._live_scopes[run_id] = scope
+            self._scopes.pop(run_id, None)
+
+    def _retire_scope(self, run_id: str) -> None:
+        """A released run's scope: from the live runs' to the bounded memory of finished ones."""
+        with self._scopes_lock:
+            scope = self._live_scopes.pop(run_id, None)
+            if scope is None:
+                return
             self._scopes[run_id] = scope
             self._scopes.move_to_end(run_id)
             while len(self._scopes) > SCOPES_KEPT:

@@ -20,6 +20,7 @@ on any live instance. The resumed code sleeps again: the timer answers its recor
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from runjournal.core.redis_keys import RedisKeys
@@ -80,14 +81,25 @@ class SignalInbox:
         self.r = client
         self.keys = RedisKeys(prefix)
 
-    def send(self, run_id: str, name: str, payload: Any, *, sent_by: str) -> bool:
+    def send(self, run_id: str, name: str, payload: Any, *, sent_by: str,
+             seal: Callable[[str], str] | None = None) -> bool:
         """Deliver ``payload`` (a JSON value) as signal ``name`` of ``run_id``; False when that signal was delivered
         already (the first delivery stands: a signal is delivered exactly once).
 
+        Args:
+            seal: with encryption on (decision 0059), the sealing of the payload's canonical JSON under the run's
+                key, bound to ``(run id, signal:<name>, payload)``
+                (:func:`runjournal.producers.encryption.signal_address`): the inbox then holds ``{"sealed": token,
+                "sent_by": …}``, never the payload in clear (Redis and its backups are at rest; an erased subject's
+                signals are shredded with its key).
+
         Raises:
             redis.RedisError: Redis failed.
+            EncryptedContentError / KeyUnavailableError: from ``seal`` (nothing delivered).
         """
-        value = json.dumps({"payload": payload, "sent_by": sent_by}, sort_keys=True, separators=(",", ":"))
+        body: dict[str, Any] = ({"payload": payload} if seal is None
+                                else {"sealed": seal(json.dumps(payload, sort_keys=True, separators=(",", ":")))})
+        value = json.dumps({**body, "sent_by": sent_by}, sort_keys=True, separators=(",", ":"))
         return bool(self.r.hsetnx(self.keys.signals(run_id), name, value))
 
     def get(self, run_id: str, name: str) -> dict[str, Any] | None:

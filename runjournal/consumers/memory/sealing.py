@@ -95,8 +95,8 @@ class MemoryCrypto:
         """``(event with its granted content opened, whether any content field was encrypted)``.
 
         An opened field holds its plain text in stored form (``encode_plain``); a field of a tenant outside the
-        grant keeps its token (the rules skip it); a field that cannot be opened (destroyed, retired, moved …)
-        becomes None (no memory from it, no error).
+        grant keeps its token (the rules skip it); a field that cannot be opened (destroyed, retired, moved, another
+        tenant's token: :meth:`ContentCrypto.belongs_to`) becomes None (no memory from it, no error).
 
         Raises:
             KeyUnavailableError: the key service did not answer (transient: the failure policy waits).
@@ -109,8 +109,9 @@ class MemoryCrypto:
             return event, True
         payload = dict(event.payload)
         for name, address in sealed:
-            try:
-                opened = self.content.open(payload[name], event.run_id, address(event), name)
+            try:  # only the event's tenant's own tokens: a binding names no tenant, the grant is per tenant
+                opened = (self.content.open(payload[name], event.run_id, address(event), name)
+                          if self.content.belongs_to(payload[name], event.tenant_id) else None)
             except EncryptedContentError:
                 opened = None
             payload[name] = None if opened is None else encode_plain(opened)
@@ -127,6 +128,8 @@ class MemoryCrypto:
         if not self.grant.covers(tenant_id):
             return None
         try:
+            if not self.content.belongs_to(value, tenant_id):  # another tenant's token under this tenant's id
+                return None
             return self.content.open(value, run_id, "run", "input_json")
         except EncryptedContentError:
             return None

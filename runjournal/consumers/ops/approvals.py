@@ -23,7 +23,7 @@ from runjournal.core.errors import RunjournalError
 from runjournal.core.ids import CALL_ID, RUN_ID
 from runjournal.core.settings import Settings
 from runjournal.producers.approvals import ApprovalInbox
-from runjournal.producers.encryption import ENCRYPTED, ContentCrypto, call_address
+from runjournal.producers.encryption import ENCRYPTED, ContentCrypto, approval_address, call_address
 
 __all__ = ["ApprovalRefusedError", "submit_decision", "submit_settlement"]
 
@@ -123,6 +123,9 @@ def submit_settlement(settings: Settings, run_id: str, call_id: str, *, result: 
     Raises:
         ApprovalRefusedError: no such pending approval, it is not bound to one call, that call's outcome is not
             unknown in the projection, or a decision is already waiting; nothing was written.
+        EncryptedContentError / KeyUnavailableError: with ``RUNJOURNAL_ENCRYPTION=on`` the result, sealed under the
+            run's key while it waits in the inbox (decision 0059), could not be sealed (an erased subject: its key
+            was destroyed); nothing was written.
         NonCanonicalValueError: ``result`` has no exact JSON form; nothing was written.
         InvalidIdError, TopicNotFoundError, redis.RedisError: as :func:`submit_decision`.
     """
@@ -146,8 +149,20 @@ def submit_settlement(settings: Settings, run_id: str, call_id: str, *, result: 
     if record is None or record.status not in (CallStatus.INTENDED, CallStatus.OUTCOME_UNKNOWN):
         now = "not in the run" if record is None else record.status.value
         raise ApprovalRefusedError(f"call {key} of run {run_id} is {now}: only an unknown outcome is settled by hand")
+    stored = result_json
+    if settings.encryption == "on":  # the inbox is at rest too: sealed under the run's key until the owner takes it
+        if state.tenant_id is None:
+            raise ApprovalRefusedError(f"run {run_id}: its tenant is not known, so the result cannot be sealed "
+                                       "(RUNJOURNAL_ENCRYPTION=on)")
+        crypto = ContentCrypto(settings)
+        if not crypto.has_key(state.tenant_id, state.user_id):
+            raise ApprovalRefusedError(f"run {run_id}: this host's key directory holds no live "
+                                       "key of the run's user, so the result cannot be sealed for it: use the agents' "
+                                       "RUNJOURNAL_KEYS_DIR (docs/guide/encryption.md)")
+        stored = crypto.seal_text(result_json, tenant_id=state.tenant_id, subject=state.user_id, run_id=run_id,
+                                  address=approval_address(call_id), field="result_json")
     inbox = ApprovalInbox(client, settings.topic_prefix)
-    if not inbox.settle(run_id, call_id, result_json=result_json, approver=approver, comment=comment):
+    if not inbox.settle(run_id, call_id, result_json=stored, approver=approver, comment=comment):
         waiting = inbox.decision(run_id, call_id) or {}
         raise ApprovalRefusedError(f"a decision on {call_id!r} of run {run_id} is already waiting for its owner: "
                                    f"{waiting.get('decision')} by {waiting.get('approver')}")

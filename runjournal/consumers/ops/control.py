@@ -347,9 +347,11 @@ class Operator:
         hands it to a live instance). A signal sent before the run waits is there when it does.
 
         Raises:
-            ControlRefusedError: unknown or ended run (nothing delivered).
+            ControlRefusedError: unknown or ended run; with ``RUNJOURNAL_ENCRYPTION=on``, a key directory without
+                the run's key (the payload is sealed under it: decision 0059). Nothing delivered.
             InvalidIdError: ``name`` breaks the call-id rules; a ``run_id`` a lookup refuses.
             NonCanonicalValueError: ``payload`` has no exact JSON form (nothing delivered).
+            EncryptedContentError / KeyUnavailableError: the payload could not be sealed (nothing delivered).
         """
         from runjournal.core.ids import CALL_ID
         from runjournal.producers import canonical_value
@@ -363,7 +365,22 @@ class Operator:
         state = self._known(run_id)
         if state is not None and state.status in _ENDED:
             raise ControlRefusedError(f"run {run_id} already ended ({state.status.value}); no signal is delivered")
-        if not SignalInbox(self.redis, self.settings.topic_prefix).send(run_id, name, payload, sent_by=who):
+        seal = None
+        if self.settings.encryption == "on":  # the inbox is at rest too: sealed under the run's key (decision 0059)
+            if state is None or state.tenant_id is None:
+                raise ControlRefusedError(f"run {run_id}: its tenant is not known yet, so its signal cannot be sealed "
+                                          "(RUNJOURNAL_ENCRYPTION=on); try again")
+            from runjournal.producers.encryption import ContentCrypto, signal_address
+
+            crypto, tenant, user = ContentCrypto(self.settings), state.tenant_id, state.user_id
+            if not crypto.has_key(tenant, user):
+                raise ControlRefusedError(f"run {run_id}: this host's key directory holds "
+                                          "no live key of the run's user, so its signal cannot be sealed for it: "
+                                          "use the agents' RUNJOURNAL_KEYS_DIR (docs/guide/encryption.md)")
+            seal = lambda text: crypto.seal_text(text, tenant_id=tenant, subject=user,  # noqa: E731
+                                                 run_id=run_id, address=signal_address(name), field="payload")
+        if not SignalInbox(self.redis, self.settings.topic_prefix).send(run_id, name, payload, sent_by=who,
+                                                                        seal=seal):
             return ControlResult(run_id, "signal", "already_delivered", f"signal {name!r} was delivered to {run_id} "
                                  "before; the first delivery stands (a signal is delivered once)",
                                  status=_status(state), owner=state.owner if state else None)

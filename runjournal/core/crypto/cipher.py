@@ -66,6 +66,8 @@ class _DataKey:
     uses: int = 0
     header: str = ""
     """The token's text up to its body (``rjenc:1:<kek>:<version>:<dek id>:<wrapped>:``), made once per key."""
+    checked_ms: float = 0.0
+    """When (monotonic ms) its KEK, and its tenant's, were last seen not destroyed (made: when the key was made)."""
 
 
 class FieldCipher:
@@ -115,16 +117,20 @@ class FieldCipher:
         kek_id = scope.kek_id
         with self._lock:
             key = self._fresh(kek_id)
-            if key is not None:
+            if key is not None and not self._check_due(key):
                 key.uses += 1
                 return key
             scope_lock = self._scope_locks.setdefault(kek_id, threading.Lock())
         with scope_lock:  # one thread makes the scope's key; the others wait for it, other scopes do not
             with self._lock:
                 key = self._fresh(kek_id)
-                if key is not None:
+                if key is not None and not self._check_due(key):
                     key.uses += 1
                     return key
+            if key is not None:  # fresh, but its KEK not looked at for a cache TTL: an erase elsewhere ends it
+                checked = self._checked(scope, key)
+                if checked is not None:
+                    return checked
             try:
                 key = self._new_data_key(scope)
             except KeyUnavailableError as exc:
@@ -142,6 +148,45 @@ class FieldCipher:
                 self._current[kek_id] = key
                 self._grace_until.pop(kek_id, None)
             return key
+
+    def _check_due(self, key: _DataKey) -> bool:
+        """True when ``key``'s KEK was last seen not destroyed a cache TTL ago or more (under ``self._lock``)."""
+        return self._clock() - key.checked_ms >= self.cache.ttl_ms
+
+    def _checked(self, scope: KeyScope, key: _DataKey) -> _DataKey | None:
+        """``key`` (one use counted) once its KEK and its tenant's are seen not destroyed — so a writer that holds a
+        subject's data key stops sealing for it within one cache TTL of an erase in another process, as a reader
+        stops reading (decision 0059) — or None when the KEK was rotated, or the version that wraps the key retired,
+        in another process meanwhile (tokens under a retired version would be unreadable as they are written), so the
+        caller makes a new data key under the current version. The key service away: the key serves on, looked at
+        again in a second.
+
+        Raises:
+            KeyDestroyedError: the scope's KEK or its tenant's was destroyed; this process forgets the scope's keys.
+        """
+        try:
+            states = [self.kms.state(kek) for kek in (scope.kek_id, scope.parent_kek_id) if kek is not None]
+            destroyed = next((state.kek_id for state in states if state.status == "destroyed"), None)
+        except KeyUnavailableError as exc:
+            log.warning("key service unavailable checking the key of %s (%s): its data key serves on", scope.kek_id,
+                        exc)
+            with self._lock:
+                key.checked_ms = self._clock() - self.cache.ttl_ms + GRACE_RETRY_MS
+                key.uses += 1
+            return key
+        if destroyed is not None:
+            self.forget(scope.kek_id)
+            raise KeyDestroyedError(f"the key {destroyed} was destroyed (an erase): nothing more is sealed for "
+                                    f"{scope.kek_id}", kek_id=destroyed)
+        if key.wrapped.version in states[0].retired or (states[0].current or 0) > key.wrapped.version:
+            with self._lock:
+                if self._current.get(scope.kek_id) is key:
+                    del self._current[scope.kek_id]  # not served on even through an outage: it would lose content
+            return None
+        with self._lock:
+            key.checked_ms = self._clock()
+            key.uses += 1
+        return key
 
     def _fresh(self, kek_id: str) -> _DataKey | None:
         key = self._current.get(kek_id)
@@ -166,7 +211,8 @@ class FieldCipher:
         wrapped = self.kms.wrap(scope.kek_id, material, _dek_context(dek_id))
         self.cache.put((wrapped.kek_id, wrapped.version, dek_id), material)
         header = f"{TOKEN_V1}{wrapped.kek_id}:{wrapped.version}:{dek_id}:{b64e(wrapped.blob)}:"
-        return _DataKey(dek_id, AESGCM(material), wrapped, self._clock(), header=header)
+        born = self._clock()
+        return _DataKey(dek_id, AESGCM(material), wrapped, born, header=header, checked_ms=born)
 
     def rotate(self, scope: KeyScope) -> None:
         """The next :meth:`encrypt` for ``scope`` makes a new data key (wrapped by the KEK's newest version: call
