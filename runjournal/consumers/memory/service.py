@@ -433,11 +433,13 @@ class MemoryExtractor:
             self.metrics.erased.inc(erased)
 
     def _dead_letter(self, msg: Message, exc: BaseException) -> None:
-        self.dlq.send(msg, exc)
+        redact = self.crypto is not None  # with a key grant the error may quote opened content: its class only
+        self.dlq.send(msg, exc, redact=redact)
         self.stats.dead_lettered += 1
         self.metrics.dead_lettered.labels(type(exc).__name__).inc()
         log.warning("dead-lettered", extra={"topic": msg.topic(), "partition": msg.partition(),
-                                            "offset": msg.offset(), "error": f"{type(exc).__name__}: {exc}"})
+                                            "offset": msg.offset(),
+                                            "error": type(exc).__name__ if redact else f"{type(exc).__name__}: {exc}"})
 
     # -- retry ----------------------------------------------------------------------------------
     def _retry(self, what: str, fn: Callable[[], T],

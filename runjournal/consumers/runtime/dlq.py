@@ -50,17 +50,21 @@ class DeadLetters:
         self._errors: list[KafkaError] = []
         self.sent = 0
 
-    def send(self, msg: Message, error: BaseException) -> None:
-        """Queue ``msg`` (a consumed record) with ``error`` for the DLQ; call :meth:`flush` before committing."""
+    def send(self, msg: Message, error: BaseException, *, redact: bool = False) -> None:
+        """Queue ``msg`` (a consumed record) with ``error`` for the DLQ; call :meth:`flush` before committing.
+        ``redact``: the ``rj.error`` header names the error's class only — for a consumer that opened encrypted
+        content, whose error text may quote it (decision 0059)."""
         self.send_raw(key=msg.key(), value=msg.value(), headers=msg.headers() or [], error=error,
-                      source=(msg.topic(), msg.partition(), msg.offset()))
+                      source=(msg.topic(), msg.partition(), msg.offset()), redact=redact)
 
     def send_raw(self, *, key: bytes | None, value: bytes | None, headers: list[tuple[str, Any]],
-                 error: BaseException, source: tuple[str | None, int | None, int | None]) -> None:
-        """Queue a record given by parts; ``source`` is ``(topic, partition, offset)``."""
+                 error: BaseException, source: tuple[str | None, int | None, int | None],
+                 redact: bool = False) -> None:
+        """Queue a record given by parts (``source``: ``(topic, partition, offset)``; ``redact``: see :meth:`send`)."""
         topic, partition, offset = source
         extra = [
-            ("rj.error", str(error).encode()),
+            ("rj.error", (f"{type(error).__name__} (text withheld: encrypted content)" if redact
+                          else str(error)).encode()),
             ("rj.error.type", type(error).__name__.encode()),
             ("rj.source.topic", str(topic).encode()),
             ("rj.source.partition", str(partition).encode()),

@@ -155,3 +155,46 @@ def test_an_erase_between_the_extractors_seal_and_its_upsert_leaves_no_point_of_
     finally:
         store.close()
     assert owners == {"eve"}  # dana's points (and their vectors) are gone; eve's were written
+
+
+class QuotingRule:
+    """A rule that fails on a message, quoting its (opened) content in the error, as a careless rule would."""
+
+    def extract(self, event, context):  # type: ignore[no-untyped-def]
+        if event.type.name == "MESSAGE":
+            raise ValueError(f"cannot parse {event.payload.get('content')!r}")
+        return []
+
+
+def test_a_granted_extractors_dead_letter_names_the_error_class_never_the_opened_text(topics: Settings,
+                                                                                      tmp_path: Path) -> None:
+    from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+    from runjournal.core import kafka
+
+    mark = f"SECRET{uuid.uuid4().hex[:10]}"
+    s = topics.model_copy(update={"encryption": "on", "keys_dir": tmp_path / "keys"})
+    with Journal(s, producer_id="mem-dlq") as journal:
+        run = journal.start_run("acme", "airline", {"trip": "LIS"}, user_id="fay")
+        run.message("user", f"my pin is {mark}")
+        run.succeed({"out": "ok"})
+    store = QdrantMemoryStore.open(s, HashingEmbedder())
+    try:
+        extractor = MemoryExtractor(s, store=store, extractor=QuotingRule(), key_grant=KeyGrant.parse("acme"),
+                                    backoff_base_s=0.01, max_attempts=1)
+        extractor.run(until_caught_up=True)
+        assert extractor.stats.dead_lettered == 1
+    finally:
+        store.close()
+    consumer = kafka.consumer(s, **{"group.id": f"dlq-{uuid.uuid4()}", "enable.auto.commit": False})
+    try:
+        consumer.assign([TopicPartition(s.memory_dlq_topic, p, OFFSET_BEGINNING)
+                         for p in consumer.list_topics(s.memory_dlq_topic, timeout=10).topics[s.memory_dlq_topic]
+                         .partitions])
+        records = [m for m in consumer.consume(100, timeout=10) if not m.error()]
+    finally:
+        consumer.close()
+    assert len(records) == 1
+    headers = {k: v.decode() for k, v in records[0].headers() or []}
+    assert headers["rj.error.type"] == "ValueError" and "withheld" in headers["rj.error"]
+    assert mark not in json.dumps(headers) and mark.encode() not in (records[0].value() or b"")
