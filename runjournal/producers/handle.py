@@ -115,7 +115,15 @@ from runjournal.producers.errors import (
 )
 from runjournal.producers.plan import ApprovalStatus, CallVerdict, PlannedCall
 from runjournal.producers.results import unavailable_reason
-from runjournal.producers.spend import SETTLE_TOOL, Reservation, SpendLedger, SpendPolicy, SpendReserve, SpendSettle
+from runjournal.producers.spend import (
+    RESERVE_TOOL,
+    SETTLE_TOOL,
+    Reservation,
+    SpendLedger,
+    SpendPolicy,
+    SpendReserve,
+    SpendSettle,
+)
 from runjournal.producers.spend import reserve as reserve_spend
 from runjournal.producers.streams import Stream
 from runjournal.producers.tools import Outcome, Tool
@@ -608,8 +616,8 @@ class RunHandle:
                 durable as committed without a result.
             OutcomeNotDurableError: the tool ran but its outcome was not acknowledged; call again.
             ApprovalDeniedError / PlanMismatchError / RecordedFailureError / ResultUnavailableError.
-            InvalidIdError / NonCanonicalValueError: a bad ``step`` or ``args``, or a tool named in the library's
-                ``runjournal.`` namespace (its spend steps'); nothing was published.
+            InvalidIdError / NonCanonicalValueError: a bad ``step`` or ``args``, or a tool named as one of the
+                spend ledger's steps (``runjournal.spend.reserve``/``settle``); nothing was published.
             DeliveryError, ProducerFencedError, LeaseLapsedError, RunClosedError, QueueFullError,
             EventTooLargeError: publishing failed; if that was the intent, the tool did not run.
         """
@@ -623,10 +631,10 @@ class RunHandle:
                     step: str | None = None) -> CallSteps:
         """:meth:`call` as a step machine (``runjournal.producers._steps``): the one implementation of the
         protocol; the sync ``call`` and ``AsyncRunHandle.call`` only perform the effects it yields."""
-        if tool.name.startswith("runjournal.") and not isinstance(tool, SpendReserve | SpendSettle):
-            # the library's own namespace: its spend steps' calls stay in clear under encryption (decision 0059)
-            raise InvalidIdError("tool name", tool.name, "reserved", "names starting with 'runjournal.' are the "
-                                 "library's own tools", "rename the tool; nothing was published")
+        if tool.name in (RESERVE_TOOL, SETTLE_TOOL) and not isinstance(tool, SpendReserve | SpendSettle):
+            # the spend steps' names: their calls stay in clear under encryption (decision 0059), so no other tool
+            raise InvalidIdError("tool name", tool.name, "reserved", "the spend ledger's steps are the library's "
+                                 "own tools", "rename the tool; nothing was published")
         args_json = canonical_value(args, "args")  # refused before the handle changes or publishes anything
         if len(args_json) > self.journal.max_result_bytes // 4 and \
                 (size := len(args_json.encode("utf-8"))) > self.journal.max_result_bytes:
