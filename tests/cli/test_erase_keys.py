@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from runjournal.core import kafka
 from runjournal.core.crypto import (
@@ -34,6 +33,7 @@ from runjournal.schemas import codec_from_settings
 from tests.conftest import Endpoints
 from tests.support.at_rest import rdb_dump, segment_bytes
 from tests.support.provider import project
+from tests.support.readback import topic_messages
 
 pytestmark = [pytest.mark.integration]
 
@@ -50,21 +50,7 @@ class Echo:
 
 
 def raw_records(settings: Settings, topic: str) -> list[bytes]:
-    consumer = kafka.consumer(settings, **{"group.id": f"raw-{uuid.uuid4()}", "enable.auto.commit": False,
-                                           "isolation.level": "read_committed"})
-    out: list[bytes] = []
-    try:
-        for p in sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions):
-            tp = TopicPartition(topic, p)
-            end = consumer.get_watermark_offsets(tp, timeout=10, cached=False)[1]
-            if end == 0:
-                continue
-            consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING)])
-            while consumer.position([tp])[0].offset < end:
-                out += [m.value() for m in consumer.consume(1000, timeout=1) if not m.error() and m.value()]
-    finally:
-        consumer.close()
-    return out
+    return [m.value() for m in topic_messages(settings, topic)]
 
 
 def dead_letter(settings: Settings, values: list[bytes]) -> None:

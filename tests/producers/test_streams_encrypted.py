@@ -15,7 +15,6 @@ from pathlib import Path
 
 import orjson
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from runjournal.consumers.streams import StreamReader, read_stream
 from runjournal.core import kafka
@@ -23,28 +22,15 @@ from runjournal.core.crypto import KeyScope, is_encrypted
 from runjournal.core.settings import Settings
 from runjournal.producers import Journal
 from runjournal.producers.streams import UnsealableStreamError
+from tests.support.readback import topic_messages
 
 pytestmark = pytest.mark.integration
 
 
 def raw_stream(settings: Settings, run_id: str) -> list[tuple[int, bytes]]:
     """The run's records on ``{prefix}.streams``, raw: ``(partition, value)``."""
-    topic = settings.streams_topic
-    consumer = kafka.consumer(settings, **{"group.id": f"raw-{uuid.uuid4()}", "enable.auto.commit": False})
-    out: list[tuple[int, bytes]] = []
-    try:
-        for p in sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions):
-            tp = TopicPartition(topic, p)
-            end = consumer.get_watermark_offsets(tp, timeout=10, cached=False)[1]
-            if end == 0:
-                continue
-            consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING)])
-            while consumer.position([tp])[0].offset < end:
-                out += [(p, m.value()) for m in consumer.consume(1000, timeout=1)
-                        if not m.error() and m.value() and m.key() == run_id.encode()]
-    finally:
-        consumer.close()
-    return out
+    return [(m.partition(), m.value()) for m in topic_messages(settings, settings.streams_topic, committed=False)
+            if m.key() == run_id.encode()]
 
 
 def events(settings: Settings, run_id: str, **kw: object) -> list[dict[str, object]]:

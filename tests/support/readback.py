@@ -6,7 +6,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Message, TopicPartition
 
 from runjournal.core import kafka
 from runjournal.core.settings import Settings
@@ -101,3 +101,25 @@ def take_over(journal, settings: Settings, run_id: str, *, timeout_s: float = 20
         job.close()
     assert journal.claim_assignment(timeout_s=timeout_s) == run_id
     return journal.resume(run_id)
+
+
+def topic_messages(settings: Settings, topic: str, *, committed: bool = True) -> list[Message]:
+    """Every record of ``topic`` with a value, partition by partition from its low to its high watermark, undecoded
+    (tombstones and errors left out); ``committed``: ``isolation.level=read_committed``."""
+    props: dict[str, object] = {"group.id": f"raw-{uuid.uuid4()}", "enable.auto.commit": False}
+    if committed:
+        props["isolation.level"] = "read_committed"
+    consumer = kafka.consumer(settings, **props)
+    out: list[Message] = []
+    try:
+        for p in sorted(consumer.list_topics(topic, timeout=10).topics[topic].partitions):
+            tp = TopicPartition(topic, p)
+            end = consumer.get_watermark_offsets(tp, timeout=10, cached=False)[1]
+            if end == 0:
+                continue
+            consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING)])
+            while consumer.position([tp])[0].offset < end:
+                out += [m for m in consumer.consume(1000, timeout=1) if not m.error() and m.value()]
+    finally:
+        consumer.close()
+    return out
